@@ -1,0 +1,3 @@
+from memest.cli import entry
+
+entry()

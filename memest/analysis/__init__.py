@@ -1,0 +1,1 @@
+"""memest.analysis."""

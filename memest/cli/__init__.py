@@ -1,0 +1,95 @@
+"""memest's command line: ``memest <command> ...``.
+
+Each command lives in its own module of this package and exposes ``COMMAND``, an object with
+``name``, ``help`` (first line of its docstring is the --help text), ``add_arguments(parser)`` and
+``run(args) -> int``. Commands are discovered, so a new module needs no edit here.
+
+A ``MemestError`` (bad input, a refused file) is printed as one line on stderr and exits 2; no
+traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+from typing import Protocol
+
+from memest._version import __version__
+from memest.errors import CommandError, ConfigError, MemestError
+
+
+class Command(Protocol):
+    name: str
+    help: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def _commands() -> list[Command]:
+    found: list[Command] = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        command = getattr(module, "COMMAND", None)
+        if command is not None:
+            found.append(command)
+    return sorted(found, key=lambda c: c.name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memest",
+        description=(
+            "Where vLLM startup memory goes, and how much KV cache the GPU really holds: "
+            "capture plans, allocator breakdowns, KV-budget estimates and a report service."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"memest {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in _commands():
+        p = sub.add_parser(
+            command.name,
+            help=command.help.splitlines()[0],
+            description=command.help,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        command.add_arguments(p)
+        p.set_defaults(_command=command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run memest with ``argv`` (defaults to sys.argv[1:]); returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
+        return int(exc.code or 0)
+    command: Command | None = getattr(args, "_command", None)
+    if command is None:
+        parser.print_help()
+        return 2
+    try:
+        return command.run(args)
+    except CommandError as exc:
+        print(f"memest {command.name}: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except ConfigError as exc:
+        print(f"memest {command.name}: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    except MemestError as exc:
+        print(f"memest {command.name}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"memest {command.name}: {exc}", file=sys.stderr)
+        return 2
+
+
+def entry() -> None:
+    sys.exit(main())

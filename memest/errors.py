@@ -1,0 +1,46 @@
+"""memest's exception hierarchy.
+
+Every error raised on bad input names the field or file and the offending value, so that the CLI
+can print one line and the service can answer 4xx with the field named.
+"""
+
+from __future__ import annotations
+
+
+class MemestError(Exception):
+    """Base class of every memest error."""
+
+
+class ConfigError(MemestError, ValueError):
+    """A capture-plan or estimator configuration is invalid.
+
+    Attributes:
+        field: the configuration field at fault (dotted for nested values).
+        value: the offending value, as given.
+    """
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{field}={value!r}: {reason}")
+
+
+class SnapshotFormatError(MemestError, ValueError):
+    """An allocator snapshot (pickle or JSON) is truncated, unsafe or not in a known format."""
+
+
+class ReportFormatError(MemestError, ValueError):
+    """A RunReport is missing data, or has another schema version."""
+
+
+class InvariantError(MemestError):
+    """An accounting identity does not hold (for example trigger rows not summing to pool growth)."""
+
+
+class CommandError(MemestError):
+    """A CLI command failed; printed as one line on stderr, exit with ``exit_code``."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        self.exit_code = exit_code
+        super().__init__(message)

@@ -1,0 +1,95 @@
+"""Where startup memory went: phase readings and the stage / owner breakdown of graph pools."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from memest.schema._base import Bytes, Field, MemestModel, NonNegativeBytes
+
+
+class MemoryReading(MemestModel):
+    """Device and allocator state at one instant (a phase edge)."""
+
+    time_ns: int = Field(description="Monotonic clock, nanoseconds")
+    device_used_bytes: NonNegativeBytes | None = Field(
+        default=None, description="Device memory in use (NVML, or total - cudaMemGetInfo free)"
+    )
+    device_total_bytes: NonNegativeBytes | None = None
+    device_source: Literal["nvml", "cudaMemGetInfo", "none"] = "none"
+    torch_reserved_bytes: NonNegativeBytes = 0
+    torch_allocated_bytes: NonNegativeBytes = 0
+    torch_reserved_peak_bytes: NonNegativeBytes = 0
+    torch_allocated_peak_bytes: NonNegativeBytes = 0
+    pool_reserved_bytes: dict[str, NonNegativeBytes] = Field(
+        default_factory=dict, description="Reserved bytes per allocator pool id, e.g. '0,0' or '0,1'"
+    )
+
+
+class PhaseRecord(MemestModel):
+    name: str = Field(description="weights, profile_run, graph_profiling, kv_cache_alloc, capture, end")
+    start: MemoryReading
+    end: MemoryReading
+
+
+class PhaseSplit(MemestModel):
+    """Added GPU memory over one phase, split as in the seed's 'Actual added GPU memory' table."""
+
+    phase: str
+    total_added_bytes: Bytes = Field(description="Device memory in use, end minus start")
+    graph_pool_bytes: Bytes = Field(description="Growth of reserved bytes in private (graph) pools")
+    other_torch_bytes: Bytes = Field(description="Growth of the default pool, cache included")
+    outside_torch_bytes: Bytes = Field(description="total - torch reserved growth")
+
+
+class StageGrowth(MemestModel):
+    stage: str = Field(description="e.g. target.piecewise, target.full, draft.steps.full")
+    phase: str = Field(default="capture")
+    pool_growth_bytes: NonNegativeBytes
+    segments: int = Field(default=0, ge=0)
+    graph_count: int | None = Field(default=None, ge=0)
+    widest: str | None = Field(default=None, description="Widest shape, e.g. '512 x q=8'")
+
+
+class TriggerRow(MemestModel):
+    """Pool growth charged to the allocation whose request made the allocator reserve it."""
+
+    stage: str
+    owner: str
+    bytes: NonNegativeBytes
+    count: int = Field(default=0, ge=0)
+    top_frame: str | None = None
+    note: str = ""
+
+
+class LivePeak(MemestModel):
+    stage: str
+    owner: str
+    peak_bytes: NonNegativeBytes
+
+
+class RetainedRow(MemestModel):
+    stage: str
+    owner: str
+    capture_size: int | None = None
+    bytes: NonNegativeBytes
+    count: int = Field(default=0, ge=0)
+
+
+class UnattributedRow(MemestModel):
+    stage: str
+    top_frame: str
+    bytes: NonNegativeBytes
+    count: int = Field(default=0, ge=0)
+
+
+class Breakdown(MemestModel):
+    phases: list[PhaseSplit] = Field(default_factory=list)
+    stages: list[StageGrowth] = Field(default_factory=list)
+    triggers: list[TriggerRow] = Field(default_factory=list)
+    live_peaks: list[LivePeak] = Field(default_factory=list)
+    retained: list[RetainedRow] = Field(default_factory=list)
+    unattributed: list[UnattributedRow] = Field(default_factory=list)
+    graph_pool_growth_bytes: NonNegativeBytes = Field(
+        default=0, description="Reserved growth of all private pools over the capture phases"
+    )
+    event_count: int = Field(default=0, ge=0)

@@ -1,0 +1,97 @@
+"""RunReport: one rank's startup, as written by the vLLM plugin and stored by the service."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from memest.schema._base import SCHEMA_VERSION, Field, MemestModel, NonNegativeBytes
+from memest.schema.breakdown import Breakdown, PhaseRecord
+from memest.schema.estimate import EstimateComparison
+from memest.schema.plan import CapturePlan
+
+
+class BuildInfo(MemestModel):
+    label: str = Field(default="", description="Free label for comparisons, e.g. main or PR-123")
+    vllm_version: str | None = None
+    vllm_commit: str | None = None
+    torch_version: str | None = None
+    cuda_version: str | None = None
+    memest_version: str | None = None
+
+
+class GpuInfo(MemestModel):
+    name: str
+    total_bytes: NonNegativeBytes | None = None
+    compute_capability: str | None = None
+    driver_version: str | None = None
+
+
+class KVCacheSpec(MemestModel):
+    kind: str = Field(default="full_attention", description="full_attention, mla, sliding_window, ...")
+    num_layers: int = Field(ge=0)
+    num_kv_heads: int = Field(default=0, ge=0)
+    head_size: int = Field(default=0, ge=0)
+    dtype: str = "bfloat16"
+    dtype_bytes: int = Field(default=2, ge=1)
+    block_size: int = Field(ge=1)
+    page_size_bytes: NonNegativeBytes | None = Field(default=None, description="Bytes per block, all layers")
+    num_blocks: int | None = Field(default=None, ge=0)
+    kv_tokens: int | None = Field(default=None, ge=0)
+    extra: dict[str, Any] = Field(default_factory=dict, description="MLA latent / indexer caches")
+
+
+class RunConfig(MemestModel):
+    model: str
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    speculative_method: str | None = None
+    num_speculative_tokens: int = Field(default=0, ge=0)
+    cudagraph_mode: str | None = None
+    cudagraph_capture_sizes: list[int] = Field(default_factory=list)
+    max_cudagraph_capture_size: int | None = None
+    compilation_config: dict[str, Any] = Field(default_factory=dict)
+    model_runner: str | None = Field(default=None, description="v1 or v2")
+
+
+class VllmFigures(MemestModel):
+    """What vLLM itself computed during this start (read from the worker)."""
+
+    requested_memory_bytes: NonNegativeBytes | None = None
+    weights_bytes: NonNegativeBytes | None = None
+    non_kv_cache_memory_bytes: NonNegativeBytes | None = None
+    peak_activation_bytes: NonNegativeBytes | None = None
+    cudagraph_estimate_bytes: int | None = None
+    cudagraph_actual_bytes: int | None = Field(
+        default=None, description="Free-memory delta of the real capture, as vLLM logs it"
+    )
+    available_kv_cache_bytes: int | None = None
+    num_gpu_blocks: int | None = None
+
+
+class RunReport(MemestModel):
+    schema_version: Literal["1"] = SCHEMA_VERSION
+    report_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    run_id: str
+    rank: int = Field(default=0, ge=0)
+    world_size: int = Field(default=1, ge=1)
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    source: Literal["measured", "published", "synthetic"] = "measured"
+    model: str
+    build: BuildInfo = Field(default_factory=BuildInfo)
+    gpu: GpuInfo | None = None
+    config: RunConfig
+    capture_plans: list[CapturePlan] = Field(default_factory=list)
+    kv_cache: KVCacheSpec | None = None
+    phases: list[PhaseRecord] = Field(default_factory=list)
+    breakdown: Breakdown | None = None
+    estimate: EstimateComparison | None = None
+    vllm: VllmFigures | None = None
+    notes: list[str] = Field(default_factory=list)
+    hook_errors: list[str] = Field(
+        default_factory=list, description="Hooks that failed open during this start"
+    )

@@ -1,0 +1,73 @@
+"""The one place that parses and formats byte counts. Bytes are ``int`` everywhere else."""
+
+from __future__ import annotations
+
+import re
+
+from memest.errors import ConfigError
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+TiB = 1024 * GiB
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": KiB,
+    "kb": 1000,
+    "kib": KiB,
+    "m": MiB,
+    "mb": 1000**2,
+    "mib": MiB,
+    "g": GiB,
+    "gb": 1000**3,
+    "gib": GiB,
+    "t": TiB,
+    "tb": 1000**4,
+    "tib": TiB,
+}
+_SIZE_RE = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str, *, field: str = "size") -> int:
+    """Parse ``"6GiB"``, ``"0.25 GiB"``, ``"512MiB"`` or ``"1024"`` into bytes.
+
+    Raises:
+        ConfigError: the text is not a number with a known unit.
+    """
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise ConfigError(field, text, "expected a number with an optional unit such as 6GiB")
+    number, unit = m.group(1), m.group(2).lower()
+    if unit not in _UNITS:
+        raise ConfigError(field, text, f"unknown unit {m.group(2)!r} (use B, KiB, MiB, GiB, TiB)")
+    return int(round(float(number) * _UNITS[unit]))
+
+
+def gib(n_bytes: int | float) -> float:
+    return float(n_bytes) / GiB
+
+
+def mib(n_bytes: int | float) -> float:
+    return float(n_bytes) / MiB
+
+
+def fmt_gib(n_bytes: int | float, digits: int = 3, *, signed: bool = False) -> str:
+    """Format bytes as GiB with a fixed number of digits (the seed's tables use 3)."""
+    value = gib(n_bytes)
+    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+
+
+def fmt_bytes(n_bytes: int | float) -> str:
+    """Human form with a binary unit: ``1.50 GiB``, ``310.0 MiB``, ``512 B``."""
+    n = float(n_bytes)
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    if n >= GiB:
+        return f"{sign}{n / GiB:.2f} GiB"
+    if n >= MiB:
+        return f"{sign}{n / MiB:.1f} MiB"
+    if n >= KiB:
+        return f"{sign}{n / KiB:.1f} KiB"
+    return f"{sign}{int(n)} B"

@@ -1,0 +1,32 @@
+"""Shared test setup.
+
+Optional-dependency tests (vLLM, PostgreSQL, browser) skip when the dependency is missing, unless
+the matching MEMEST_REQUIRE_* variable is set: CI sets them, so a skip there is a failure.
+GPU tests run only with --run-gpu (on the lent H200).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-gpu", action="store_true", help="run tests marked gpu")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-gpu"):
+        return
+    skip = pytest.mark.skip(reason="GPU test: run with --run-gpu on a CUDA machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def require_or_skip(env_var: str, reason: str) -> None:
+    """Skip with ``reason``, or fail when ``env_var`` is set (CI must not skip these)."""
+    if os.environ.get(env_var) == "1":
+        pytest.fail(f"{reason} (and {env_var}=1 forbids skipping)")
+    pytest.skip(reason)

@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from memest.schema.export import SCHEMA_FILE, render
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_committed_json_schema_is_current() -> None:
+    committed = (ROOT / SCHEMA_FILE).read_text()
+    assert committed == render(), "run `python -m memest.schema.export` and commit the result"
