@@ -48,6 +48,15 @@ class StageGrowth(MemestModel):
     segments: int = Field(default=0, ge=0)
     graph_count: int | None = Field(default=None, ge=0)
     widest: str | None = Field(default=None, description="Widest shape, e.g. '512 x q=8'")
+    pool_released_bytes: NonNegativeBytes = Field(
+        default=0, description="Private-pool segments freed or unmapped under this stage"
+    )
+    default_pool_growth_bytes: NonNegativeBytes = Field(
+        default=0,
+        description="Default-pool growth under this stage tag (eager warm-up): other PyTorch",
+    )
+    pools: list[str] = Field(default_factory=list, description="Private pools that grew")
+    capture_sizes: list[int] = Field(default_factory=list, description="Sizes captured")
 
 
 class TriggerRow(MemestModel):
@@ -59,12 +68,17 @@ class TriggerRow(MemestModel):
     count: int = Field(default=0, ge=0)
     top_frame: str | None = None
     note: str = ""
+    phase: str = Field(default="capture")
+    requested_bytes: NonNegativeBytes = Field(
+        default=0, description="Sum of the allocation requests that made the pool grow"
+    )
 
 
 class LivePeak(MemestModel):
     stage: str
     owner: str
     peak_bytes: NonNegativeBytes
+    phase: str = Field(default="capture")
 
 
 class RetainedRow(MemestModel):
@@ -73,6 +87,7 @@ class RetainedRow(MemestModel):
     capture_size: int | None = None
     bytes: NonNegativeBytes
     count: int = Field(default=0, ge=0)
+    phase: str = Field(default="capture")
 
 
 class UnattributedRow(MemestModel):
@@ -80,6 +95,22 @@ class UnattributedRow(MemestModel):
     top_frame: str
     bytes: NonNegativeBytes
     count: int = Field(default=0, ge=0)
+    phase: str = Field(default="capture")
+    view: Literal["trigger", "retained"] = Field(
+        default="trigger", description="Pool growth it triggered, or bytes it keeps live"
+    )
+
+
+class PoolRow(MemestModel):
+    """One allocator pool: replayed segment events against the final snapshot's segments."""
+
+    pool: str = Field(description="Pool id, '0,0' is the default pool")
+    private: bool
+    growth_bytes: NonNegativeBytes = Field(description="segment_alloc + segment_map bytes")
+    released_bytes: NonNegativeBytes = Field(description="segment_free + segment_unmap bytes")
+    reserved_end_bytes: NonNegativeBytes | None = Field(
+        default=None, description="Segments of this pool in the final snapshot"
+    )
 
 
 class Breakdown(MemestModel):
@@ -93,3 +124,7 @@ class Breakdown(MemestModel):
         default=0, description="Reserved growth of all private pools over the capture phases"
     )
     event_count: int = Field(default=0, ge=0)
+    pools: list[PoolRow] = Field(default_factory=list)
+    warnings: list[str] = Field(
+        default_factory=list, description="Limits of this breakdown (lost events, missing tags)"
+    )
