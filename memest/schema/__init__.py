@@ -12,7 +12,15 @@ from memest.schema.breakdown import (
     TriggerRow,
     UnattributedRow,
 )
-from memest.schema.estimate import EstimateComparison, EstimateRecord
+from memest.schema.estimate import (
+    EstimateComparison,
+    EstimateRecord,
+    FullInitTerms,
+    OwnerPrediction,
+    StartupPlanInputs,
+    VllmGraphProfile,
+    WhatIf,
+)
 from memest.schema.plan import CapturePlan, RunnerRow
 from memest.schema.report import (
     BuildInfo,
@@ -30,11 +38,13 @@ __all__ = [
     "CapturePlan",
     "EstimateComparison",
     "EstimateRecord",
+    "FullInitTerms",
     "GpuInfo",
     "KVCacheSpec",
     "LivePeak",
     "MemestModel",
     "MemoryReading",
+    "OwnerPrediction",
     "PhaseRecord",
     "PhaseSplit",
     "RetainedRow",
@@ -42,7 +52,10 @@ __all__ = [
     "RunReport",
     "RunnerRow",
     "StageGrowth",
+    "StartupPlanInputs",
     "TriggerRow",
     "UnattributedRow",
     "VllmFigures",
+    "VllmGraphProfile",
+    "WhatIf",
 ]
