@@ -1,4 +1,4 @@
-"""KV-budget estimates side by side: vLLM's own, memest's full-initialization one, and the end state."""
+"""KV-budget estimates side by side: vLLM's own, memest's full-initialization one, the end state."""
 
 from __future__ import annotations
 
@@ -23,6 +23,62 @@ class EstimateRecord(MemestModel):
     note: str = ""
 
 
+class FullInitTerms(MemestModel):
+    """Memory a complete initialization retains besides the KV cache, term by term.
+
+    The KV budget is ``requested_bytes`` minus every other term (see
+    ``memest.estimate.full_init_kv_budget``). Graph pools are counted by reservation per stage,
+    never by free-memory deltas, so an ``empty_cache()`` inside a window cannot hide or add to
+    them.
+    """
+
+    requested_bytes: NonNegativeBytes = Field(description="ceil(gpu_memory_utilization x total)")
+    weights_bytes: NonNegativeBytes = Field(description="Live weight tensors after loading")
+    profile_peak_activation_bytes: NonNegativeBytes = Field(
+        description="Transient peak of the profile run above what it left allocated"
+    )
+    outside_torch_bytes: NonNegativeBytes = Field(
+        description="Device memory the PyTorch allocator does not hold: CUDA context, library "
+        "handles, NCCL, graph objects"
+    )
+    graph_pool_bytes: NonNegativeBytes = Field(
+        description="Reserved growth of the graph pool over all capture stages"
+    )
+    graph_pool_by_stage_bytes: dict[str, NonNegativeBytes] = Field(
+        default_factory=dict,
+        description="graph_pool_bytes split by capture stage; sums to graph_pool_bytes when given",
+    )
+    runner_buffer_bytes: NonNegativeBytes = Field(
+        default=0, description="Runner buffers allocated with the KV cache, KV excluded"
+    )
+    profiling_residue_bytes: NonNegativeBytes = Field(
+        default=0, description="Allocations that profiling left live before the KV cache"
+    )
+    margin_bytes: NonNegativeBytes = Field(default=0, description="Safety margin kept free")
+    source: str = Field(default="", description="How the terms were obtained, e.g. report, lab")
+
+
+class VllmGraphProfile(MemestModel):
+    """What vLLM's ``profile_cudagraph_memory`` measured, so its estimate can be recomputed."""
+
+    measured_bytes: Bytes = Field(
+        description="Memory of the whole throwaway capture, as vLLM read it"
+    )
+    full_samples_bytes: list[Bytes] = Field(
+        default_factory=list, description="Per-graph memory of the sampled (widest) FULL graphs"
+    )
+    full_graph_count: int = Field(default=0, ge=0, description="Target FULL graphs to be captured")
+
+
+class StartupPlanInputs(MemestModel):
+    """Values only the running vLLM worker knows, needed to write its startup-plan file."""
+
+    fingerprint: str = Field(description="vllm.v1.worker.startup_plan.compute_plan_fingerprint")
+    free_memory_baseline_bytes: NonNegativeBytes = Field(
+        description="Worker.init_snapshot.free_memory"
+    )
+
+
 class EstimateComparison(MemestModel):
     requested_bytes: NonNegativeBytes | None = Field(
         default=None, description="gpu_memory_utilization x total device memory"
@@ -31,3 +87,51 @@ class EstimateComparison(MemestModel):
         default_factory=dict, description="Full-initialization terms that sum to non-KV memory"
     )
     records: list[EstimateRecord] = Field(default_factory=list)
+    full_init: FullInitTerms | None = None
+    vllm_graph_profile: VllmGraphProfile | None = None
+    startup_plan: StartupPlanInputs | None = None
+
+
+ScalingLaw = Literal[
+    "widest_full_rows_x_context",
+    "sum_piecewise_tokens",
+    "widest_draft_rows_x_vocab",
+    "graph_count",
+    "widest_tokens",
+    "constant",
+]
+
+
+class OwnerPrediction(MemestModel):
+    """One (stage, owner) pool growth under grid G and as predicted under grid G'."""
+
+    stage: str
+    owner: str
+    law: ScalingLaw
+    measured_bytes: NonNegativeBytes = Field(description="Pool growth under G")
+    factor: float = Field(ge=0, description="Ratio of the law's quantity, G' over G")
+    predicted_bytes: NonNegativeBytes = Field(description="Predicted pool growth under G'")
+    note: str = ""
+
+
+class WhatIf(MemestModel):
+    """Per-owner pool memory and the KV budget predicted for another capture grid."""
+
+    grid_from: str = Field(description="Short description of grid G (the measured run)")
+    grid_to: str = Field(description="Short description of grid G'")
+    owners: list[OwnerPrediction] = Field(default_factory=list)
+    by_owner_bytes: dict[str, NonNegativeBytes] = Field(
+        default_factory=dict, description="Predicted pool bytes under G' per owner, all stages"
+    )
+    measured_by_owner_bytes: dict[str, NonNegativeBytes] = Field(default_factory=dict)
+    graph_pool_bytes_from: NonNegativeBytes = 0
+    graph_pool_bytes_to: NonNegativeBytes = 0
+    kv_budget_bytes_from: NonNegativeBytes | None = None
+    kv_budget_bytes_to: NonNegativeBytes | None = None
+    kv_tokens_from: int | None = Field(default=None, ge=0)
+    kv_tokens_to: int | None = Field(default=None, ge=0)
+    dominant_owner: str | None = Field(
+        default=None, description="Owner whose predicted change in bytes is largest in magnitude"
+    )
+    dominant_change_bytes: Bytes = 0
+    notes: list[str] = Field(default_factory=list)

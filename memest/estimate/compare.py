@@ -1,0 +1,126 @@
+"""Estimates side by side for one start: vLLM's own, memest's full-initialization one, measured."""
+
+from __future__ import annotations
+
+from memest.estimate.kv import kv_page_bytes, kv_tokens
+from memest.estimate.phases import (
+    device_used,
+    final_reading,
+    full_init_kv_budget,
+    full_init_terms,
+    measured_kv_bytes,
+    non_kv_bytes,
+    terms_components,
+)
+from memest.estimate.vllm_estimate import vllm_cudagraph_estimate
+from memest.schema import EstimateComparison, EstimateRecord, KVCacheSpec, RunReport
+
+
+def _allocated(spec: KVCacheSpec, kv_bytes: int) -> int:
+    """Bytes the KV cache really takes for a budget of ``kv_bytes``: whole blocks only."""
+    page = kv_page_bytes(spec)
+    return (kv_bytes // page) * page
+
+
+def _vllm_record(report: RunReport, requested: int, retained_non_kv: int) -> EstimateRecord:
+    spec = report.kv_cache
+    assert spec is not None  # measured_kv_bytes() already required it
+    figures = report.vllm
+    profile = report.estimate.vllm_graph_profile if report.estimate is not None else None
+    cg: int | None = None
+    note = "graph estimate as vLLM logged it"
+    if profile is not None:
+        cg = vllm_cudagraph_estimate(
+            profile.measured_bytes, profile.full_samples_bytes, profile.full_graph_count
+        )
+        note = (
+            f"requested - non-KV - graph estimate; {len(profile.full_samples_bytes)} FULL samples "
+            f"extrapolated to {profile.full_graph_count} graphs"
+        )
+    elif figures is not None:
+        cg = figures.cudagraph_estimate_bytes
+    non_kv = figures.non_kv_cache_memory_bytes if figures is not None else None
+    kv: int | None = None
+    if non_kv is not None and cg is not None:
+        kv = max(requested - non_kv - cg, 0)
+    elif figures is not None and figures.available_kv_cache_bytes is not None:
+        kv = max(figures.available_kv_cache_bytes, 0)
+        note = "available KV bytes as vLLM returned them"
+    if kv is None:
+        return EstimateRecord(
+            estimator="vllm",
+            cudagraph_estimate_bytes=cg,
+            non_kv_cache_bytes=non_kv,
+            note="vLLM's figures (non-KV memory, graph estimate) are missing from the report",
+        )
+    allocated = _allocated(spec, kv)
+    return EstimateRecord(
+        estimator="vllm",
+        cudagraph_estimate_bytes=cg,
+        non_kv_cache_bytes=non_kv,
+        kv_cache_bytes=kv,
+        kv_tokens=kv_tokens(spec, kv),
+        usage_minus_budget_bytes=retained_non_kv + allocated - requested,
+        note=note,
+    )
+
+
+def compare(report: RunReport, *, margin_bytes: int = 0) -> EstimateComparison:
+    """Put vLLM's estimate, memest's full-initialization estimate and the end state side by side.
+
+    Usage minus budget for an estimator is the end-of-init device usage this start would have
+    had with that estimator's KV cache: the measured non-KV memory plus its whole KV blocks,
+    minus the budget. For the estimator that sized this start it equals the measured value.
+
+    Args:
+        report: one complete start (see ``full_init_terms`` for what it must hold).
+        margin_bytes: safety margin memest keeps free.
+
+    Raises:
+        ReportFormatError: a phase, reading or figure is missing, or the schema version differs.
+        InvariantError: the terms do not add up.
+    """
+    terms = full_init_terms(report, margin_bytes=margin_bytes)
+    spec = report.kv_cache
+    assert spec is not None
+    requested = terms.requested_bytes
+    usage_end = device_used(final_reading(report), report, "the final reading")
+    kv_measured = measured_kv_bytes(report)
+    retained_non_kv = usage_end - kv_measured
+
+    memest_kv = full_init_kv_budget(terms)
+    memest = EstimateRecord(
+        estimator="memest",
+        cudagraph_estimate_bytes=terms.graph_pool_bytes,
+        non_kv_cache_bytes=non_kv_bytes(terms),
+        kv_cache_bytes=memest_kv,
+        kv_tokens=kv_tokens(spec, memest_kv),
+        usage_minus_budget_bytes=retained_non_kv + _allocated(spec, memest_kv) - requested,
+        note="full initialization: requested - (weights + activation peak + outside torch + "
+        "graph pools by reservation + runner buffers + profiling residue + margin)",
+    )
+    measured = EstimateRecord(
+        estimator="measured",
+        non_kv_cache_bytes=retained_non_kv,
+        kv_cache_bytes=kv_measured,
+        kv_tokens=kv_tokens(spec, kv_measured),
+        usage_minus_budget_bytes=usage_end - requested,
+        note="end of initialization: device memory in use minus the budget",
+    )
+    previous = report.estimate
+    return EstimateComparison(
+        requested_bytes=requested,
+        components=terms_components(terms),
+        records=[_vllm_record(report, requested, retained_non_kv), memest, measured],
+        full_init=terms,
+        vllm_graph_profile=previous.vllm_graph_profile if previous is not None else None,
+        startup_plan=previous.startup_plan if previous is not None else None,
+    )
+
+
+def record(comparison: EstimateComparison, estimator: str) -> EstimateRecord | None:
+    """The comparison's record for ``estimator``, or None."""
+    for rec in comparison.records:
+        if rec.estimator == estimator:
+            return rec
+    return None

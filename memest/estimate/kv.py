@@ -1,0 +1,83 @@
+"""KV-cache bytes to tokens from the KV-cache spec (layers, heads, head size, dtype, block)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memest.errors import ConfigError
+from memest.schema import KVCacheSpec
+
+# Keys of KVCacheSpec.extra read here. MLA stores one latent vector per token and layer
+# (kv_lora_rank + qk_rope_head_dim values) instead of K and V per head; a sparse-attention
+# indexer adds its own per-token key cache (indexer_head_dim values plus scale bytes).
+MLA_KEYS = ("kv_lora_rank", "qk_rope_head_dim")
+INDEXER_KEYS = (
+    "indexer_head_dim",
+    "indexer_dtype_bytes",
+    "indexer_scale_bytes",
+    "indexer_num_layers",
+)
+
+
+def _int_extra(extra: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = extra.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"kv_cache.extra.{key}", value, "expected a non-negative integer")
+    return value
+
+
+def kv_bytes_per_token(spec: KVCacheSpec) -> int:
+    """Bytes one token of KV cache takes over all layers (latent and indexer caches included).
+
+    Raises:
+        ConfigError: the spec lacks the sizes its kind needs, or gives zero bytes per token.
+    """
+    if spec.page_size_bytes is not None:
+        per_token = spec.page_size_bytes // spec.block_size
+        if per_token <= 0 or spec.page_size_bytes % spec.block_size:
+            raise ConfigError(
+                "kv_cache.page_size_bytes",
+                spec.page_size_bytes,
+                f"must be a positive multiple of block_size={spec.block_size}",
+            )
+        return per_token
+    extra = spec.extra
+    if spec.kind == "mla" or "kv_lora_rank" in extra:
+        latent = _int_extra(extra, "kv_lora_rank") + _int_extra(extra, "qk_rope_head_dim", 0)
+        per_layer = latent * spec.dtype_bytes
+    else:
+        if spec.num_kv_heads <= 0 or spec.head_size <= 0:
+            raise ConfigError(
+                "kv_cache",
+                f"num_kv_heads={spec.num_kv_heads}, head_size={spec.head_size}",
+                "full attention needs positive num_kv_heads and head_size",
+            )
+        per_layer = 2 * spec.num_kv_heads * spec.head_size * spec.dtype_bytes
+    per_token = per_layer * spec.num_layers
+    if "indexer_head_dim" in extra:
+        idx_layers = _int_extra(extra, "indexer_num_layers", spec.num_layers)
+        idx_bytes = _int_extra(extra, "indexer_head_dim") * _int_extra(
+            extra, "indexer_dtype_bytes", 1
+        ) + _int_extra(extra, "indexer_scale_bytes", 0)
+        per_token += idx_layers * idx_bytes
+    if per_token <= 0:
+        raise ConfigError(
+            "kv_cache.num_layers", spec.num_layers, "the spec holds zero bytes per token"
+        )
+    return per_token
+
+
+def kv_page_bytes(spec: KVCacheSpec) -> int:
+    """Bytes of one block (``block_size`` tokens) over all layers."""
+    return kv_bytes_per_token(spec) * spec.block_size
+
+
+def kv_tokens(spec: KVCacheSpec, kv_bytes: int) -> int:
+    """Tokens of KV cache that ``kv_bytes`` holds: whole blocks only, as vLLM allocates them.
+
+    Raises:
+        ConfigError: ``kv_bytes`` is negative or the spec is incomplete.
+    """
+    if kv_bytes < 0:
+        raise ConfigError("kv_bytes", kv_bytes, "must not be negative")
+    return (kv_bytes // kv_page_bytes(spec)) * spec.block_size

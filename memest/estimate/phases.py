@@ -1,0 +1,231 @@
+"""The phase model: what a complete initialization retains besides the KV cache.
+
+From the phase readings of one start (weights, profile_run, graph_profiling, kv_cache_alloc,
+capture, end) and its stage breakdown, each term of ``FullInitTerms`` is read as follows:
+
+- weights: allocated bytes added over the ``weights`` phase;
+- profile-run transient peak: allocated peak of ``profile_run`` above what it left allocated
+  (vLLM's ``transient_peak_headroom``; serving's first max-size step needs it again);
+- outside PyTorch: device memory in use minus allocator reservation at the last reading
+  (CUDA context, library handles, NCCL, graph objects);
+- graph pools: reserved growth per capture stage (breakdown), or private-pool readings;
+- runner buffers: allocated bytes added over ``kv_cache_alloc`` minus the KV cache itself;
+- profiling residue: allocations live when the KV cache is allocated that weights do not explain.
+"""
+
+from __future__ import annotations
+
+import math
+
+from memest.errors import InvariantError, ReportFormatError
+from memest.estimate.kv import kv_page_bytes
+from memest.schema import SCHEMA_VERSION, FullInitTerms, MemoryReading, PhaseRecord, RunReport
+
+DEFAULT_POOL = "0,0"
+REQUIRED_PHASES = ("weights", "profile_run", "kv_cache_alloc")
+
+
+def check_report(report: RunReport) -> None:
+    """Refuse a report of another schema version or without the phases the estimator reads.
+
+    Raises:
+        ReportFormatError: naming the schema version or the missing phase.
+    """
+    if report.schema_version != SCHEMA_VERSION:
+        raise ReportFormatError(
+            f"report {report.report_id}: schema_version {report.schema_version!r}, "
+            f"memest reads {SCHEMA_VERSION!r}"
+        )
+    names = {p.name for p in report.phases}
+    for name in REQUIRED_PHASES:
+        if name not in names:
+            raise ReportFormatError(
+                f"report {report.report_id}: phase {name!r} is missing "
+                f"(phases present: {sorted(names) or 'none'})"
+            )
+    if "capture" not in names and "end" not in names:
+        raise ReportFormatError(
+            f"report {report.report_id}: neither phase 'capture' nor 'end' is present, "
+            "so the end state of initialization is unknown"
+        )
+
+
+def phase(report: RunReport, name: str) -> PhaseRecord | None:
+    """The last phase record called ``name``, or None."""
+    found = [p for p in report.phases if p.name == name]
+    return found[-1] if found else None
+
+
+def _require_phase(report: RunReport, name: str) -> PhaseRecord:
+    record = phase(report, name)
+    if record is None:
+        raise ReportFormatError(f"report {report.report_id}: phase {name!r} is missing")
+    return record
+
+
+def final_reading(report: RunReport) -> MemoryReading:
+    """The reading that closes initialization: end of ``end``, else end of ``capture``."""
+    record = phase(report, "end") or phase(report, "capture")
+    if record is None:
+        raise ReportFormatError(f"report {report.report_id}: phase 'end' (or 'capture') is missing")
+    return record.end
+
+
+def device_used(reading: MemoryReading, report: RunReport, where: str) -> int:
+    if reading.device_used_bytes is None:
+        raise ReportFormatError(
+            f"report {report.report_id}: {where} has no device_used_bytes reading"
+        )
+    return reading.device_used_bytes
+
+
+def total_bytes(report: RunReport) -> int:
+    if report.gpu is not None and report.gpu.total_bytes:
+        return report.gpu.total_bytes
+    for p in report.phases:
+        for reading in (p.start, p.end):
+            if reading.device_total_bytes:
+                return reading.device_total_bytes
+    raise ReportFormatError(f"report {report.report_id}: device total memory is unknown")
+
+
+def requested_bytes(report: RunReport) -> int:
+    """The budget: vLLM's ``requested_memory`` if read, else ceil(utilization x total)."""
+    if report.vllm is not None and report.vllm.requested_memory_bytes is not None:
+        return report.vllm.requested_memory_bytes
+    util = report.config.gpu_memory_utilization
+    if util is None:
+        raise ReportFormatError(
+            f"report {report.report_id}: config.gpu_memory_utilization is missing, "
+            "so the budget is unknown"
+        )
+    return math.ceil(total_bytes(report) * util)
+
+
+def measured_kv_bytes(report: RunReport) -> int:
+    """Bytes of the KV cache this start allocated (whole blocks, all layers)."""
+    spec = report.kv_cache
+    num_blocks = spec.num_blocks if spec is not None else None
+    if num_blocks is None and report.vllm is not None:
+        num_blocks = report.vllm.num_gpu_blocks
+    if spec is None or num_blocks is None:
+        raise ReportFormatError(
+            f"report {report.report_id}: kv_cache spec with num_blocks is missing, "
+            "so the KV-cache size is unknown"
+        )
+    return num_blocks * kv_page_bytes(spec)
+
+
+def _private_pool_bytes(reading: MemoryReading) -> int:
+    return sum(v for k, v in reading.pool_reserved_bytes.items() if k != DEFAULT_POOL)
+
+
+def graph_pool_by_stage(report: RunReport) -> dict[str, int]:
+    """Reserved pool growth per stage of the real capture.
+
+    Taken from the breakdown's stage rows; without them, from private-pool readings of the
+    ``capture`` phase as one stage called ``capture``.
+    """
+    by_stage: dict[str, int] = {}
+    if report.breakdown is not None:
+        for row in report.breakdown.stages:
+            if row.phase == "capture":
+                by_stage[row.stage] = by_stage.get(row.stage, 0) + row.pool_growth_bytes
+    if by_stage:
+        return by_stage
+    capture = phase(report, "capture")
+    if capture is not None and capture.end.pool_reserved_bytes:
+        growth = _private_pool_bytes(capture.end) - _private_pool_bytes(capture.start)
+        return {"capture": max(growth, 0)}
+    if report.breakdown is not None and report.breakdown.graph_pool_growth_bytes:
+        return {"capture": report.breakdown.graph_pool_growth_bytes}
+    return {}
+
+
+def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerms:
+    """Read the full-initialization terms of one complete start.
+
+    Args:
+        report: a start with at least the weights, profile_run and kv_cache_alloc phases and
+            an end state (``end`` or ``capture``), a KV-cache spec and the budget.
+        margin_bytes: memory to keep free on top of the measured terms.
+
+    Raises:
+        ReportFormatError: a phase, reading or figure the model needs is missing.
+    """
+    check_report(report)
+    if margin_bytes < 0:
+        raise ReportFormatError(f"margin_bytes={margin_bytes}: must not be negative")
+    weights = _require_phase(report, "weights")
+    profile = _require_phase(report, "profile_run")
+    kv_alloc = _require_phase(report, "kv_cache_alloc")
+    final = final_reading(report)
+    used_end = device_used(final, report, "the final reading")
+
+    weights_bytes = max(weights.end.torch_allocated_bytes - weights.start.torch_allocated_bytes, 0)
+    peak = profile.end.torch_allocated_peak_bytes
+    activation = max(peak - profile.end.torch_allocated_bytes, 0)
+    outside = max(used_end - final.torch_reserved_bytes, 0)
+    by_stage = graph_pool_by_stage(report)
+    kv_bytes = measured_kv_bytes(report)
+    kv_added = kv_alloc.end.torch_allocated_bytes - kv_alloc.start.torch_allocated_bytes
+    runner = max(kv_added - kv_bytes, 0)
+    residue = max(kv_alloc.start.torch_allocated_bytes - weights.end.torch_allocated_bytes, 0)
+    return FullInitTerms(
+        requested_bytes=requested_bytes(report),
+        weights_bytes=weights_bytes,
+        profile_peak_activation_bytes=activation,
+        outside_torch_bytes=outside,
+        graph_pool_bytes=sum(by_stage.values()),
+        graph_pool_by_stage_bytes=by_stage,
+        runner_buffer_bytes=runner,
+        profiling_residue_bytes=residue,
+        margin_bytes=margin_bytes,
+        source=f"report {report.report_id}",
+    )
+
+
+def non_kv_bytes(terms: FullInitTerms) -> int:
+    """Every term the budget must hold besides the KV cache.
+
+    Raises:
+        InvariantError: the per-stage graph-pool split does not sum to ``graph_pool_bytes``.
+    """
+    if terms.graph_pool_by_stage_bytes:
+        split = sum(terms.graph_pool_by_stage_bytes.values())
+        if split != terms.graph_pool_bytes:
+            raise InvariantError(
+                f"graph_pool_by_stage_bytes sums to {split}, graph_pool_bytes is "
+                f"{terms.graph_pool_bytes}"
+            )
+    return (
+        terms.weights_bytes
+        + terms.profile_peak_activation_bytes
+        + terms.outside_torch_bytes
+        + terms.graph_pool_bytes
+        + terms.runner_buffer_bytes
+        + terms.profiling_residue_bytes
+        + terms.margin_bytes
+    )
+
+
+def full_init_kv_budget(terms: FullInitTerms) -> int:
+    """KV-cache bytes that fit the budget after every full-initialization term (never negative).
+
+    Raises:
+        InvariantError: the per-stage graph-pool split does not sum to ``graph_pool_bytes``.
+    """
+    return max(terms.requested_bytes - non_kv_bytes(terms), 0)
+
+
+def terms_components(terms: FullInitTerms) -> dict[str, int]:
+    """The terms as the ``components`` mapping of an EstimateComparison (they sum to non-KV)."""
+    return {
+        "weights_bytes": terms.weights_bytes,
+        "profile_peak_activation_bytes": terms.profile_peak_activation_bytes,
+        "outside_torch_bytes": terms.outside_torch_bytes,
+        "graph_pool_bytes": terms.graph_pool_bytes,
+        "runner_buffer_bytes": terms.runner_buffer_bytes,
+        "profiling_residue_bytes": terms.profiling_residue_bytes,
+        "margin_bytes": terms.margin_bytes,
+    }

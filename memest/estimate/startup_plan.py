@@ -1,0 +1,95 @@
+"""vLLM 0.33.0 startup-plan files (``vllm/v1/worker/startup_plan.py``) written from memest.
+
+vLLM applies ``{VLLM_CACHE_ROOT}/startup_plan/startup_plan_{fingerprint}.json`` when
+``VLLM_ENABLE_STARTUP_PLAN=1``, the fingerprint matches, and current free memory is at least
+the recorded baseline; it then sets ``kv_cache_memory_bytes`` and skips profiling. The
+fingerprint hashes the worker's final VllmConfig, device and build, so only a running worker can
+compute it; memest takes it from the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from memest.errors import ConfigError
+
+PLAN_SCHEMA_VERSION = 1
+PLAN_DIRNAME = "startup_plan"
+_FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16}$")
+
+
+def startup_plan_dir(cache_root: Path) -> Path:
+    """The folder vLLM reads plans from, given ``VLLM_CACHE_ROOT``."""
+    return cache_root / PLAN_DIRNAME
+
+
+def startup_plan_filename(fingerprint: str) -> str:
+    return f"startup_plan_{fingerprint}.json"
+
+
+def _check_int(field: str, value: object, *, positive: bool) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(field, value, "must be an integer number of bytes")
+    if positive and value <= 0:
+        raise ConfigError(field, value, "must be positive (vLLM ignores a plan without KV bytes)")
+    if value < 0:
+        raise ConfigError(field, value, "must not be negative")
+    return value
+
+
+def startup_plan_document(
+    fingerprint: str, kv_cache_memory_bytes: int, free_memory_baseline: int
+) -> dict[str, Any]:
+    """The plan as vLLM 0.33.0 writes it: schema, fingerprint, KV bytes, free-memory baseline.
+
+    Raises:
+        ConfigError: the fingerprint is not 16 lowercase hex digits, or a byte count is not a
+            positive (KV) or non-negative (baseline) int.
+    """
+    if not isinstance(fingerprint, str) or not _FINGERPRINT_RE.match(fingerprint):
+        raise ConfigError("fingerprint", fingerprint, "expected 16 lowercase hex digits")
+    return {
+        "schema": PLAN_SCHEMA_VERSION,
+        "fingerprint": fingerprint,
+        "kv_cache_memory_bytes": _check_int(
+            "kv_cache_memory_bytes", kv_cache_memory_bytes, positive=True
+        ),
+        "free_memory_baseline": _check_int(
+            "free_memory_baseline", free_memory_baseline, positive=False
+        ),
+    }
+
+
+def write_startup_plan(directory: Path, document: dict[str, Any]) -> Path:
+    """Write ``document`` atomically (temp file + ``os.replace``) as vLLM names it in ``directory``.
+
+    ``directory`` is the plan folder itself (``startup_plan_dir(VLLM_CACHE_ROOT)``); it is created
+    if missing. Returns the path written.
+
+    Raises:
+        ConfigError: the document is not a valid plan.
+        OSError: the folder cannot be written.
+    """
+    doc = startup_plan_document(
+        document.get("fingerprint"),  # type: ignore[arg-type]
+        document.get("kv_cache_memory_bytes"),  # type: ignore[arg-type]
+        document.get("free_memory_baseline"),  # type: ignore[arg-type]
+    )
+    if document.get("schema") != PLAN_SCHEMA_VERSION:
+        raise ConfigError("schema", document.get("schema"), f"expected {PLAN_SCHEMA_VERSION}")
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / startup_plan_filename(doc["fingerprint"])
+    fd, tmp = tempfile.mkstemp(prefix=target.name + ".tmp.", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(doc, handle)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

@@ -1,0 +1,296 @@
+"""What-if: from one measured breakdown under grid G, predict pool memory under grid G'.
+
+Each (stage, owner) pool growth scales with the one quantity of the capture plan that sizes it:
+
+=========================  ======================================================================
+owner                      scales with
+=========================  ======================================================================
+indexer_logits_*           widest FULL rows (requests x q) x context (context: unchanged)
+aux_hidden_states          sum of PIECEWISE captured tokens (one retained output per size)
+draft_logits               widest draft rows x vocabulary (vocabulary: unchanged)
+graph_objects              number of graphs (outside the pool: CUDA graph objects)
+workspaces, other owners   widest captured tokens of the stage's runner
+kv_cache, weights          nothing (not graph memory)
+=========================  ======================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from memest.errors import ConfigError, ReportFormatError
+from memest.estimate.kv import kv_tokens
+from memest.estimate.phases import full_init_kv_budget, full_init_terms, phase
+from memest.schema import (
+    CapturePlan,
+    FullInitTerms,
+    OwnerPrediction,
+    RunnerRow,
+    RunReport,
+    WhatIf,
+)
+from memest.schema.estimate import ScalingLaw
+
+GRAPH_OBJECTS = "graph_objects"
+_CONSTANT_OWNERS = ("kv_cache", "weights")
+
+
+def law_for(owner: str) -> ScalingLaw:
+    """The scaling law of an owner (see the module docstring)."""
+    if owner.startswith("indexer_logits"):
+        return "widest_full_rows_x_context"
+    if owner.startswith("aux_hidden_states"):
+        return "sum_piecewise_tokens"
+    if owner.startswith("draft_logits"):
+        return "widest_draft_rows_x_vocab"
+    if owner == GRAPH_OBJECTS:
+        return "graph_count"
+    if owner in _CONSTANT_OWNERS:
+        return "constant"
+    return "widest_tokens"
+
+
+def _quantity(row: RunnerRow, law: ScalingLaw) -> int:
+    if law == "sum_piecewise_tokens":
+        return row.sum_tokens
+    if law == "graph_count":
+        return row.graph_count
+    return row.widest_tokens
+
+
+def _validation_message(exc: ValidationError) -> tuple[str, object, str]:
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in err.get("loc", ())) or "grid"
+    return f"grid.{loc}", err.get("input"), str(err.get("msg", "invalid"))
+
+
+def check_plan(plan: CapturePlan, name: str = "grid") -> CapturePlan:
+    """Refuse a plan whose rows contradict themselves.
+
+    Raises:
+        ConfigError: a runner's graph count differs from its sizes, sizes are not positive and
+            increasing, a runner id repeats, or total_graphs is not the sum of the rows.
+    """
+    seen: set[str] = set()
+    for i, row in enumerate(plan.runners):
+        where = f"{name}.runners[{i}]"
+        if row.runner in seen:
+            raise ConfigError(f"{where}.runner", row.runner, "runner listed twice")
+        seen.add(row.runner)
+        if row.graph_count != len(row.sizes):
+            raise ConfigError(
+                f"{where}.graph_count", row.graph_count, f"{len(row.sizes)} sizes are listed"
+            )
+        increasing = all(a < b for a, b in zip(row.sizes, row.sizes[1:], strict=False))
+        if any(s <= 0 for s in row.sizes) or not increasing:
+            raise ConfigError(f"{where}.sizes", row.sizes, "sizes must be positive and increasing")
+    total = sum(r.graph_count for r in plan.runners)
+    if plan.total_graphs != total:
+        raise ConfigError(f"{name}.total_graphs", plan.total_graphs, f"runners hold {total} graphs")
+    return plan
+
+
+def resolve_grid(grid: CapturePlan | Mapping[str, Any]) -> CapturePlan:
+    """A capture plan for G': a CapturePlan, or its JSON mapping.
+
+    Raises:
+        ConfigError: naming the first field that fails validation.
+    """
+    if isinstance(grid, CapturePlan):
+        return check_plan(grid)
+    if not isinstance(grid, Mapping):
+        raise ConfigError("grid", type(grid).__name__, "expected a capture plan (JSON object)")
+    try:
+        plan = CapturePlan.model_validate(dict(grid))
+    except ValidationError as exc:
+        raise ConfigError(*_validation_message(exc)) from None
+    return check_plan(plan)
+
+
+def measured_plan(report: RunReport) -> CapturePlan:
+    """The capture plan of the measured run (vLLM's own sizing when several are listed)."""
+    if not report.capture_plans:
+        raise ReportFormatError(
+            f"report {report.report_id}: capture_plans is empty, so grid G is unknown"
+        )
+    for plan in report.capture_plans:
+        if plan.sizing == "vllm-0.33.0":
+            return check_plan(plan, "report.capture_plans")
+    return check_plan(report.capture_plans[0], "report.capture_plans")
+
+
+def _owner_rows(report: RunReport) -> list[tuple[str, str, int]]:
+    """(stage, owner, pool growth) of the real capture, summed per stage and owner."""
+    bd = report.breakdown
+    if bd is None:
+        raise ReportFormatError(f"report {report.report_id}: breakdown is missing")
+    rows: dict[tuple[str, str], int] = {}
+    for t in bd.triggers:
+        rows[(t.stage, t.owner)] = rows.get((t.stage, t.owner), 0) + t.bytes
+    for s in bd.stages:
+        if s.phase != "capture":
+            continue
+        charged = sum(b for (stage, _), b in rows.items() if stage == s.stage)
+        rest = s.pool_growth_bytes - charged
+        if rest > 0:
+            rows[(s.stage, f"unattributed:{s.stage}")] = rest
+    return [(stage, owner, b) for (stage, owner), b in rows.items()]
+
+
+def _graph_object_bytes(report: RunReport) -> int:
+    """Outside-PyTorch growth over the real capture (graph objects and driver memory)."""
+    if report.breakdown is not None:
+        for split in report.breakdown.phases:
+            if split.phase == "capture":
+                return max(split.outside_torch_bytes, 0)
+    cap = phase(report, "capture")
+    if cap is None or cap.start.device_used_bytes is None or cap.end.device_used_bytes is None:
+        return 0
+    before = cap.start.device_used_bytes - cap.start.torch_reserved_bytes
+    after = cap.end.device_used_bytes - cap.end.torch_reserved_bytes
+    return max(after - before, 0)
+
+
+def _describe(plan: CapturePlan) -> str:
+    rows = ", ".join(f"{r.runner} {r.graph_count}<= {r.widest_tokens} tok" for r in plan.runners)
+    return (
+        f"{plan.sizing} max_num_seqs={plan.max_num_seqs} "
+        f"max_num_batched_tokens={plan.max_num_batched_tokens}: {rows}"
+    )
+
+
+def _predict(
+    stage: str, owner: str, measured: int, g: CapturePlan, g2: CapturePlan
+) -> OwnerPrediction:
+    law = law_for(owner)
+    if law == "constant":
+        return OwnerPrediction(
+            stage=stage,
+            owner=owner,
+            law=law,
+            measured_bytes=measured,
+            factor=1.0,
+            predicted_bytes=measured,
+        )
+    if law == "graph_count":
+        before, after = g.total_graphs, g2.total_graphs
+    else:
+        row_g = {r.runner: r for r in g.runners}.get(stage)
+        row_g2 = {r.runner: r for r in g2.runners}.get(stage)
+        if row_g is None:
+            return OwnerPrediction(
+                stage=stage,
+                owner=owner,
+                law=law,
+                measured_bytes=measured,
+                factor=1.0,
+                predicted_bytes=measured,
+                note=f"stage {stage} is not a runner of grid G: kept",
+            )
+        if row_g2 is None:
+            return OwnerPrediction(
+                stage=stage,
+                owner=owner,
+                law=law,
+                measured_bytes=measured,
+                factor=0.0,
+                predicted_bytes=0,
+                note=f"grid G' captures no {stage} graphs",
+            )
+        before, after = _quantity(row_g, law), _quantity(row_g2, law)
+    if before == 0:
+        return OwnerPrediction(
+            stage=stage,
+            owner=owner,
+            law=law,
+            measured_bytes=measured,
+            factor=1.0,
+            predicted_bytes=measured,
+            note="the law's quantity is 0 under G: kept",
+        )
+    factor = after / before
+    return OwnerPrediction(
+        stage=stage,
+        owner=owner,
+        law=law,
+        measured_bytes=measured,
+        factor=factor,
+        predicted_bytes=round(measured * factor),
+    )
+
+
+def what_if(
+    report: RunReport, grid: CapturePlan | Mapping[str, Any], *, margin_bytes: int = 0
+) -> WhatIf:
+    """Predict each owner's pool memory and the KV budget under grid G'.
+
+    Args:
+        report: a complete start under grid G (its capture plan, breakdown and phases).
+        grid: the capture plan of G' (``memest.plan`` output, or its JSON).
+        margin_bytes: safety margin memest keeps free.
+
+    Raises:
+        ConfigError: the grid fails validation.
+        ReportFormatError: the report lacks its plan, breakdown or phases.
+    """
+    g2 = resolve_grid(grid)
+    g = measured_plan(report)
+    terms = full_init_terms(report, margin_bytes=margin_bytes)
+    predictions = [_predict(s, o, b, g, g2) for s, o, b in _owner_rows(report)]
+    graph_objects = _graph_object_bytes(report)
+    objects = _predict("capture", GRAPH_OBJECTS, graph_objects, g, g2)
+
+    by_owner: dict[str, int] = {}
+    measured_by_owner: dict[str, int] = {}
+    for p in [*predictions, objects]:
+        by_owner[p.owner] = by_owner.get(p.owner, 0) + p.predicted_bytes
+        measured_by_owner[p.owner] = measured_by_owner.get(p.owner, 0) + p.measured_bytes
+    pool_from = sum(p.measured_bytes for p in predictions)
+    pool_to = sum(p.predicted_bytes for p in predictions)
+    by_stage_to: dict[str, int] = {}
+    for p in predictions:
+        by_stage_to[p.stage] = by_stage_to.get(p.stage, 0) + p.predicted_bytes
+
+    notes: list[str] = []
+    if pool_from != terms.graph_pool_bytes:
+        notes.append(
+            f"owner rows sum to {pool_from} B, stage rows to {terms.graph_pool_bytes} B; "
+            "the KV budget uses the owner rows"
+        )
+    terms_to = FullInitTerms.model_validate(
+        {
+            **terms.model_dump(),
+            "graph_pool_bytes": pool_to,
+            "graph_pool_by_stage_bytes": by_stage_to,
+            "outside_torch_bytes": max(
+                terms.outside_torch_bytes - graph_objects + objects.predicted_bytes, 0
+            ),
+            "source": f"what-if from {terms.source}",
+        }
+    )
+    terms_from = FullInitTerms.model_validate(
+        {**terms.model_dump(), "graph_pool_bytes": pool_from, "graph_pool_by_stage_bytes": {}}
+    )
+    kv_from, kv_to = full_init_kv_budget(terms_from), full_init_kv_budget(terms_to)
+    spec = report.kv_cache
+    changes = {o: by_owner[o] - measured_by_owner[o] for o in by_owner}
+    dominant = max(changes, key=lambda o: abs(changes[o]), default=None)
+    return WhatIf(
+        grid_from=_describe(g),
+        grid_to=_describe(g2),
+        owners=[*predictions, objects],
+        by_owner_bytes=by_owner,
+        measured_by_owner_bytes=measured_by_owner,
+        graph_pool_bytes_from=pool_from,
+        graph_pool_bytes_to=pool_to,
+        kv_budget_bytes_from=kv_from,
+        kv_budget_bytes_to=kv_to,
+        kv_tokens_from=kv_tokens(spec, kv_from) if spec is not None else None,
+        kv_tokens_to=kv_tokens(spec, kv_to) if spec is not None else None,
+        dominant_owner=dominant,
+        dominant_change_bytes=changes[dominant] if dominant is not None else 0,
+        notes=notes,
+    )
