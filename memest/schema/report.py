@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from memest.schema._base import SCHEMA_VERSION, Field, MemestModel, NonNegativeBytes
+from memest.schema._base import Field, MemestModel, NonNegativeBytes
 from memest.schema.breakdown import Breakdown, PhaseRecord
 from memest.schema.estimate import EstimateComparison
 from memest.schema.plan import CapturePlan
@@ -74,7 +74,7 @@ class VllmFigures(MemestModel):
 
 
 class RunReport(MemestModel):
-    schema_version: Literal["1"] = SCHEMA_VERSION
+    schema_version: Literal["1"] = "1"
     report_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     run_id: str
     rank: int = Field(default=0, ge=0)
