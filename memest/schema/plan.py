@@ -24,9 +24,17 @@ class RunnerRow(MemestModel):
     widest_tokens: int = Field(ge=0)
     sum_tokens: int = Field(ge=0, description="Sum of captured tokens over all sizes")
     note: str = ""
+    tier_k: int | None = Field(
+        default=None,
+        ge=0,
+        description="Dynamic-SD tier's K for per-tier rows (target decode at q = 1 + k, or the "
+        "one-token draft decodes captured for k)",
+    )
 
 
 class CapturePlan(MemestModel):
+    """A resolved capture plan: the runners' graphs for one configuration and one sizing."""
+
     sizing: Sizing
     gpu: str = Field(description="GPU preset or name, e.g. gb200, h200")
     sm100: bool
@@ -38,3 +46,16 @@ class CapturePlan(MemestModel):
     total_graphs: int = Field(ge=0)
     max_cudagraph_capture_size: int | None = None
     warnings: list[str] = Field(default_factory=list)
+    cudagraph_mode: str = Field(default="FULL_AND_PIECEWISE", description="Target's CUDAGraphMode")
+    performance_mode: str = Field(default="balanced", description="vLLM performance_mode")
+    adaptive_verification: bool = False
+    dynamic_sd_schedule: list[list[int]] | None = Field(
+        default=None, description="num_speculative_tokens_per_batch_size: [start, end, K] rows"
+    )
+    cudagraph_capture_sizes: list[int] | None = Field(
+        default=None, description="Resolved token sizes recorded for buffer sizing"
+    )
+    resolved_fields: dict[str, int | list[int] | None] = Field(
+        default_factory=dict,
+        description="The seed's five fields after defaults and validation (seed sizing only)",
+    )
