@@ -1,1 +1,52 @@
-"""memest.plan."""
+"""Capture plans: vLLM 0.33.0's own sizing ("main") and the seed's five fields, graphs per runner.
+
+Usage::
+
+    from memest.plan import PlanInput, resolve, resolve_both, plan_input_from_compilation_config
+
+    inp = plan_input_from_compilation_config(
+        '{"max_prefill_cudagraph_capture_tokens": 8192}',
+        sm100=True, max_num_seqs=1024, max_num_batched_tokens=16384,
+        spec_method="eagle3", num_speculative_tokens=3,
+    )
+    seed, main = resolve_both(inp)        # CapturePlan each; .runners is one RunnerRow per runner
+"""
+
+from __future__ import annotations
+
+from memest.plan.grids import av_grid, decode_grid, prefill_grid
+from memest.plan.inputs import (
+    GPU_PRESETS,
+    SERVE_DEFAULTS,
+    SPEC_METHODS,
+    PlanInput,
+    gpu_preset,
+    plan_input_from_compilation_config,
+)
+from memest.plan.padding import PaddingCost, expected_padding, uniform_histogram
+from memest.plan.resolve import SIZINGS, resolve, resolve_both
+from memest.plan.seed import SeedSizes, resolve_seed
+from memest.plan.vllm033 import MainSizes, capture_sizes, manager_descriptors
+
+__all__ = [
+    "GPU_PRESETS",
+    "SERVE_DEFAULTS",
+    "SIZINGS",
+    "SPEC_METHODS",
+    "MainSizes",
+    "PaddingCost",
+    "PlanInput",
+    "SeedSizes",
+    "av_grid",
+    "capture_sizes",
+    "decode_grid",
+    "expected_padding",
+    "gpu_preset",
+    "manager_descriptors",
+    "plan_input_from_compilation_config",
+    "prefill_grid",
+    "resolve",
+    "resolve_both",
+    "resolve_seed",
+    "uniform_histogram",
+]

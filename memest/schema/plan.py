@@ -13,7 +13,9 @@ Sizing = Literal["vllm-0.33.0", "seed"]
 class RunnerRow(MemestModel):
     """One runner's captures: how many graphs, how wide the widest, how many tokens in all."""
 
-    runner: str = Field(description="Stable id, e.g. target.piecewise, target.full, draft.steps.full")
+    runner: str = Field(
+        description="Stable id, e.g. target.piecewise, target.full, draft.steps.full"
+    )
     label: str = Field(description="Human label as in the seed's runner table")
     graph_mode: GraphMode
     q: int = Field(ge=1, description="Tokens per request (1 for PIECEWISE token-keyed sizes)")

@@ -1,0 +1,322 @@
+"""Capture-plan inputs: scheduler limits, speculative decoding and the compilation-config fields.
+
+``PlanInput`` validates on construction, so every resolver can trust it; bad input raises
+``ConfigError`` naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast, get_args
+
+from memest.errors import ConfigError
+from memest.plan.vllm033 import (
+    CUDAGRAPH_MODES,
+    CudaGraphMode,
+    DynamicSDSchedule,
+    PerformanceMode,
+    dynamic_sd_lookup,
+)
+
+GpuPreset = Literal["gb200", "b200", "h100", "h200"]
+#: Compute-capability family 100 (Blackwell data-center parts) or not.
+GPU_PRESETS: dict[str, bool] = {"gb200": True, "b200": True, "h100": False, "h200": False}
+#: ``vllm serve`` defaults the seed uses per GPU class: (max_num_seqs, max_num_batched_tokens).
+SERVE_DEFAULTS: dict[bool, tuple[int, int]] = {True: (1024, 16384), False: (1024, 8192)}
+
+DrafterKind = Literal["target_dependent_ar", "multi_module_mtp", "block", "none"]
+#: speculative method → how its drafter captures graphs (vllm/v1/worker/gpu/spec_decode).
+SPEC_METHODS: dict[str, DrafterKind] = {
+    "eagle": "target_dependent_ar",
+    "eagle3": "target_dependent_ar",
+    "mtp": "target_dependent_ar",
+    "gemma4_mtp": "target_dependent_ar",
+    "multi_module_mtp": "multi_module_mtp",
+    "dspark": "block",
+    "dflash": "block",
+    "dflash2": "block",
+    "lilicorr": "block",
+    "ngram": "none",
+    "draft_model": "none",
+    "extract_hidden_states": "none",
+}
+
+LEGACY_FIELDS = ("cudagraph_capture_sizes", "max_cudagraph_capture_size")
+SEED_FIELDS = (
+    "max_prefill_cudagraph_capture_tokens",
+    "prefill_cudagraph_capture_token_sizes",
+    "max_decode_cudagraph_capture_requests",
+    "decode_cudagraph_capture_request_sizes",
+    "max_decode_cudagraph_capture_tokens",
+)
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(name, value, "must be an integer")
+    if value <= 0:
+        raise ConfigError(name, value, "must be > 0")
+    return value
+
+
+def _size_list(name: str, value: object, *, allow_empty: bool) -> tuple[int, ...]:
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise ConfigError(name, value, "must be a list of integers")
+    items = list(value)
+    if not items and not allow_empty:
+        raise ConfigError(name, items, "must not be empty")
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise ConfigError(name, items, f"entry {item!r} is not an integer")
+        if item <= 0:
+            raise ConfigError(name, items, f"entry {item} must be > 0")
+    for a, b in zip(items, items[1:], strict=False):
+        if b <= a:
+            raise ConfigError(name, items, f"must be strictly ascending ({a} then {b})")
+    return tuple(items)
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """Everything that decides a capture plan.
+
+    Args:
+        sm100: compute-capability family 100 (GB200, B200); decides vLLM's 1024/512 ceiling and
+            the seed's defaults.
+        max_num_seqs: scheduler max_num_seqs.
+        max_num_batched_tokens: scheduler max_num_batched_tokens.
+        spec_method: speculative method (see ``SPEC_METHODS``) or None.
+        num_speculative_tokens: K (the widest tier with dynamic SD).
+        dynamic_sd: num_speculative_tokens_per_batch_size as (start, end, K) rows.
+        adaptive_verification: target verification with variable query lengths.
+        performance_mode: vLLM performance_mode; "interactivity" densifies small sizes.
+        cudagraph_mode: the target's CUDAGraphMode name.
+        gpu: a label for reports (preset name or GPU name).
+        cudagraph_capture_sizes, max_cudagraph_capture_size: vLLM's (legacy) sizing fields.
+        max_prefill_cudagraph_capture_tokens ... max_decode_cudagraph_capture_tokens: the seed's
+            five fields; None means "take the default".
+
+    Raises:
+        ConfigError: a field has a bad value, or legacy and new fields are mixed.
+    """
+
+    sm100: bool
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    spec_method: str | None = None
+    num_speculative_tokens: int = 0
+    dynamic_sd: DynamicSDSchedule | None = None
+    adaptive_verification: bool = False
+    performance_mode: PerformanceMode = "balanced"
+    cudagraph_mode: CudaGraphMode = "FULL_AND_PIECEWISE"
+    gpu: str = ""
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    max_cudagraph_capture_size: int | None = None
+    max_prefill_cudagraph_capture_tokens: int | None = None
+    prefill_cudagraph_capture_token_sizes: tuple[int, ...] | None = None
+    max_decode_cudagraph_capture_requests: int | None = None
+    decode_cudagraph_capture_request_sizes: tuple[int, ...] | None = None
+    max_decode_cudagraph_capture_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ConfigError("num_speculative_tokens", k, "must be an integer >= 0")
+        method = self.spec_method
+        if method is not None and method not in SPEC_METHODS:
+            raise ConfigError(
+                "speculative_config.method",
+                method,
+                f"unknown; expected one of {sorted(SPEC_METHODS)}",
+            )
+        if method is None and k > 0:
+            raise ConfigError("num_speculative_tokens", k, "needs a speculative method")
+        if method is not None and k == 0:
+            raise ConfigError("num_speculative_tokens", k, f"method {method!r} needs K >= 1")
+        if self.dynamic_sd is not None:
+            if method is None:
+                raise ConfigError(
+                    "num_speculative_tokens_per_batch_size",
+                    [list(e) for e in self.dynamic_sd],
+                    "dynamic SD needs a speculative method",
+                )
+            dynamic_sd_lookup(self.dynamic_sd, self.max_num_seqs, k)
+        if self.adaptive_verification and method is None:
+            raise ConfigError("adaptive_verification", True, "needs a speculative method")
+        if self.performance_mode not in get_args(PerformanceMode):
+            raise ConfigError("performance_mode", self.performance_mode, "unknown mode")
+        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ConfigError("cudagraph_mode", self.cudagraph_mode, "unknown mode")
+        if self.adaptive_verification and self.cudagraph_mode not in (
+            "FULL_AND_PIECEWISE",
+            "FULL_DECODE_ONLY",
+        ):
+            raise ConfigError(
+                "cudagraph_mode",
+                self.cudagraph_mode,
+                "adaptive verification needs FULL_AND_PIECEWISE or FULL_DECODE_ONLY",
+            )
+        if self.cudagraph_capture_sizes is not None:
+            _size_list("cudagraph_capture_sizes", self.cudagraph_capture_sizes, allow_empty=False)
+        for name in (
+            "max_cudagraph_capture_size",
+            "max_prefill_cudagraph_capture_tokens",
+            "max_decode_cudagraph_capture_requests",
+            "max_decode_cudagraph_capture_tokens",
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                _positive_int(name, value)
+        for list_name, cap_name in (
+            ("prefill_cudagraph_capture_token_sizes", "max_prefill_cudagraph_capture_tokens"),
+            ("decode_cudagraph_capture_request_sizes", "max_decode_cudagraph_capture_requests"),
+            ("cudagraph_capture_sizes", "max_cudagraph_capture_size"),
+        ):
+            sizes = getattr(self, list_name)
+            cap = getattr(self, cap_name)
+            if sizes is None:
+                continue
+            sizes = _size_list(list_name, sizes, allow_empty=list_name != "cudagraph_capture_sizes")
+            if cap is not None and sizes and sizes[-1] > cap:
+                raise ConfigError(
+                    list_name, list(sizes), f"entry {sizes[-1]} is above {cap_name}={cap}"
+                )
+        legacy = [n for n in LEGACY_FIELDS if getattr(self, n) is not None]
+        mixed = [n for n in SEED_FIELDS[:4] if getattr(self, n) is not None]
+        if legacy and mixed:
+            raise ConfigError(
+                legacy[0],
+                getattr(self, legacy[0])
+                if legacy[0] == LEGACY_FIELDS[1]
+                else list(getattr(self, legacy[0])),
+                f"legacy sizing field must not be mixed with {', '.join(mixed)}",
+            )
+
+    @property
+    def q(self) -> int:
+        """Uniform-decode query length of the target: 1 + K."""
+        return 1 + self.num_speculative_tokens
+
+    @property
+    def drafter(self) -> DrafterKind:
+        """How the drafter captures graphs."""
+        return "none" if self.spec_method is None else SPEC_METHODS[self.spec_method]
+
+    @property
+    def uses_legacy_fields(self) -> bool:
+        return any(getattr(self, n) is not None for n in LEGACY_FIELDS)
+
+    @property
+    def uses_seed_fields(self) -> bool:
+        return any(getattr(self, n) is not None for n in SEED_FIELDS)
+
+
+def gpu_preset(name: str) -> bool:
+    """SM100 or not, for a GPU preset name (gb200, b200, h100, h200).
+
+    Raises:
+        ConfigError: an unknown preset.
+    """
+    key = name.lower()
+    if key not in GPU_PRESETS:
+        raise ConfigError("gpu", name, f"unknown preset; expected one of {sorted(GPU_PRESETS)}")
+    return GPU_PRESETS[key]
+
+
+def _opt_list(config: Mapping[str, Any], key: str) -> tuple[int, ...] | None:
+    if key not in config or config[key] is None:
+        return None
+    value = config[key]
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise ConfigError(key, value, "must be a list of integers")
+    return tuple(cast(Sequence[int], value))
+
+
+def _opt_int(config: Mapping[str, Any], key: str) -> int | None:
+    if key not in config or config[key] is None:
+        return None
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(key, value, "must be an integer")
+    return value
+
+
+def plan_input_from_compilation_config(
+    compilation_config: Mapping[str, Any] | str | None,
+    *,
+    sm100: bool,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    spec_method: str | None = None,
+    num_speculative_tokens: int = 0,
+    dynamic_sd: Sequence[Sequence[int]] | None = None,
+    adaptive_verification: bool = False,
+    performance_mode: PerformanceMode = "balanced",
+    gpu: str = "",
+) -> PlanInput:
+    """Build a PlanInput from a vLLM-style ``--compilation-config`` dict (or its JSON text).
+
+    Understood keys: ``cudagraph_mode`` (name or CUDAGraphMode), ``cudagraph_capture_sizes``,
+    ``max_cudagraph_capture_size`` and the seed's five fields. Other keys (compile settings)
+    do not change capture sizes and are ignored.
+
+    Raises:
+        ConfigError: bad JSON, a non-object, or a bad value (named).
+    """
+    config: Mapping[str, Any]
+    if compilation_config is None:
+        config = {}
+    elif isinstance(compilation_config, str):
+        try:
+            loaded = json.loads(compilation_config)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                "compilation_config", compilation_config, f"not JSON: {exc}"
+            ) from None
+        if not isinstance(loaded, dict):
+            raise ConfigError("compilation_config", compilation_config, "must be a JSON object")
+        config = loaded
+    else:
+        config = compilation_config
+    mode_value = config.get("cudagraph_mode", "FULL_AND_PIECEWISE")
+    mode_name = getattr(mode_value, "name", mode_value)
+    if isinstance(mode_name, str):
+        mode_name = mode_name.upper()
+    if mode_name not in CUDAGRAPH_MODES:
+        raise ConfigError(
+            "cudagraph_mode", mode_value, f"unknown; expected one of {list(CUDAGRAPH_MODES)}"
+        )
+    schedule = (
+        None if dynamic_sd is None else tuple(tuple(int(x) for x in row) for row in dynamic_sd)
+    )
+    return PlanInput(
+        sm100=sm100,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        spec_method=spec_method,
+        num_speculative_tokens=num_speculative_tokens,
+        dynamic_sd=cast("DynamicSDSchedule | None", schedule),
+        adaptive_verification=adaptive_verification,
+        performance_mode=performance_mode,
+        cudagraph_mode=cast(CudaGraphMode, mode_name),
+        gpu=gpu,
+        cudagraph_capture_sizes=_opt_list(config, "cudagraph_capture_sizes"),
+        max_cudagraph_capture_size=_opt_int(config, "max_cudagraph_capture_size"),
+        max_prefill_cudagraph_capture_tokens=_opt_int(
+            config, "max_prefill_cudagraph_capture_tokens"
+        ),
+        prefill_cudagraph_capture_token_sizes=_opt_list(
+            config, "prefill_cudagraph_capture_token_sizes"
+        ),
+        max_decode_cudagraph_capture_requests=_opt_int(
+            config, "max_decode_cudagraph_capture_requests"
+        ),
+        decode_cudagraph_capture_request_sizes=_opt_list(
+            config, "decode_cudagraph_capture_request_sizes"
+        ),
+        max_decode_cudagraph_capture_tokens=_opt_int(config, "max_decode_cudagraph_capture_tokens"),
+    )

@@ -1,0 +1,411 @@
+"""Graphs per runner for a resolved configuration, for the seed's sizing and vLLM 0.33.0's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from memest.errors import ConfigError
+from memest.plan.inputs import PlanInput
+from memest.plan.seed import SeedSizes, one_token_tier_ks, resolve_seed
+from memest.plan.vllm033 import (
+    CudaGraphMode,
+    Descriptor,
+    capture_sizes,
+    dynamic_sd_lookup,
+    manager_descriptors,
+)
+from memest.schema.plan import CapturePlan, GraphMode, RunnerRow, Sizing
+
+SIZINGS: tuple[Sizing, ...] = ("seed", "vllm-0.33.0")
+
+_LABELS = {
+    "target.piecewise": "Target PIECEWISE: prefill, mixed, decode fallback",
+    "target.full": "Target FULL: uniform verification/decode",
+    "target.full_mixed": "Target FULL: every batch (FULL mode)",
+    "target.av": "Target FULL varlen: adaptive verification",
+    "draft.step0.piecewise": "Draft step 0 PIECEWISE",
+    "draft.step0.full": "Draft step 0 FULL: after uniform target decode",
+    "draft.steps.full": "Draft steps 1..K-1 FULL: one-token draft decode",
+    "draft.block.full": "Drafter FULL block routine",
+    "draft.mtp.full": "Multi-module MTP FULL",
+    "draft.none": "Drafter runs eagerly (no graphs)",
+}
+
+
+def _decode_half(mode: CudaGraphMode) -> str:
+    return {"FULL_DECODE_ONLY": "FULL", "FULL_AND_PIECEWISE": "FULL"}.get(mode, mode)
+
+
+def _mixed_half(mode: CudaGraphMode) -> str:
+    return {"FULL_DECODE_ONLY": "NONE", "FULL_AND_PIECEWISE": "PIECEWISE"}.get(mode, mode)
+
+
+def token_row(
+    runner: str,
+    tokens: Sequence[int],
+    *,
+    graph_mode: GraphMode,
+    max_num_seqs: int,
+    q: int = 1,
+    note: str = "",
+) -> RunnerRow:
+    """A row whose sizes are token counts (PIECEWISE, FULL mixed, adaptive verification)."""
+    sizes = sorted(tokens)
+    widest = sizes[-1] if sizes else 0
+    return RunnerRow(
+        runner=runner,
+        label=_LABELS[runner],
+        graph_mode=graph_mode,
+        q=q,
+        graph_count=len(sizes),
+        sizes=sizes,
+        unit="tokens",
+        widest_requests=None
+        if graph_mode == "PIECEWISE" or not sizes
+        else min(widest, max_num_seqs),
+        widest_tokens=widest,
+        sum_tokens=sum(sizes),
+        note=note,
+    )
+
+
+def request_row(
+    runner: str,
+    requests: Sequence[int],
+    *,
+    q: int,
+    tier_k: int | None = None,
+    label: str | None = None,
+    note: str = "",
+) -> RunnerRow:
+    """A row of uniform-decode graphs: n requests × q tokens each."""
+    sizes = sorted(requests)
+    widest = sizes[-1] if sizes else 0
+    return RunnerRow(
+        runner=runner,
+        label=label or _LABELS[runner],
+        graph_mode="FULL",
+        q=q,
+        graph_count=len(sizes),
+        sizes=sizes,
+        unit="requests",
+        widest_requests=widest,
+        widest_tokens=widest * q,
+        sum_tokens=sum(sizes) * q,
+        note=note,
+        tier_k=tier_k,
+    )
+
+
+def _block_q(inp: PlanInput) -> int:
+    # DSpark samples from the anchor: K query slots; the DFlash family adds the bonus slot.
+    return inp.num_speculative_tokens if inp.spec_method == "dspark" else inp.q
+
+
+def _block_label(inp: PlanInput) -> str:
+    name = {"dspark": "DSpark", "dflash": "DFlash", "dflash2": "DFlash2", "lilicorr": "LiLiCorr"}
+    return f"{name.get(inp.spec_method or '', 'Drafter')} FULL block routine"
+
+
+def _uniform_rows(runner: str, descs: Sequence[Descriptor], *, per_tier: bool) -> list[RunnerRow]:
+    by_q: dict[int, list[int]] = {}
+    for d in descs:
+        assert d.uniform_token_count is not None and d.num_reqs is not None
+        by_q.setdefault(d.uniform_token_count, []).append(d.num_reqs)
+    rows = []
+    for q in sorted(by_q, reverse=True):
+        rows.append(request_row(runner, by_q[q], q=q, tier_k=q - 1 if per_tier else None))
+    return rows
+
+
+def _main_plan(inp: PlanInput) -> CapturePlan:
+    main = capture_sizes(
+        sm100=inp.sm100,
+        max_num_seqs=inp.max_num_seqs,
+        max_num_batched_tokens=inp.max_num_batched_tokens,
+        num_speculative_tokens=inp.num_speculative_tokens,
+        dynamic_sd=inp.dynamic_sd,
+        cudagraph_capture_sizes=inp.cudagraph_capture_sizes,
+        max_cudagraph_capture_size=inp.max_cudagraph_capture_size,
+        performance_mode=inp.performance_mode,
+        cudagraph_mode=inp.cudagraph_mode,
+    )
+    seqs = inp.max_num_seqs
+    k = inp.num_speculative_tokens
+    dyn = inp.dynamic_sd
+    per_tier = dyn is not None
+
+    def descs(mode: CudaGraphMode, q: int, varlen: bool = False) -> dict[str, list[Descriptor]]:
+        return manager_descriptors(
+            sizes=main.sizes,
+            max_size=main.max_size,
+            max_num_seqs=seqs,
+            cudagraph_mode=mode,
+            decode_query_len=q,
+            num_speculative_tokens=k,
+            dynamic_sd=dyn,
+            varlen_decode=varlen,
+        )
+
+    mode = inp.cudagraph_mode
+    if inp.adaptive_verification and mode != "FULL_DECODE_ONLY":
+        mode = "FULL_AND_PIECEWISE"  # resolve_adaptive_cudagraph_mode with piecewise available
+    rows: list[RunnerRow] = []
+    target = descs(mode, inp.q, inp.adaptive_verification)
+    if "PIECEWISE" in target:
+        rows.append(
+            token_row(
+                "target.piecewise",
+                [d.num_tokens for d in target["PIECEWISE"]],
+                graph_mode="PIECEWISE",
+                max_num_seqs=seqs,
+            )
+        )
+    full = target.get("FULL", [])
+    if mode == "FULL":
+        rows.append(
+            token_row(
+                "target.full_mixed",
+                [d.num_tokens for d in full],
+                graph_mode="FULL",
+                max_num_seqs=seqs,
+            )
+        )
+    elif inp.adaptive_verification:
+        rows.append(
+            token_row(
+                "target.av",
+                [d.num_tokens for d in full],
+                graph_mode="FULL_VARLEN",
+                max_num_seqs=seqs,
+                q=inp.q,
+            )
+        )
+    elif _decode_half(mode) == "FULL":
+        rows.extend(_uniform_rows("target.full", full, per_tier=per_tier))
+
+    drafter = inp.drafter
+    if drafter == "target_dependent_ar":
+        step0 = descs(mode, inp.q)
+        if "PIECEWISE" in step0:
+            rows.append(
+                token_row(
+                    "draft.step0.piecewise",
+                    [d.num_tokens for d in step0["PIECEWISE"]],
+                    graph_mode="PIECEWISE",
+                    max_num_seqs=seqs,
+                    q=inp.q,
+                )
+            )
+        if mode == "FULL":
+            rows.append(
+                token_row(
+                    "draft.step0.full",
+                    [d.num_tokens for d in step0.get("FULL", [])],
+                    graph_mode="FULL",
+                    max_num_seqs=seqs,
+                    q=inp.q,
+                )
+            )
+        else:
+            rows.extend(_uniform_rows("draft.step0.full", step0.get("FULL", []), per_tier=per_tier))
+        if k >= 2 and _decode_half(mode) == "FULL":
+            steps = descs("FULL_DECODE_ONLY", 1).get("FULL", [])
+            requests = [d.num_reqs or d.num_tokens for d in steps]
+            if dyn is None:
+                rows.append(request_row("draft.steps.full", requests, q=1))
+            else:
+                dense = dynamic_sd_lookup(dyn, seqs, k)
+                for tier_k in sorted(set(dense) - {0, 1}, reverse=True):
+                    rows.append(request_row("draft.steps.full", requests, q=1, tier_k=tier_k))
+    elif drafter == "multi_module_mtp":
+        mtp_mode: CudaGraphMode = mode
+        if mode in ("FULL_AND_PIECEWISE", "PIECEWISE"):
+            mtp_mode = "FULL_DECODE_ONLY" if mode == "FULL_AND_PIECEWISE" else "NONE"
+        mtp = descs(mtp_mode, inp.q).get("FULL", [])
+        if mtp_mode == "FULL":
+            rows.append(
+                token_row(
+                    "draft.mtp.full",
+                    [d.num_tokens for d in mtp],
+                    graph_mode="FULL",
+                    max_num_seqs=seqs,
+                    q=inp.q,
+                )
+            )
+        else:
+            rows.extend(_uniform_rows("draft.mtp.full", mtp, per_tier=per_tier))
+    elif drafter == "block":
+        if _decode_half(mode) == "FULL":
+            block = descs("FULL_DECODE_ONLY", _block_q(inp)).get("FULL", [])
+            for row in _uniform_rows("draft.block.full", block, per_tier=False):
+                rows.append(row.model_copy(update={"label": _block_label(inp)}))
+    elif inp.spec_method is not None:
+        rows.append(_none_row())
+    return _plan(inp, "vllm-0.33.0", rows, main.max_size, main.sizes, main.warnings, {})
+
+
+def _none_row() -> RunnerRow:
+    return RunnerRow(
+        runner="draft.none",
+        label=_LABELS["draft.none"],
+        graph_mode="NONE",
+        q=1,
+        graph_count=0,
+        sizes=[],
+        unit="requests",
+        widest_requests=None,
+        widest_tokens=0,
+        sum_tokens=0,
+    )
+
+
+def _seed_plan(inp: PlanInput) -> CapturePlan:
+    sizes: SeedSizes = resolve_seed(inp)
+    seqs = inp.max_num_seqs
+    mode = inp.cudagraph_mode
+    rows: list[RunnerRow] = []
+    decode_full = _decode_half(mode) == "FULL"
+    has_pw = _mixed_half(mode) == "PIECEWISE"
+    prefill = sizes.prefill_tokens if mode != "NONE" else []
+
+    if has_pw:
+        rows.append(
+            token_row("target.piecewise", prefill, graph_mode="PIECEWISE", max_num_seqs=seqs)
+        )
+    if mode == "FULL":
+        rows.append(token_row("target.full_mixed", prefill, graph_mode="FULL", max_num_seqs=seqs))
+    elif inp.adaptive_verification:
+        rows.append(
+            token_row(
+                "target.av",
+                sizes.av_tokens,
+                graph_mode="FULL_VARLEN",
+                max_num_seqs=seqs,
+                q=inp.q,
+            )
+        )
+    elif decode_full:
+        for tier in sizes.target_decode:
+            rows.append(request_row("target.full", tier.requests, q=tier.q, tier_k=tier.tier_k))
+
+    drafter = inp.drafter
+    if drafter == "target_dependent_ar":
+        if has_pw:
+            rows.append(
+                token_row(
+                    "draft.step0.piecewise",
+                    prefill,
+                    graph_mode="PIECEWISE",
+                    max_num_seqs=seqs,
+                    q=inp.q,
+                )
+            )
+        if mode == "FULL":
+            rows.append(
+                token_row(
+                    "draft.step0.full", prefill, graph_mode="FULL", max_num_seqs=seqs, q=inp.q
+                )
+            )
+        elif decode_full:
+            for tier in sizes.target_decode:
+                rows.append(
+                    request_row("draft.step0.full", tier.requests, q=tier.q, tier_k=tier.tier_k)
+                )
+        if inp.num_speculative_tokens >= 2 and decode_full:
+            for tier_k in one_token_tier_ks(inp):
+                rows.append(
+                    request_row("draft.steps.full", sizes.one_token_requests, q=1, tier_k=tier_k)
+                )
+    elif drafter == "multi_module_mtp":
+        if mode == "FULL":
+            rows.append(
+                token_row("draft.mtp.full", prefill, graph_mode="FULL", max_num_seqs=seqs, q=inp.q)
+            )
+        elif decode_full:
+            for tier in sizes.target_decode:
+                rows.append(
+                    request_row("draft.mtp.full", tier.requests, q=tier.q, tier_k=tier.tier_k)
+                )
+    elif drafter == "block":
+        if decode_full:
+            q = _block_q(inp)
+            rows.append(
+                request_row(
+                    "draft.block.full", sizes.block_requests(q), q=q, label=_block_label(inp)
+                )
+            )
+    elif inp.spec_method is not None:
+        rows.append(_none_row())
+    resolved: dict[str, int | list[int] | None] = {
+        "max_prefill_cudagraph_capture_tokens": prefill[-1] if prefill else 0,
+        "prefill_cudagraph_capture_token_sizes": list(prefill),
+        "max_decode_cudagraph_capture_requests": sizes.decode_cap_requests,
+        "decode_cudagraph_capture_request_sizes": list(sizes.target_decode[0].requests)
+        if sizes.target_decode
+        else [],
+        "max_decode_cudagraph_capture_tokens": sizes.budget_tokens,
+    }
+    recorded_sizes = sorted(
+        set(prefill)
+        | set(sizes.av_tokens)
+        | {n * t.q for t in sizes.target_decode for n in t.requests}
+    )
+    return _plan(
+        inp, "seed", rows, sizes.recorded_max_tokens, recorded_sizes, sizes.warnings, resolved
+    )
+
+
+def _plan(
+    inp: PlanInput,
+    sizing: Sizing,
+    rows: list[RunnerRow],
+    max_size: int,
+    recorded: Sequence[int],
+    warnings: Sequence[str],
+    resolved: dict[str, int | list[int] | None],
+) -> CapturePlan:
+    return CapturePlan(
+        sizing=sizing,
+        gpu=inp.gpu or ("sm100" if inp.sm100 else "other"),
+        sm100=inp.sm100,
+        max_num_seqs=inp.max_num_seqs,
+        max_num_batched_tokens=inp.max_num_batched_tokens,
+        speculative_method=inp.spec_method,
+        num_speculative_tokens=inp.num_speculative_tokens,
+        runners=rows,
+        total_graphs=sum(r.graph_count for r in rows),
+        max_cudagraph_capture_size=max_size,
+        warnings=list(warnings),
+        cudagraph_mode=inp.cudagraph_mode,
+        performance_mode=inp.performance_mode,
+        adaptive_verification=inp.adaptive_verification,
+        dynamic_sd_schedule=None
+        if inp.dynamic_sd is None
+        else [list(row) for row in inp.dynamic_sd],
+        cudagraph_capture_sizes=list(recorded),
+        resolved_fields=resolved,
+    )
+
+
+def resolve(inp: PlanInput, sizing: Sizing = "seed") -> CapturePlan:
+    """Resolve ``inp`` into a capture plan: one RunnerRow per runner (per tier with dynamic SD).
+
+    Args:
+        inp: a validated PlanInput.
+        sizing: "seed" (the five fields) or "vllm-0.33.0" (vLLM's own sizing and
+            CudaGraphManager descriptors).
+
+    Raises:
+        ConfigError: an unknown sizing, or an input vLLM itself rejects.
+    """
+    if sizing == "seed":
+        return _seed_plan(inp)
+    if sizing == "vllm-0.33.0":
+        return _main_plan(inp)
+    raise ConfigError("sizing", sizing, f"unknown; expected one of {list(SIZINGS)}")
+
+
+def resolve_both(inp: PlanInput) -> tuple[CapturePlan, CapturePlan]:
+    """(seed plan, vLLM 0.33.0 plan) for the same input, side by side."""
+    return _seed_plan(inp), _main_plan(inp)

@@ -1,0 +1,247 @@
+"""The seed's sizing: five compilation-config fields with SM100 / other-GPU defaults.
+
+Prefill (PIECEWISE) graphs are sized in tokens, uniform-decode (FULL) graphs in requests, and a
+per-graph token budget bounds every uniform-decode graph (adaptive verification is exempt). Off
+SM100, and whenever a legacy field is set, prefill and target decode keep vLLM 0.33.0's sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memest.plan.grids import av_grid, decode_grid, prefill_grid
+from memest.plan.inputs import PlanInput
+from memest.plan.vllm033 import MainSizes, capture_sizes, dynamic_sd_lookup, dynamic_sd_tiers
+
+#: Default max_prefill_cudagraph_capture_tokens on SM100 (before min with max_num_batched_tokens).
+SM100_PREFILL_CAP_TOKENS = 8192
+#: Interim default max_decode_cudagraph_capture_tokens on SM100.
+SM100_DECODE_BUDGET_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class DecodeTier:
+    """Target uniform-decode request sizes at one query length."""
+
+    q: int
+    requests: list[int]
+    tier_k: int | None = None
+
+
+@dataclass
+class SeedSizes:
+    """The seed's resolved sizes for every runner kind.
+
+    Attributes:
+        prefill_tokens: PIECEWISE token sizes (also FULL mixed sizes in FULL mode).
+        target_decode: uniform-decode request sizes per tier (one tier without dynamic SD).
+        decode_cap_requests: resolved max_decode_cudagraph_capture_requests at q = 1 + K.
+        budget_tokens: resolved max_decode_cudagraph_capture_tokens (None: no budget).
+        one_token_requests: later draft steps' request sizes (q = 1).
+        av_tokens: adaptive-verification token sizes.
+        recorded_max_tokens: the recorded max_cudagraph_capture_size (all graph kinds).
+        main: vLLM 0.33.0's resolution of the same input (its list seeds legacy paths).
+        warnings: dropped entries and clipped caps, each naming the field.
+    """
+
+    prefill_tokens: list[int]
+    target_decode: list[DecodeTier]
+    decode_cap_requests: int
+    decode_source: list[int]
+    decode_from_grid: bool
+    budget_tokens: int | None
+    one_token_requests: list[int]
+    av_tokens: list[int]
+    recorded_max_tokens: int
+    main: MainSizes
+    warnings: list[str] = field(default_factory=list)
+
+    def block_requests(self, q: int) -> list[int]:
+        """DSpark / DFlash-family request sizes at ``q``: the decode source up to the cap.
+
+        The cap is the decode cap, the budget / q and the recorded maximum / q, whichever is
+        lowest; it is always captured.
+        """
+        cap = min(self.decode_cap_requests, self.recorded_max_tokens // q)
+        if self.budget_tokens is not None:
+            cap = min(cap, self.budget_tokens // q)
+        if cap < 1 or not self.decode_source:
+            return []
+        if self.decode_from_grid:
+            return decode_grid(cap)
+        return sorted({n for n in self.decode_source if n <= cap} | {cap})
+
+
+def _main_request_counts(main: MainSizes, q: int, max_num_seqs: int) -> list[int]:
+    """vLLM 0.33.0's uniform-decode request counts at ``q``, capped at max_num_seqs.
+
+    Each token size rounds up to a multiple of q within the recorded maximum; the request cap is
+    the widest of those, limited to max_num_seqs, and is always captured.
+    """
+    counts = sorted({-(-s // q) for s in main.sizes if -(-s // q) * q <= main.max_size})
+    if not counts:
+        return []
+    cap = min(max_num_seqs, counts[-1])
+    return sorted({n for n in counts if n <= cap} | {cap})
+
+
+def _drop_oversized(
+    name: str, sizes: tuple[int, ...], limit: int, limit_name: str, warnings: list[str]
+) -> list[int]:
+    kept = [s for s in sizes if s <= limit]
+    dropped = [s for s in sizes if s > limit]
+    if dropped:
+        warnings.append(f"{name}: dropped {dropped} above {limit_name}={limit}")
+    return kept
+
+
+def _clip_cap(name: str, cap: int, limit: int, limit_name: str, warnings: list[str]) -> int:
+    if cap > limit:
+        warnings.append(f"{name}={cap} lowered to {limit_name}={limit}")
+        return limit
+    return cap
+
+
+def resolve_seed(inp: PlanInput) -> SeedSizes:
+    """Resolve the seed's five fields for ``inp`` (see the module docstring)."""
+    warnings: list[str] = []
+    main = capture_sizes(
+        sm100=inp.sm100,
+        max_num_seqs=inp.max_num_seqs,
+        max_num_batched_tokens=inp.max_num_batched_tokens,
+        num_speculative_tokens=inp.num_speculative_tokens,
+        dynamic_sd=inp.dynamic_sd,
+        cudagraph_capture_sizes=inp.cudagraph_capture_sizes,
+        max_cudagraph_capture_size=inp.max_cudagraph_capture_size,
+        performance_mode=inp.performance_mode,
+    )
+    legacy = inp.uses_legacy_fields
+    if legacy:
+        warnings.append(
+            "cudagraph_capture_sizes / max_cudagraph_capture_size are deprecated: they "
+            "initialize both prefill and decode sizes"
+        )
+    main_defaults = legacy or not inp.sm100
+    seqs = inp.max_num_seqs
+    mnbt = inp.max_num_batched_tokens
+    interactivity = inp.performance_mode == "interactivity"
+
+    budget = inp.max_decode_cudagraph_capture_tokens
+    if budget is None and inp.sm100 and not legacy:
+        budget = SM100_DECODE_BUDGET_TOKENS
+
+    # Prefill (PIECEWISE) tokens.
+    if inp.prefill_cudagraph_capture_token_sizes is not None:
+        prefill = _drop_oversized(
+            "prefill_cudagraph_capture_token_sizes",
+            inp.prefill_cudagraph_capture_token_sizes,
+            mnbt,
+            "max_num_batched_tokens",
+            warnings,
+        )
+    elif inp.max_prefill_cudagraph_capture_tokens is not None:
+        cap = _clip_cap(
+            "max_prefill_cudagraph_capture_tokens",
+            inp.max_prefill_cudagraph_capture_tokens,
+            mnbt,
+            "max_num_batched_tokens",
+            warnings,
+        )
+        prefill = prefill_grid(cap, interactivity=interactivity)
+    elif main_defaults:
+        prefill = list(main.sizes)
+    else:
+        prefill = prefill_grid(min(SM100_PREFILL_CAP_TOKENS, mnbt), interactivity=interactivity)
+
+    # Target uniform decode, in requests at q = 1 + K.
+    q = inp.q
+    from_grid = False
+    if inp.decode_cudagraph_capture_request_sizes is not None:
+        source = _drop_oversized(
+            "decode_cudagraph_capture_request_sizes",
+            inp.decode_cudagraph_capture_request_sizes,
+            seqs,
+            "max_num_seqs",
+            warnings,
+        )
+        decode_cap = source[-1] if source else 0
+    elif inp.max_decode_cudagraph_capture_requests is not None or not main_defaults:
+        requested = inp.max_decode_cudagraph_capture_requests
+        decode_cap = (
+            seqs
+            if requested is None
+            else _clip_cap(
+                "max_decode_cudagraph_capture_requests", requested, seqs, "max_num_seqs", warnings
+            )
+        )
+        source = decode_grid(decode_cap)
+        from_grid = True
+    else:
+        source = _main_request_counts(main, q, seqs)
+        decode_cap = source[-1] if source else 0
+
+    def limited(tier_q: int, widest: int) -> list[int]:
+        cap = min(decode_cap, widest)
+        if budget is not None:
+            cap = min(cap, budget // tier_q)
+        if cap < 1 or not source:
+            return []
+        if from_grid:
+            return decode_grid(cap)
+        kept = [n for n in source if n <= cap]
+        if inp.decode_cudagraph_capture_request_sizes is None:
+            kept = sorted(set(kept) | {cap})
+        return kept
+
+    tiers: list[DecodeTier] = []
+    if inp.dynamic_sd is not None and q > 1:
+        for tier_q, widest in dynamic_sd_tiers(inp.dynamic_sd, seqs, inp.num_speculative_tokens):
+            tier_source = (
+                limited(tier_q, widest)
+                if from_grid or inp.decode_cudagraph_capture_request_sizes is not None
+                else [n for n in _main_request_counts(main, tier_q, seqs) if n <= widest]
+            )
+            tiers.append(DecodeTier(tier_q, tier_source, tier_q - 1))
+    else:
+        tiers.append(DecodeTier(q, limited(q, seqs)))
+
+    # Later draft steps (q = 1): their own grid to max_num_seqs on every GPU, common budget.
+    if inp.decode_cudagraph_capture_request_sizes is not None:
+        one_token = [n for n in source if budget is None or n <= budget]
+    else:
+        one_cap = seqs if budget is None else min(seqs, budget)
+        one_token = decode_grid(one_cap)
+
+    # Adaptive verification: dense token grid to decode cap × q, exempt from the budget.
+    av: list[int] = []
+    if inp.adaptive_verification and decode_cap > 0:
+        av = av_grid(min(decode_cap * q, mnbt))
+
+    recorded = max(
+        [0, *prefill[-1:], *av[-1:], *one_token[-1:]]
+        + [t.requests[-1] * t.q for t in tiers if t.requests]
+    )
+    return SeedSizes(
+        prefill_tokens=prefill,
+        target_decode=tiers,
+        decode_cap_requests=decode_cap,
+        decode_source=source,
+        decode_from_grid=from_grid,
+        budget_tokens=budget,
+        one_token_requests=one_token,
+        av_tokens=av,
+        recorded_max_tokens=recorded,
+        main=main,
+        warnings=warnings + main.warnings,
+    )
+
+
+def one_token_tier_ks(inp: PlanInput) -> list[int | None]:
+    """K values that get their own one-token draft decode graphs (None: no dynamic SD).
+
+    With dynamic SD the fused draft loop is specialized per K ≥ 2 of the schedule, widest first.
+    """
+    if inp.dynamic_sd is None:
+        return [None]
+    dense = dynamic_sd_lookup(inp.dynamic_sd, inp.max_num_seqs, inp.num_speculative_tokens)
+    return [k for k in sorted(set(dense) - {0, 1}, reverse=True)]

@@ -1,0 +1,294 @@
+"""vLLM 0.33.0's own capture sizing ("main"), in pure Python.
+
+``capture_sizes`` mirrors ``VllmConfig._set_cudagraph_sizes`` (vllm/config/vllm.py) and
+``manager_descriptors`` mirrors ``CudaGraphManager._init_candidates``
+(vllm/v1/worker/gpu/cudagraph_utils.py) for one rank without LoRA or micro-batching.
+tests/integration/test_vllm_oracle.py compares both with vLLM's own code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from memest.errors import ConfigError
+
+CudaGraphMode = Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+PerformanceMode = Literal["balanced", "interactivity", "throughput"]
+DynamicSDSchedule = tuple[tuple[int, int, int], ...]
+
+CUDAGRAPH_MODES: tuple[CudaGraphMode, ...] = (
+    "NONE",
+    "PIECEWISE",
+    "FULL",
+    "FULL_DECODE_ONLY",
+    "FULL_AND_PIECEWISE",
+)
+#: (decode_mode, mixed_mode) per mode, as CUDAGraphMode.decode_mode() / mixed_mode().
+_MODE_HALVES: dict[CudaGraphMode, tuple[str, str]] = {
+    "NONE": ("NONE", "NONE"),
+    "PIECEWISE": ("PIECEWISE", "PIECEWISE"),
+    "FULL": ("FULL", "FULL"),
+    "FULL_DECODE_ONLY": ("FULL", "NONE"),
+    "FULL_AND_PIECEWISE": ("FULL", "PIECEWISE"),
+}
+
+
+def default_ceiling_tokens(sm100: bool) -> int:
+    """The platform's default capture ceiling: 1024 on compute-capability family 100, else 512."""
+    return 1024 if sm100 else 512
+
+
+def dynamic_sd_lookup(
+    schedule: DynamicSDSchedule, max_batch_size: int, num_speculative_tokens: int
+) -> list[int]:
+    """Dense batch size → K table, as ``build_dynamic_sd_schedule_lookup`` builds it.
+
+    Index 0 is unused. Gaps and the tail carry the previous K forward; every K is clamped to
+    ``num_speculative_tokens``.
+
+    Raises:
+        ConfigError: the schedule is empty, overlapping, not starting at 1, or has bad values.
+    """
+    field = "num_speculative_tokens_per_batch_size"
+    if max_batch_size <= 0:
+        raise ConfigError("max_num_seqs", max_batch_size, "must be > 0")
+    if num_speculative_tokens <= 0:
+        raise ConfigError(
+            "num_speculative_tokens", num_speculative_tokens, "dynamic SD needs K > 0"
+        )
+    if not schedule:
+        raise ConfigError(field, list(schedule), "must not be empty")
+    parsed: list[tuple[int, int, int]] = []
+    for entry in schedule:
+        if len(entry) != 3:
+            raise ConfigError(field, list(schedule), f"entry {entry!r} is not (start, end, K)")
+        start, end, k = (int(x) for x in entry)
+        if start <= 0 or end <= 0:
+            raise ConfigError(field, list(schedule), f"range ({start}, {end}) must be positive")
+        if start > end:
+            raise ConfigError(field, list(schedule), f"range start {start} > end {end}")
+        if k < 0:
+            raise ConfigError(field, list(schedule), f"K={k} must be >= 0")
+        parsed.append((start, end, k))
+    parsed.sort(key=lambda e: e[0])
+    previous_end = 0
+    for start, end, _ in parsed:
+        if start <= previous_end:
+            raise ConfigError(field, list(schedule), "ranges must not overlap")
+        previous_end = end
+    if parsed[0][0] != 1:
+        raise ConfigError(field, list(schedule), "the first range must start at 1")
+
+    dense = [0] * (max_batch_size + 1)
+    next_bs = 1
+    last_k: int | None = None
+    for start, end, k in parsed:
+        if start > next_bs and last_k is not None:
+            for bs in range(next_bs, min(start, max_batch_size + 1)):
+                dense[bs] = min(num_speculative_tokens, last_k)
+        for bs in range(max(start, next_bs), min(end, max_batch_size) + 1):
+            dense[bs] = min(num_speculative_tokens, k)
+        next_bs = max(next_bs, end + 1)
+        last_k = k
+        if next_bs > max_batch_size:
+            break
+    assert last_k is not None
+    for bs in range(next_bs, max_batch_size + 1):
+        dense[bs] = min(num_speculative_tokens, last_k)
+    return dense
+
+
+def dynamic_sd_tiers(
+    schedule: DynamicSDSchedule, max_num_seqs: int, num_speculative_tokens: int
+) -> list[tuple[int, int]]:
+    """(query length, widest batch running at it) per tier, in schedule order."""
+    dense = dynamic_sd_lookup(schedule, max_num_seqs, num_speculative_tokens)
+    widest: dict[int, int] = {}
+    for batch_size, k in enumerate(dense[1:], start=1):
+        widest[k + 1] = batch_size
+    return list(widest.items())
+
+
+def _request_counts(max_reqs: int, ceiling: int) -> list[int]:
+    max_reqs = min(max_reqs, ceiling)
+    counts = [n for n in (1, 2, 4) if n <= max_reqs]
+    counts += list(range(8, min(max_reqs + 1, 256), 8))
+    counts += list(range(256, max_reqs + 1, 16))
+    return sorted(set(counts + [max_reqs]))
+
+
+@dataclass(frozen=True)
+class MainSizes:
+    """Resolved ``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size`` and warnings."""
+
+    sizes: list[int]
+    max_size: int
+    warnings: list[str]
+
+
+def capture_sizes(
+    *,
+    sm100: bool,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    num_speculative_tokens: int = 0,
+    dynamic_sd: DynamicSDSchedule | None = None,
+    cudagraph_capture_sizes: Sequence[int] | None = None,
+    max_cudagraph_capture_size: int | None = None,
+    performance_mode: PerformanceMode = "balanced",
+    cudagraph_mode: CudaGraphMode = "FULL_AND_PIECEWISE",
+) -> MainSizes:
+    """vLLM 0.33.0's ``VllmConfig._set_cudagraph_sizes`` for a CUDA platform.
+
+    Raises:
+        ConfigError: where vLLM raises or asserts (empty explicit list, a maximum inconsistent
+            with an explicit list, a capture maximum below 1).
+    """
+    warnings: list[str] = []
+    if cudagraph_mode == "NONE":
+        return MainSizes([], 0, warnings)
+    max_size = max_cudagraph_capture_size
+    uniform_decode_sizes: list[int] = []
+    if max_size is None:
+        ceiling = default_ceiling_tokens(sm100)
+        q = 1 + num_speculative_tokens
+        max_size = min(max_num_seqs * q * 2, ceiling)
+        if q > 1:
+            tiers = [(q, max_num_seqs)]
+            if dynamic_sd is not None:
+                try:
+                    tiers = dynamic_sd_tiers(dynamic_sd, max_num_seqs, num_speculative_tokens)
+                except ConfigError:
+                    pass  # vLLM keeps the single-tier default for an invalid schedule
+            uniform_decode_sizes = sorted(
+                {
+                    n * tq
+                    for tq, tier_max in tiers
+                    for n in _request_counts(tier_max, ceiling)
+                    if n * tq <= max_size
+                }
+            )
+        elif max_num_seqs <= max_size:
+            uniform_decode_sizes = [max_num_seqs]
+    max_num_tokens = max_num_batched_tokens
+    max_size = min(max_num_tokens, max_size)
+    if max_size < 1:
+        raise ConfigError(
+            "max_cudagraph_capture_size", max_size, "must be >= 1 when CUDA graphs are on"
+        )
+
+    if cudagraph_capture_sizes is not None:
+        if len(cudagraph_capture_sizes) == 0:
+            raise ConfigError(
+                "cudagraph_capture_sizes", [], "must contain at least one size with CUDA graphs on"
+            )
+        sizes = sorted(i for i in set(cudagraph_capture_sizes) if i <= max_num_tokens)
+    else:
+        if performance_mode == "interactivity":
+            sizes = list(range(1, min(max_size, 32) + 1))
+        else:
+            sizes = [i for i in (1, 2, 4) if i <= max_size]
+        if max_size >= 8:
+            sizes += list(range(8, min(max_size + 1, 256), 8))
+        if max_size >= 256:
+            sizes += list(range(256, max_size + 1, 16))
+        if max_num_tokens <= max_size and max_num_tokens not in sizes:
+            sizes.append(max_num_tokens)
+        sizes += [s for s in uniform_decode_sizes if s <= max_num_tokens]
+        sizes = sorted(set(sizes))
+
+    valid_max = sizes[-1] if sizes else 0
+    if max_cudagraph_capture_size is not None and max_cudagraph_capture_size != valid_max:
+        if cudagraph_capture_sizes is not None:
+            raise ConfigError(
+                "max_cudagraph_capture_size",
+                max_cudagraph_capture_size,
+                f"must equal the largest cudagraph_capture_sizes entry ({valid_max})",
+            )
+        warnings.append(f"max_cudagraph_capture_size truncated to {valid_max}")
+    if cudagraph_capture_sizes is not None and len(sizes) < len(cudagraph_capture_sizes):
+        dropped = sorted(set(cudagraph_capture_sizes) - set(sizes))
+        warnings.append(
+            f"cudagraph_capture_sizes entries above max_num_batched_tokens dropped: {dropped}"
+        )
+    return MainSizes(sizes, valid_max, warnings)
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """One capture, as ``BatchExecutionDescriptor`` (without LoRA and micro-batch fields)."""
+
+    cg_mode: Literal["FULL", "PIECEWISE"]
+    num_tokens: int
+    num_reqs: int | None
+    uniform_token_count: int | None = None
+    max_query_len: int | None = None
+
+
+def manager_descriptors(
+    *,
+    sizes: Sequence[int],
+    max_size: int,
+    max_num_seqs: int,
+    cudagraph_mode: CudaGraphMode,
+    decode_query_len: int,
+    num_speculative_tokens: int = 0,
+    dynamic_sd: DynamicSDSchedule | None = None,
+    varlen_decode: bool = False,
+) -> dict[str, list[Descriptor]]:
+    """``CudaGraphManager._init_candidates``: capture descriptors per mode, widest first.
+
+    Args:
+        sizes: the resolved cudagraph_capture_sizes.
+        max_size: the resolved max_cudagraph_capture_size.
+        max_num_seqs: scheduler max_num_seqs (the manager's max_num_reqs).
+        cudagraph_mode: the manager's mode (a drafter's manager may get a narrower one).
+        decode_query_len: the manager's q (1 + K for the target, 1 for later draft steps).
+        num_speculative_tokens: K, used to recover dynamic-SD query lengths.
+        dynamic_sd: the dynamic speculative-decoding schedule, if any.
+        varlen_decode: adaptive verification's variable-length decode graphs.
+    """
+    out: dict[str, list[Descriptor]] = {}
+    if cudagraph_mode == "NONE" or not sizes:
+        return out
+    decode_mode, mixed_mode = _MODE_HALVES[cudagraph_mode]
+    separate = decode_mode != mixed_mode
+    max_decode_tokens = max_num_seqs * decode_query_len
+    if dynamic_sd is not None and decode_query_len > num_speculative_tokens:
+        per_step = decode_query_len - num_speculative_tokens
+        dense = dynamic_sd_lookup(dynamic_sd, max_num_seqs, num_speculative_tokens)
+        query_lens = sorted({k + per_step for k in dense[1:]})
+    else:
+        query_lens = [decode_query_len]
+    by_mode: dict[str, list[Descriptor]] = {}
+    seen: dict[str, set[Descriptor]] = {}
+    capture_varlen = separate and decode_mode != "NONE" and varlen_decode
+    for num_tokens in sorted(sizes):
+        if capture_varlen and num_tokens <= max_decode_tokens:
+            by_mode.setdefault(decode_mode, []).append(
+                Descriptor(
+                    "FULL", num_tokens, min(num_tokens, max_num_seqs), None, decode_query_len
+                )
+            )
+        elif separate and decode_mode != "NONE" and not varlen_decode:
+            for q in query_lens:
+                rounded = -(-num_tokens // q) * q
+                reqs = rounded // q
+                if rounded > max_decode_tokens or rounded > max_size or reqs > max_num_seqs:
+                    continue
+                desc = Descriptor("FULL", rounded, reqs, q)
+                mode_seen = seen.setdefault(decode_mode, set())
+                if desc not in mode_seen:
+                    mode_seen.add(desc)
+                    by_mode.setdefault(decode_mode, []).append(desc)
+        if mixed_mode != "NONE":
+            reqs_mixed = min(num_tokens, max_num_seqs) if mixed_mode == "FULL" else None
+            kind: Literal["FULL", "PIECEWISE"] = "FULL" if mixed_mode == "FULL" else "PIECEWISE"
+            by_mode.setdefault(mixed_mode, []).append(Descriptor(kind, num_tokens, reqs_mixed))
+            seen.setdefault(mixed_mode, set()).add(by_mode[mixed_mode][-1])
+    for mode, descs in by_mode.items():
+        # stable, as list.sort(reverse=True) in vLLM: equal widths keep insertion order
+        out[mode] = sorted(descs, key=lambda d: d.num_tokens, reverse=True)
+    return out
