@@ -1,0 +1,120 @@
+"""Read the resolved configuration and vLLM's own figures from a running worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memest_instrumentation.vllm import measure
+from memest_instrumentation.vllm.state import guarded, state
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def baseline(worker: Any) -> None:
+    """After Worker.init_device: rank, world size, vLLM's baseline and budget."""
+    st = state()
+    st.rank = int(getattr(worker, "rank", 0) or 0)
+    pc = getattr(worker, "parallel_config", None)
+    st.world_size = int(getattr(pc, "world_size", 1) or 1)
+    snap = getattr(worker, "init_snapshot", None)
+    st.figures["init_free_bytes"] = _int(getattr(snap, "free_memory", None))
+    st.figures["total_bytes"] = _int(getattr(snap, "total_memory", None))
+    st.figures["requested_memory_bytes"] = _int(getattr(worker, "requested_memory", None))
+    if st.recorder is None:
+        from memest_instrumentation.vllm import recorder
+
+        guarded("recorder", recorder.start)
+
+
+def fingerprint(worker: Any) -> None:
+    """Before determine_available_memory: the startup-plan fingerprint vLLM computes there.
+
+    Taken before initialize_kv_cache can rewrite cudagraph_mode, so it is the fingerprint the
+    next start computes when it looks for a plan.
+    """
+    from vllm.v1.worker.startup_plan import compute_plan_fingerprint
+
+    st = state()
+    st.plan["kv_cache_memory_bytes_given"] = _int(
+        getattr(worker.cache_config, "kv_cache_memory_bytes", None)
+    )
+    st.plan["fingerprint"] = compute_plan_fingerprint(
+        worker.vllm_config, worker.rank, worker.parallel_config.world_size
+    )
+
+
+def read_config(worker: Any) -> None:
+    """The resolved configuration (hook map 3.4)."""
+    st = state()
+    vc = worker.vllm_config
+    cc = vc.compilation_config
+    sc = vc.scheduler_config
+    spec = getattr(vc, "speculative_config", None)
+    mc = vc.model_config
+    st.config.update(
+        model=str(getattr(mc, "served_model_name", None) or getattr(mc, "model", "unknown")),
+        max_num_seqs=_int(getattr(sc, "max_num_seqs", None)),
+        max_num_batched_tokens=_int(getattr(sc, "max_num_batched_tokens", None)),
+        max_model_len=_int(getattr(mc, "max_model_len", None)),
+        gpu_memory_utilization=float(vc.cache_config.gpu_memory_utilization),
+        tensor_parallel_size=int(getattr(vc.parallel_config, "tensor_parallel_size", 1) or 1),
+        speculative_method=getattr(spec, "method", None) if spec is not None else None,
+        num_speculative_tokens=int(getattr(spec, "num_speculative_tokens", 0) or 0)
+        if spec is not None
+        else 0,
+        cudagraph_capture_sizes=[int(s) for s in (cc.cudagraph_capture_sizes or [])],
+        max_cudagraph_capture_size=_int(cc.max_cudagraph_capture_size),
+        cudagraph_mode=str(getattr(cc.cudagraph_mode, "name", cc.cudagraph_mode)),
+        model_runner="v2" if getattr(worker, "use_v2_model_runner", False) else "v1",
+        compilation_config={"mode": str(getattr(cc, "mode", ""))},
+    )
+
+
+def vllm_budget(worker: Any, result: Any) -> None:
+    """After determine_available_memory: vLLM's non-KV memory, graph estimate, KV bytes."""
+    st = state()
+    consumed = _int(getattr(worker, "total_consumed", None))
+    peak = _int(getattr(worker, "peak_activation_memory", None))
+    estimate = _int(getattr(worker, "cudagraph_memory_estimate", None))
+    applied = peak - st.figures.get("profile_headroom_bytes", 0) if peak is not None else None
+    st.figures.update(
+        weights_bytes=_int(getattr(worker.model_runner, "model_memory_usage", None)),
+        total_consumed_bytes=consumed,
+        peak_activation_bytes=peak,
+        cudagraph_estimate_bytes=estimate,
+        cudagraph_estimate_applied_bytes=applied,
+        available_kv_cache_bytes=_int(getattr(worker, "available_kv_cache_memory_bytes", None)),
+        returned_kv_bytes=_int(result),
+    )
+    if consumed is not None and "profile_headroom_bytes" in st.figures:
+        st.figures["non_kv_cache_memory_bytes"] = consumed + st.figures["profile_headroom_bytes"]
+    st.figures["used_after_profiling_bytes"] = measure.reading(pools=False).device_used_bytes
+
+
+def after_kv(worker: Any, kv_cache_config: Any) -> None:
+    """After initialize_from_config: block count and the KV-cache spec."""
+    st = state()
+    st.figures["num_gpu_blocks"] = _int(getattr(worker.cache_config, "num_gpu_blocks", None))
+    specs = worker.get_kv_cache_spec()
+    layers = list(specs.values())
+    if not layers:
+        return
+    first = layers[0]
+    page_all = sum(int(s.page_size_bytes) for s in layers)
+    dtype = getattr(first, "dtype", None)
+    st.kv.update(
+        kind=type(first).__name__,
+        num_layers=len(layers),
+        num_kv_heads=_int(getattr(first, "num_kv_heads", 0)) or 0,
+        head_size=_int(getattr(first, "head_size", 0)) or 0,
+        dtype=str(dtype).replace("torch.", "") if dtype is not None else "bfloat16",
+        dtype_bytes=int(getattr(dtype, "itemsize", 2) or 2),
+        block_size=int(first.block_size),
+        page_size_bytes=page_all,
+        uniform=len({(type(s), int(s.page_size_bytes)) for s in layers}) == 1,
+    )

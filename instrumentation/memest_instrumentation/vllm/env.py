@@ -1,0 +1,208 @@
+"""Every MEMEST_* setting the vLLM plugin reads, with its help text.
+
+The plugin runs inside ``vllm serve`` worker processes, so it is configured only through the
+environment. ``Settings.from_env`` never raises: a malformed value falls back to its default and
+the problem is kept in ``Settings.problems`` (the plugin logs it once and records it in the report).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+EstimateMode = Literal["off", "apply", "plan"]
+ESTIMATE_MODES: tuple[EstimateMode, ...] = ("off", "apply", "plan")
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One documented setting."""
+
+    name: str
+    default: str
+    help: str
+
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    EnvVar("MEMEST_ENABLE", "0", "1 turns the plugin on; anything else leaves vLLM untouched."),
+    EnvVar(
+        "MEMEST_OUTPUT_DIR",
+        "memest-out",
+        "Folder for reports: <dir>/<run id>/report.rank<N>.json (and the push spool).",
+    ),
+    EnvVar(
+        "MEMEST_RUN_ID",
+        "",
+        "Run id shared by every rank of one launch. Empty: derived from a launch-wide value "
+        "(torchelastic/NCCL/vLLM ports and the parent process), identical on all ranks.",
+    ),
+    EnvVar(
+        "MEMEST_SERVICE_URL",
+        "",
+        "memest service base URL; reports are POSTed to {url}/api/v1/reports. Empty: no push.",
+    ),
+    EnvVar("MEMEST_TOKEN", "", "Bearer token sent with each push."),
+    EnvVar(
+        "MEMEST_PUSH_TIMEOUT_S",
+        "10",
+        "Upper bound in seconds on all push attempts of one report; the report is spooled "
+        "to <output dir>/spool/ when it runs out.",
+    ),
+    EnvVar("MEMEST_PUSH_RETRIES", "3", "Push attempts before spooling (backoff 0.5 s, doubling)."),
+    EnvVar(
+        "MEMEST_STACK_DEPTH",
+        "16",
+        "Python frames kept per allocator event when memory history is recorded.",
+    ),
+    EnvVar(
+        "MEMEST_HISTORY_MAX_ENTRIES",
+        "2000000",
+        "Allocator history entries kept (0 turns history, the trigger table and the retained "
+        "view off; phase and pool readings remain).",
+    ),
+    EnvVar("MEMEST_RULES", "", "Owner-rules file for the analysis (default rules when empty)."),
+    EnvVar(
+        "MEMEST_ESTIMATE",
+        "plan",
+        "off: measure only. plan: at the end of init, write a vLLM startup plan and the "
+        "matching --kv-cache-memory-bytes into the report. apply: also replace vLLM's "
+        "graph-memory estimate with memest's full-initialization measurement in this start.",
+    ),
+    EnvVar(
+        "MEMEST_MARGIN_BYTES",
+        "0",
+        "Bytes memest keeps free on top of its measured terms (apply mode and startup plans).",
+    ),
+    EnvVar(
+        "MEMEST_PLAN_FREE_TOLERANCE_BYTES",
+        "268435456",
+        "The startup plan's free-memory baseline is written this far below the measured one, "
+        "so a next start with a few MiB less free memory still applies it.",
+    ),
+    EnvVar(
+        "MEMEST_FAULT",
+        "",
+        "Testing only: comma-separated hook names made to raise (fault injection); "
+        "'all' makes every hook raise.",
+    ),
+)
+
+
+def help_text() -> str:
+    """All settings as ``NAME (default): help`` lines."""
+    return "\n".join(f"{v.name} (default {v.default!r}): {v.help}" for v in ENV_VARS)
+
+
+def _default(name: str) -> str:
+    for var in ENV_VARS:
+        if var.name == name:
+            return var.default
+    raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The plugin's settings, read once per process."""
+
+    enabled: bool = False
+    output_dir: str = "memest-out"
+    run_id: str = ""
+    service_url: str = ""
+    token: str = ""
+    push_timeout_s: float = 10.0
+    push_retries: int = 3
+    stack_depth: int = 16
+    history_max_entries: int = 2_000_000
+    rules_file: str = ""
+    estimate: EstimateMode = "plan"
+    margin_bytes: int = 0
+    plan_free_tolerance_bytes: int = 256 << 20
+    faults: frozenset[str] = frozenset()
+    problems: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read the settings; a bad value keeps its default and is named in ``problems``."""
+        env = os.environ if environ is None else environ
+        problems: list[str] = []
+
+        def raw(name: str) -> str:
+            return env.get(name, _default(name)).strip()
+
+        def integer(name: str, minimum: int = 0) -> int:
+            text = raw(name)
+            try:
+                value = int(text)
+                if value < minimum:
+                    raise ValueError
+                return value
+            except ValueError:
+                problems.append(f"{name}={text!r}: expected an integer >= {minimum}")
+                return int(_default(name))
+
+        def number(name: str) -> float:
+            text = raw(name)
+            try:
+                value = float(text)
+                if value <= 0:
+                    raise ValueError
+                return value
+            except ValueError:
+                problems.append(f"{name}={text!r}: expected a positive number")
+                return float(_default(name))
+
+        mode_text = raw("MEMEST_ESTIMATE").lower()
+        mode: EstimateMode = "plan"
+        if mode_text in ESTIMATE_MODES:
+            mode = mode_text  # type: ignore[assignment]
+        else:
+            problems.append(f"MEMEST_ESTIMATE={mode_text!r}: expected one of off, apply, plan")
+        faults = frozenset(f.strip() for f in raw("MEMEST_FAULT").split(",") if f.strip())
+        return cls(
+            enabled=raw("MEMEST_ENABLE") == "1",
+            output_dir=raw("MEMEST_OUTPUT_DIR") or "memest-out",
+            run_id=raw("MEMEST_RUN_ID"),
+            service_url=raw("MEMEST_SERVICE_URL").rstrip("/"),
+            token=raw("MEMEST_TOKEN"),
+            push_timeout_s=number("MEMEST_PUSH_TIMEOUT_S"),
+            push_retries=integer("MEMEST_PUSH_RETRIES", 1),
+            stack_depth=integer("MEMEST_STACK_DEPTH", 0),
+            history_max_entries=integer("MEMEST_HISTORY_MAX_ENTRIES", 0),
+            rules_file=raw("MEMEST_RULES"),
+            estimate=mode,
+            margin_bytes=integer("MEMEST_MARGIN_BYTES", 0),
+            plan_free_tolerance_bytes=integer("MEMEST_PLAN_FREE_TOLERANCE_BYTES", 0),
+            faults=faults,
+            problems=tuple(problems),
+        )
+
+
+_LAUNCH_KEYS = (
+    "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "VLLM_DP_MASTER_PORT",
+    "VLLM_PORT",
+)
+
+
+def derive_run_id(environ: Mapping[str, str] | None = None, *, parent_pid: int | None = None) -> str:
+    """A run id identical on every rank of one launch.
+
+    MEMEST_RUN_ID wins. Otherwise the id hashes launch-wide values that all ranks share
+    (torchelastic run id, rendezvous address and ports) and the launching process: vLLM's
+    multiprocessing workers are children of the engine core, so their parent pid is shared.
+    """
+    import hashlib
+
+    env = os.environ if environ is None else environ
+    explicit = env.get("MEMEST_RUN_ID", "").strip()
+    if explicit:
+        return explicit
+    parts = [f"{k}={env[k]}" for k in _LAUNCH_KEYS if env.get(k)]
+    ppid = os.getppid() if parent_pid is None else parent_pid
+    parts.append(f"ppid={ppid}")
+    digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
+    return f"run-{digest}"

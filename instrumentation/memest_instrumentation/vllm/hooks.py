@@ -1,0 +1,580 @@
+"""The wrappers around vLLM 0.33.0's startup methods, and the list of patches that install them.
+
+Every wrapper calls the original unchanged and returns its value; memest's own work runs in
+``guarded`` blocks, so a failing hook is logged once, kept in ``report.hook_errors`` and vLLM goes
+on. Targets and line numbers: shared hook map (vllm-0.33-hooks.md), sections 1-3.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from memest.schema import PhaseRecord, StageGrowth
+from memest_instrumentation.vllm import measure
+from memest_instrumentation.vllm.patches import Patch
+from memest_instrumentation.vllm.state import StageWindow, guarded, state
+
+W2 = "vllm.v1.worker.gpu.model_runner"
+W1 = "vllm.v1.worker.gpu_model_runner"
+WORKER = "vllm.v1.worker.gpu_worker"
+CG = "vllm.v1.worker.gpu.cudagraph_utils"
+
+# Lifts the FULL-graph sample limit of vLLM's graph-memory profiling in apply mode.
+_ALL_GRAPHS = 1 << 30
+
+
+# --------------------------------------------------------------------------- phases
+def _begin_phase(name: str) -> tuple[str, Any]:
+    st = state()
+    previous = st.current_phase
+    st.current_phase = name
+    rec = st.recorder
+    ctx = None
+    if rec is not None:
+        ctx = rec.phase(name)
+        ctx.__enter__()
+    return previous, (ctx, measure.reading())
+
+
+def _end_phase(name: str, token: tuple[str, Any], *, settle: bool = False) -> PhaseRecord:
+    st = state()
+    previous, (ctx, start) = token
+    _close_stage()
+    if settle:
+        measure.settle()
+    end = measure.reading()
+    record = PhaseRecord(name=name, start=start, end=end)
+    st.phases.append(record)
+    st.current_phase = previous
+    if ctx is not None:
+        ctx.__exit__(None, None, None)
+    return record
+
+
+def phase_wrapper(
+    name: str,
+    hook: str,
+    *,
+    settle_end: bool = False,
+    before: Callable[..., None] | None = None,
+    after: Callable[..., Any] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Wrap a method in a named phase with readings at both edges.
+
+    ``after(self, args, kwargs, result, record)`` may return a replacement for the result
+    (apply mode); ``None`` keeps vLLM's value.
+    """
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            st = state()
+            if not st.settings.enabled:
+                return orig(self, *args, **kwargs)
+            if before is not None:
+                guarded(f"{hook}.before", before, self, args, kwargs)
+            token = guarded(hook, _begin_phase, name)
+            result = orig(self, *args, **kwargs)
+            record = None
+            if token is not None:
+                record = guarded(hook, _end_phase, name, token, settle=settle_end)
+            if after is not None:
+                replaced = guarded(f"{hook}.after", after, self, args, kwargs, result, record)
+                if replaced is not None:
+                    return replaced
+            return result
+
+        return wrapper
+
+    return make
+
+
+# --------------------------------------------------------------------------- stages
+def _close_stage() -> None:
+    st = state()
+    window = st.open_stage
+    if window is None:
+        return
+    st.open_stage = None
+    end = measure.reading()
+    growth = measure.private_pool_bytes(end, window.pool) - measure.private_pool_bytes(
+        window.start, window.pool
+    )
+    default = end.pool_reserved_bytes.get(measure.DEFAULT_POOL, 0) - window.start.pool_reserved_bytes.get(
+        measure.DEFAULT_POOL, 0
+    )
+    st.stages.append(
+        StageGrowth(
+            stage=window.stage,
+            phase=window.phase,
+            pool_growth_bytes=max(growth, 0),
+            pool_released_bytes=max(-growth, 0),
+            default_pool_growth_bytes=max(default, 0),
+            graph_count=len(window.sizes),
+            capture_sizes=sorted(set(window.sizes), reverse=True),
+            widest=str(max(window.sizes)) + " tokens" if window.sizes else None,
+            pools=[window.pool] if window.pool and growth > 0 else [],
+        )
+    )
+    if st.recorder is not None and getattr(st, "_stage_ctx", None) is not None:
+        ctx = st._stage_ctx  # type: ignore[attr-defined]
+        st._stage_ctx = None  # type: ignore[attr-defined]
+        ctx.__exit__(None, None, None)
+
+
+def enter_stage(stage: str, pool: str | None, size: int | None) -> None:
+    """Mark the capture stage now running; a new stage closes the previous one."""
+    st = state()
+    phase = "graph_profiling" if st.current_phase == "graph_profiling" else "capture"
+    window = st.open_stage
+    if window is None or window.stage != stage or window.phase != phase or window.pool != pool:
+        _close_stage()
+        window = StageWindow(phase=phase, stage=stage, pool=pool, start=measure.reading())
+        st.open_stage = window
+        if st.recorder is not None:
+            ctx = st.recorder.stage(stage)
+            ctx.__enter__()
+            st._stage_ctx = ctx  # type: ignore[attr-defined]
+    if size is not None:
+        window.sizes.append(int(size))
+
+
+def role_of(progress_bar_desc: str) -> str:
+    """Which graph family a CudaGraphManager.capture call is, from its progress-bar text."""
+    text = progress_bar_desc.lower()
+    if "prefill" in text:
+        return "draft.step0"
+    if "decode" in text and "replay" not in text:
+        return "draft.steps"
+    for name in ("dspark", "dflash", "lilicorr", "xpress"):
+        if name in text:
+            return "draft.block"
+    if "multi-module mtp" in text:
+        return "draft.mtp"
+    if "decoder replay" in text:
+        return "target.replay"
+    return "target"
+
+
+def stage_of(role: str, desc: Any) -> str:
+    """Stage name from the role and a BatchExecutionDescriptor (hook map 3.2)."""
+    mode = getattr(getattr(desc, "cg_mode", None), "name", str(getattr(desc, "cg_mode", "")))
+    if mode == "PIECEWISE":
+        return f"{role}.piecewise"
+    if role == "target" and getattr(desc, "uniform_token_count", None) is None and getattr(
+        desc, "max_query_len", None
+    ):
+        return "target.av"
+    if role == "draft.steps":
+        return "draft.steps.full"
+    return f"{role}.full"
+
+
+def wrap_cg_capture(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """CudaGraphManager.capture: the single choke point of every MRV2 graph family."""
+
+    @functools.wraps(orig)
+    def wrapper(
+        self: Any, create_forward_fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        st = state()
+        if not st.settings.enabled:
+            return orig(self, create_forward_fn, *args, **kwargs)
+        desc_text = kwargs.get("progress_bar_desc", args[0] if args else "Capturing CUDA graphs")
+        role = guarded("capture_stage", role_of, str(desc_text)) or "target"
+        pool = guarded("capture_stage", measure.pool_key, getattr(self, "pool", None))
+
+        def tagged(desc: Any, warmup: bool) -> Any:
+            stage = guarded("capture_stage", stage_of, role, desc)
+            if stage is not None and warmup:
+                guarded(
+                    "capture_stage", enter_stage, stage, pool, getattr(desc, "num_tokens", None)
+                )
+            return create_forward_fn(desc, warmup)
+
+        if st.graph_profile.get("lift_full_limit") and st.current_phase == "graph_profiling":
+            if getattr(self, "_max_full_descs_to_capture", None) is not None:
+                self._max_full_descs_to_capture = None
+        try:
+            return orig(self, tagged, *args, **kwargs)
+        finally:
+            guarded("capture_stage", _close_stage)
+
+    return wrapper
+
+
+def wrap_v1_warmup_and_capture(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """MRV1: stage tags per ``_warmup_and_capture(desc, cudagraph_runtime_mode, ...)`` call."""
+
+    @functools.wraps(orig)
+    def wrapper(self: Any, desc: Any, cudagraph_runtime_mode: Any, *args: Any, **kw: Any) -> Any:
+        st = state()
+        if st.settings.enabled:
+            mode = getattr(cudagraph_runtime_mode, "name", str(cudagraph_runtime_mode))
+            stage = "target.piecewise" if mode == "PIECEWISE" else "target.full"
+            guarded(
+                "capture_stage", enter_stage, stage, None, getattr(desc, "num_tokens", None)
+            )
+        return orig(self, desc, cudagraph_runtime_mode, *args, **kw)
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------- worker hooks
+def _after_init_device(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
+    from memest_instrumentation.vllm import collect
+
+    collect.baseline(self)
+
+
+def _before_determine(self: Any, args: Any, kwargs: Any) -> None:
+    from memest_instrumentation.vllm import collect
+
+    guarded("config", collect.read_config, self)
+    guarded("startup_plan", collect.fingerprint, self)
+
+
+def _after_determine(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> Any:
+    from memest_instrumentation.vllm import apply, collect
+
+    collect.vllm_budget(self, result)
+    if state().settings.estimate == "apply":
+        return apply.applied_budget(self, result)
+    return None
+
+
+def _before_graph_profiling(self: Any, args: Any, kwargs: Any) -> None:
+    st = state()
+    st.graph_profile["lift_full_limit"] = st.settings.estimate == "apply"
+
+
+def _after_graph_profiling(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
+    st = state()
+    st.graph_profile["vllm_returned_bytes"] = int(result)
+    st.graph_profile["lift_full_limit"] = False
+
+
+def _before_profile_run(self: Any, args: Any, kwargs: Any) -> None:
+    # Peak stats start here, as inside vLLM's memory_profiling (also when a plan skipped it).
+    import torch
+
+    if measure.cuda_ready():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _after_profile_run(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
+    if record is not None:
+        st = state()
+        st.figures["profile_headroom_bytes"] = max(
+            record.end.torch_allocated_peak_bytes - record.end.torch_allocated_bytes, 0
+        )
+
+
+def _after_init_from_config(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
+    from memest_instrumentation.vllm import collect
+
+    collect.after_kv(self, args[0] if args else kwargs.get("kv_cache_config"))
+
+
+def _after_compile(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
+    from memest_instrumentation.vllm import finish
+
+    finish.end_of_init(self)
+
+
+# --------------------------------------------------------------------------- runner hooks
+def wrap_capture_model(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """capture_model: the real capture (phase 'capture'), or the profiling pass inside it."""
+
+    @functools.wraps(orig)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        st = state()
+        if not st.settings.enabled:
+            return orig(self, *args, **kwargs)
+        profile_only = bool(kwargs.get("profile_only", False))
+        name = "graph_profiling.capture" if profile_only else "capture"
+        token = None
+        if profile_only:
+            guarded("graph_profiling", measure.settle)
+            st.capture_pool = guarded("graph_profiling", _global_pool_key)
+            token = guarded("graph_profiling", _begin_phase, "graph_profiling")
+        else:
+            token = guarded("capture", _begin_phase, "capture")
+        result = orig(self, *args, **kwargs)
+        if token is not None:
+            rec = guarded(name, _end_phase, "graph_profiling" if profile_only else "capture", token)
+            if rec is not None:
+                guarded(name, _note_capture, profile_only, rec, result)
+        return result
+
+    return wrapper
+
+
+def _global_pool_key() -> str | None:
+    from vllm.platforms import current_platform
+
+    pool = type(current_platform)._global_graph_pool
+    return None if pool is None else measure.pool_key(pool)
+
+
+def _note_capture(profile_only: bool, rec: PhaseRecord, result: Any) -> None:
+    st = state()
+    if profile_only:
+        # Settled copy of the end reading: what the profiling capture keeps.
+        measure.settle()
+        settled = measure.reading()
+        pool = st.capture_pool
+        st.graph_profile.update(
+            measured_bytes=int(result),
+            start=rec.start,
+            end_settled=settled,
+            pool=pool,
+        )
+    else:
+        st.figures["cudagraph_actual_bytes"] = int(result)
+        st.figures["capture_pool"] = _global_pool_key()
+
+
+def wrap_initialize_kv_cache(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """initialize_kv_cache: phase 'kv_cache_alloc', or runner buffers of the profiling KV cache."""
+
+    @functools.wraps(orig)
+    def wrapper(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
+        st = state()
+        if not st.settings.enabled:
+            return orig(self, kv_cache_config, *args, **kwargs)
+        profiling = bool(kwargs.get("is_profiling", args[0] if args else False))
+        st.profiling_kv = profiling
+        name = "graph_profiling.kv" if profiling else "kv_cache_alloc"
+        token = guarded("kv_cache_alloc", _begin_phase, name)
+        try:
+            return orig(self, kv_cache_config, *args, **kwargs)
+        finally:
+            if token is not None:
+                rec = guarded("kv_cache_alloc", _end_phase, name, token)
+                if rec is not None and profiling:
+                    added = rec.end.torch_allocated_bytes - rec.start.torch_allocated_bytes
+                    st.graph_profile["kv_init_added_bytes"] = added
+            st.profiling_kv = False
+
+    return wrapper
+
+
+def wrap_allocate_kv_cache(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """allocate_kv_cache: the size of the KV backing buffer (profiling or real)."""
+
+    @functools.wraps(orig)
+    def wrapper(kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
+        result = orig(kv_cache_config, *args, **kwargs)
+        st = state()
+        if st.settings.enabled:
+            guarded("allocate_kv_cache", _note_kv_buffer, kv_cache_config)
+        return result
+
+    return wrapper
+
+
+def _note_kv_buffer(kv_cache_config: Any) -> None:
+    st = state()
+    sizes = {int(t.size) for t in getattr(kv_cache_config, "kv_cache_tensors", [])}
+    total = sum(sizes)
+    key = "profiling_kv_bytes" if st.profiling_kv else "kv_buffer_bytes"
+    st.kv[key] = st.kv.get(key, 0) + total
+    if not st.profiling_kv:
+        st.kv["num_blocks"] = int(getattr(kv_cache_config, "num_blocks", 0))
+
+
+def wrap_extrapolate(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """_extrapolate_full_graph_memory(mem_samples, total_graphs): keep vLLM's samples."""
+
+    @functools.wraps(orig)
+    def wrapper(mem_samples: list[int], total_graphs: int) -> Any:
+        st = state()
+        if st.settings.enabled:
+            st.graph_profile["samples"] = [int(s) for s in mem_samples]
+            st.graph_profile["full_graph_count"] = int(total_graphs)
+            if st.settings.estimate == "apply":
+                # Every FULL graph was captured: apply vLLM's own rule to its two usual
+                # samples, so the figure it logs is the one it would have computed.
+                return orig(list(mem_samples[:2]), total_graphs)
+        return orig(mem_samples, total_graphs)
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------- patch list
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        "init_device",
+        WORKER,
+        "Worker",
+        "init_device",
+        ("self",),
+        phase_wrapper("init_device", "init_device", after=_after_init_device),
+    ),
+    Patch("weights", WORKER, "Worker", "load_model", ("self",), phase_wrapper("weights", "weights")),
+    Patch(
+        "determine_available_memory",
+        WORKER,
+        "Worker",
+        "determine_available_memory",
+        ("self",),
+        phase_wrapper(
+            "determine_available_memory",
+            "determine_available_memory",
+            settle_end=True,
+            before=_before_determine,
+            after=_after_determine,
+        ),
+    ),
+    Patch(
+        "kv_config",
+        WORKER,
+        "Worker",
+        "initialize_from_config",
+        ("self", "kv_cache_config"),
+        phase_wrapper("initialize_from_config", "kv_config", after=_after_init_from_config),
+    ),
+    Patch(
+        "end_of_init",
+        WORKER,
+        "Worker",
+        "compile_or_warm_up_model",
+        ("self",),
+        phase_wrapper("compile_or_warm_up_model", "end_of_init", after=_after_compile),
+    ),
+    Patch(
+        "profile_run",
+        W2,
+        "GPUModelRunner",
+        "profile_run",
+        ("self", "randomize_inputs"),
+        phase_wrapper(
+            "profile_run",
+            "profile_run",
+            settle_end=True,
+            before=_before_profile_run,
+            after=_after_profile_run,
+        ),
+        runner="v2",
+    ),
+    Patch(
+        "graph_profiling",
+        W2,
+        "GPUModelRunner",
+        "profile_cudagraph_memory",
+        ("self",),
+        phase_wrapper(
+            "graph_profiling.total",
+            "graph_profiling",
+            settle_end=True,
+            before=_before_graph_profiling,
+            after=_after_graph_profiling,
+        ),
+        runner="v2",
+    ),
+    Patch(
+        "kv_cache_alloc",
+        W2,
+        "GPUModelRunner",
+        "initialize_kv_cache",
+        ("self", "kv_cache_config", "is_profiling"),
+        wrap_initialize_kv_cache,
+        runner="v2",
+    ),
+    Patch(
+        "capture",
+        W2,
+        "GPUModelRunner",
+        "capture_model",
+        ("self", "profile_only"),
+        wrap_capture_model,
+        runner="v2",
+    ),
+    Patch(
+        "capture_stage",
+        CG,
+        "CudaGraphManager",
+        "capture",
+        ("self", "create_forward_fn", "progress_bar_desc"),
+        wrap_cg_capture,
+        runner="v2",
+    ),
+    Patch(
+        "graph_profiling_samples",
+        CG,
+        None,
+        "_extrapolate_full_graph_memory",
+        ("mem_samples", "total_graphs"),
+        wrap_extrapolate,
+        runner="v2",
+    ),
+    Patch(
+        "allocate_kv_cache",
+        "vllm.v1.worker.gpu.attn_utils",
+        None,
+        "allocate_kv_cache",
+        ("kv_cache_config", "device"),
+        wrap_allocate_kv_cache,
+        runner="v2",
+    ),
+    # Model Runner V1 where it differs.
+    Patch(
+        "profile_run",
+        W1,
+        "GPUModelRunner",
+        "profile_run",
+        ("self", "randomize_inputs"),
+        phase_wrapper(
+            "profile_run",
+            "profile_run",
+            settle_end=True,
+            before=_before_profile_run,
+            after=_after_profile_run,
+        ),
+        runner="v1",
+    ),
+    Patch(
+        "graph_profiling",
+        W1,
+        "GPUModelRunner",
+        "profile_cudagraph_memory",
+        ("self",),
+        phase_wrapper(
+            "graph_profiling",
+            "graph_profiling",
+            settle_end=True,
+            after=_after_graph_profiling,
+        ),
+        runner="v1",
+    ),
+    Patch(
+        "kv_cache_alloc",
+        W1,
+        "GPUModelRunner",
+        "initialize_kv_cache",
+        ("self", "kv_cache_config", "is_profiling"),
+        wrap_initialize_kv_cache,
+        runner="v1",
+    ),
+    Patch(
+        "capture",
+        W1,
+        "GPUModelRunner",
+        "capture_model",
+        ("self",),
+        phase_wrapper("capture", "capture"),
+        runner="v1",
+    ),
+    Patch(
+        "capture_stage",
+        W1,
+        "GPUModelRunner",
+        "_warmup_and_capture",
+        ("self", "desc", "cudagraph_runtime_mode"),
+        wrap_v1_warmup_and_capture,
+        runner="v1",
+    ),
+)

@@ -1,0 +1,97 @@
+"""Device and allocator readings taken at phase and stage edges inside a vLLM worker.
+
+Graph pools are measured by reservation: the allocator snapshot's segments grouped by
+``segment_pool_id``, never by free-memory deltas, so an ``empty_cache()`` inside a window can
+neither hide nor inflate them.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from memest.schema import MemoryReading
+
+DEFAULT_POOL = "0,0"
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def cuda_ready() -> bool:
+    try:
+        torch = _torch()
+        return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def pool_key(pool: object) -> str:
+    """``(0, 3)`` / ``[0, 3]`` / ``"0,3"`` → ``"0,3"``."""
+    if isinstance(pool, str):
+        return pool.replace(" ", "").strip("()[]")
+    if isinstance(pool, (tuple, list)):
+        return ",".join(str(int(p)) for p in pool)
+    return str(pool)
+
+
+def pool_usage() -> dict[str, tuple[int, int]]:
+    """Reserved and allocated bytes per allocator pool, from the allocator snapshot."""
+    torch = _torch()
+    out: dict[str, tuple[int, int]] = {}
+    for seg in torch.cuda.memory_snapshot():
+        key = pool_key(seg.get("segment_pool_id", (0, 0)))
+        reserved, allocated = out.get(key, (0, 0))
+        out[key] = (
+            reserved + int(seg.get("total_size", 0)),
+            allocated + int(seg.get("allocated_size", 0)),
+        )
+    return out
+
+
+def reading(*, pools: bool = True, sync: bool = True) -> MemoryReading:
+    """One reading of the current device (zeros when CUDA is not initialised)."""
+    now = time.monotonic_ns()
+    if not cuda_ready():
+        return MemoryReading(time_ns=now)
+    torch = _torch()
+    if sync:
+        torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    stats = torch.cuda.memory_stats()
+    pool_reserved: dict[str, int] = {}
+    if pools:
+        pool_reserved = {k: v[0] for k, v in pool_usage().items()}
+    return MemoryReading(
+        time_ns=now,
+        device_used_bytes=int(total - free),
+        device_total_bytes=int(total),
+        device_source="cudaMemGetInfo",
+        torch_reserved_bytes=int(stats.get("reserved_bytes.all.current", 0)),
+        torch_allocated_bytes=int(stats.get("allocated_bytes.all.current", 0)),
+        torch_reserved_peak_bytes=int(stats.get("reserved_bytes.all.peak", 0)),
+        torch_allocated_peak_bytes=int(stats.get("allocated_bytes.all.peak", 0)),
+        pool_reserved_bytes=pool_reserved,
+    )
+
+
+def settle() -> None:
+    """gc + empty_cache, so a reading holds only live and pool memory."""
+    import gc
+
+    if not cuda_ready():
+        return
+    gc.collect()
+    torch = _torch()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def private_pool_bytes(r: MemoryReading, pool: str | None = None) -> int:
+    """Reserved bytes of one private pool, or of all pools except the default one."""
+    if pool is not None:
+        return r.pool_reserved_bytes.get(pool, 0)
+    return sum(v for k, v in r.pool_reserved_bytes.items() if k != DEFAULT_POOL)

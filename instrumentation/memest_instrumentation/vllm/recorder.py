@@ -1,0 +1,57 @@
+"""Optional allocator history (memest_instrumentation.torch.Recorder) for the trigger table.
+
+Without it the report still has phase readings and per-stage pool growth measured by
+reservation at stage edges; the trigger table, owners and the per-allocation retained view need
+the recorded history.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memest.schema import Breakdown
+from memest_instrumentation.vllm.state import state
+
+
+def start() -> None:
+    """Start recording allocator history when the recorder exists and history is wanted."""
+    st = state()
+    if st.settings.history_max_entries <= 0:
+        st.notes.append("allocator history off (MEMEST_HISTORY_MAX_ENTRIES=0)")
+        return
+    try:
+        from memest_instrumentation.torch import Recorder  # type: ignore[attr-defined]
+    except ImportError as exc:
+        st.notes.append(f"allocator history unavailable ({exc}); stage growth from pool readings")
+        return
+    rec = Recorder(
+        history=True,
+        max_entries=st.settings.history_max_entries,
+        stacks="python",
+        scrub_paths=True,
+    )
+    rec.start()
+    st.recorder = rec
+
+
+def analyze_history() -> Breakdown | None:
+    """Stop the recorder and analyze its snapshot into a breakdown (None without a recorder)."""
+    st = state()
+    rec: Any = st.recorder
+    if rec is None:
+        return None
+    st.recorder = None
+    snapshot = rec.snapshot()
+    phases = rec.phases
+    rec.stop()
+    for warning in getattr(rec, "warnings", []) or []:
+        st.notes.append(f"recorder: {warning}")
+    from memest.analysis import OwnerRules, analyze  # type: ignore[attr-defined]
+
+    rules = (
+        OwnerRules.from_file(st.settings.rules_file)
+        if st.settings.rules_file
+        else OwnerRules.default()
+    )
+    breakdown: Breakdown = analyze(snapshot, phases, rules)
+    return breakdown

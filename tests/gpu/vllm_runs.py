@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""Real vLLM 0.33.0 on the lent H200: the memest plugin and the KV-budget validation.
+
+One device script. The parent runs a group of vLLM starts, each in its own subprocess through
+the carried launcher (.vllm_h200/vllm_h200_try.py: site unpacking, env, torchvision fallback),
+and appends one JSON line per start to $OUT/results.jsonl as soon as it ends, so a timeout still
+returns data. Each start is one configuration started one way:
+
+- alone:  vLLM by itself (its own graph-memory estimate sizes the KV cache);
+- enable: MEMEST_ENABLE=1 (report + startup plan; vLLM's estimate still sizes the KV cache);
+- apply:  MEMEST_ENABLE=1 MEMEST_ESTIMATE=apply (memest's full-init measurement sizes it);
+- plan:   vLLM alone with VLLM_ENABLE_STARTUP_PLAN=1, reading the plan memest wrote;
+- fault:  MEMEST_ENABLE=1 with a hook made to raise and an unreachable service.
+
+Usage at the end of init = device memory in use (total - cudaMemGetInfo free, after gc and
+empty_cache) + the profile run's activation peak (vLLM's transient_peak_headroom, which serving's
+first full-size batch needs again; for plan starts, which skip profiling, the alone start's).
+usage_minus_budget_bytes = usage - ceil(gpu_memory_utilization x total).
+
+Run on the device from the repo root (carry [".vllm_h200"]):
+    NCCL_NVLS_ENABLE=0 python3 tests/gpu/vllm_runs.py --group 1 --budget-s 560
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CARRY = ROOT / ".vllm_h200"
+OUT = Path(os.environ.get("OUT", "/tmp/memest_out"))
+SHARED_TMP = Path(tempfile.gettempdir())
+
+LLAMA = str(CARRY / "models" / "llama8b")
+EAGLE3 = json.dumps(
+    {"method": "eagle3", "model": str(CARRY / "models" / "eagle3_8b"), "num_speculative_tokens": 3}
+)
+CONFIGS: dict[str, dict[str, Any]] = {
+    "A_llama8b_s128_t4096": {"model": LLAMA, "max_num_seqs": 128, "mbt": 4096, "util": 0.85},
+    "B_llama8b_s32_t2048": {"model": LLAMA, "max_num_seqs": 32, "mbt": 2048, "util": 0.85},
+    "C_llama8b_eagle3k3_s64_t4096": {
+        "model": LLAMA,
+        "max_num_seqs": 64,
+        "mbt": 4096,
+        "util": 0.85,
+        "spec": EAGLE3,
+    },
+    "D_llama8b_s128_t4096_u070": {"model": LLAMA, "max_num_seqs": 128, "mbt": 4096, "util": 0.70},
+}
+GROUPS: dict[str, list[tuple[str, str]]] = {
+    "1": [
+        ("A_llama8b_s128_t4096", "apply"),
+        ("A_llama8b_s128_t4096", "alone"),
+        ("A_llama8b_s128_t4096", "enable"),
+        ("A_llama8b_s128_t4096", "plan"),
+        ("D_llama8b_s128_t4096_u070", "alone"),
+        ("D_llama8b_s128_t4096_u070", "apply"),
+        ("D_llama8b_s128_t4096_u070", "plan"),
+        ("A_llama8b_s128_t4096", "fault"),
+    ],
+    "2": [
+        ("C_llama8b_eagle3k3_s64_t4096", "apply"),
+        ("C_llama8b_eagle3k3_s64_t4096", "alone"),
+        ("C_llama8b_eagle3k3_s64_t4096", "plan"),
+        ("B_llama8b_s32_t2048", "apply"),
+        ("B_llama8b_s32_t2048", "alone"),
+        ("B_llama8b_s32_t2048", "plan"),
+        ("C_llama8b_eagle3k3_s64_t4096", "enable"),
+    ],
+    "smoke": [("B_llama8b_s32_t2048", "enable")],
+}
+
+
+def plugin_site() -> Path:
+    """A folder with a memest dist-info whose entry point vLLM's load_general_plugins finds."""
+    site = SHARED_TMP / "memest_ep_site"
+    info = site / "memest-0.0.0+source.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: memest\nVersion: 0.0.0+source\n")
+    (info / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nmemest = memest_instrumentation.vllm:register\n"
+    )
+    return site
+
+
+# --------------------------------------------------------------------------- child
+def _launcher() -> Any:
+    spec = importlib.util.spec_from_file_location("vllm_h200_try", CARRY / "vllm_h200_try.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _worker(llm: Any) -> Any:
+    core = llm.llm_engine.engine_core
+    core = getattr(core, "engine_core", core)
+    executor = core.model_executor
+    wrapper = getattr(executor, "driver_worker", None)
+    return getattr(wrapper, "worker", wrapper)
+
+
+def child(cfg_name: str, mode: str, result_path: Path) -> None:
+    cfg = CONFIGS[cfg_name]
+    launcher = _launcher()
+    launcher.set_env()
+    launcher.prepare_site(str(CARRY), os.path.join(tempfile.gettempdir(), "vllm_h200_site"))
+    import torch
+
+    launcher.ensure_torchvision()
+    from vllm import LLM
+
+    native = ["native"]
+    kw: dict[str, Any] = dict(
+        model=cfg["model"],
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        gpu_memory_utilization=cfg["util"],
+        enforce_eager=False,
+        attention_backend="TRITON_ATTN",
+        max_model_len=4096,
+        max_num_seqs=cfg["max_num_seqs"],
+        max_num_batched_tokens=cfg["mbt"],
+        seed=0,
+        compilation_config={"custom_ops": ["none"]},
+        kernel_config={
+            "ir_op_priority": {
+                "rms_norm": native,
+                "fused_add_rms_norm": native,
+                "gelu_and_mul_sparse": native,
+            }
+        },
+    )
+    if cfg.get("spec"):
+        kw["speculative_config"] = json.loads(cfg["spec"])
+    t0 = time.perf_counter()
+    llm = LLM(**kw)
+    start_s = time.perf_counter() - t0
+    worker = _worker(llm)
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    peak = getattr(worker, "peak_activation_memory", None)
+    est = getattr(worker, "cudagraph_memory_estimate", None)
+    headroom = None
+    if peak is not None:
+        applied = est if os.environ.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1") != "0" else 0
+        headroom = int(peak) - int(applied or 0)
+    cache = worker.cache_config
+    specs = worker.get_kv_cache_spec()
+    page_all = sum(int(s.page_size_bytes) for s in specs.values())
+    block_size = int(next(iter(specs.values())).block_size)
+    num_blocks = int(cache.num_gpu_blocks)
+    from memest_instrumentation.vllm.state import state as memest_state
+
+    st = memest_state()
+    result = {
+        "config": cfg_name,
+        "mode": mode,
+        "start_s": round(start_s, 2),
+        "total_bytes": int(total),
+        "requested_bytes": int(worker.requested_memory),
+        "persistent_used_bytes": int(total - free),
+        "headroom_bytes": headroom,
+        "num_gpu_blocks": num_blocks,
+        "block_size": block_size,
+        "kv_page_bytes_all_layers": page_all,
+        "kv_bytes": num_blocks * page_all,
+        "kv_tokens": num_blocks * block_size,
+        "kv_cache_memory_bytes_given": cache.kv_cache_memory_bytes,
+        "vllm_cudagraph_estimate_bytes": est,
+        "vllm_available_kv_bytes": getattr(worker, "available_kv_cache_memory_bytes", None),
+        "memest_enabled": st.settings.enabled,
+        "memest_plugin_registered": bool(st.run_id),
+        "memest_hook_errors": list(st.hook_errors),
+        "memest_apply_kv_bytes": st.apply_terms.get("memest_kv_bytes"),
+        "memest_plan": {k: v for k, v in st.plan.items() if isinstance(v, (int, str, type(None)))},
+        "memest_figures": {k: v for k, v in st.figures.items() if isinstance(v, (int, float, str))},
+        "cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode),
+    }
+    result_path.write_text(json.dumps(result, indent=1))
+    print(f"RESULT {json.dumps(result)}", flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+# --------------------------------------------------------------------------- parent
+def run_group(group: str, budget_s: float, per_start_s: float) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "starts").mkdir(exist_ok=True)
+    site = plugin_site()
+    pypath = os.pathsep.join(
+        [str(ROOT), str(ROOT / "instrumentation"), str(site), os.environ.get("PYTHONPATH", "")]
+    )
+    t_begin = time.monotonic()
+    headroom: dict[str, int] = {}
+    for cfg_name, mode in GROUPS[group]:
+        left = budget_s - (time.monotonic() - t_begin)
+        if left < 45:
+            print(f"SKIP {cfg_name}/{mode}: {left:.0f}s left", flush=True)
+            continue
+        env = dict(os.environ)
+        env["PYTHONPATH"] = pypath
+        env["MEMEST_OUTPUT_DIR"] = str(OUT / "memest")
+        env["MEMEST_RUN_ID"] = f"{cfg_name}.{mode}"
+        env["PYTHONUNBUFFERED"] = "1"
+        env.pop("MEMEST_ENABLE", None)
+        if mode in ("enable", "apply", "fault"):
+            env["MEMEST_ENABLE"] = "1"
+            env["MEMEST_ESTIMATE"] = "apply" if mode == "apply" else "plan"
+        if mode == "fault":
+            env["MEMEST_FAULT"] = "capture_stage"
+            env["MEMEST_SERVICE_URL"] = "http://127.0.0.1:9"
+            env["MEMEST_PUSH_TIMEOUT_S"] = "3"
+            env["MEMEST_ESTIMATE"] = "off"
+        if mode == "plan":
+            env["VLLM_ENABLE_STARTUP_PLAN"] = "1"
+        res_path = OUT / "starts" / f"{cfg_name}.{mode}.json"
+        log_path = OUT / "starts" / f"{cfg_name}.{mode}.log"
+        cmd = [sys.executable, __file__, "--child", cfg_name, mode, str(res_path)]
+        t0 = time.monotonic()
+        rc: object
+        with open(log_path, "w") as log:
+            try:
+                rc = subprocess.run(
+                    cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                    timeout=min(per_start_s, left),
+                ).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        wall = time.monotonic() - t0
+        rec: dict[str, Any] = {"config": cfg_name, "mode": mode, "rc": rc, "wall_s": round(wall, 1)}
+        if res_path.exists():
+            rec.update(json.loads(res_path.read_text()))
+            h = rec.get("headroom_bytes")
+            if h is not None and mode in ("alone",):
+                headroom[cfg_name] = int(h)
+            if h is None:
+                h = headroom.get(cfg_name)
+                rec["headroom_from"] = "alone start" if h is not None else None
+            if h is not None:
+                usage = rec["persistent_used_bytes"] + int(h)
+                rec["usage_end_bytes"] = usage
+                rec["budget_bytes"] = math.ceil(rec["total_bytes"] * CONFIGS[cfg_name]["util"])
+                rec["usage_minus_budget_bytes"] = usage - rec["budget_bytes"]
+        else:
+            rec["log_tail"] = log_path.read_text()[-3000:]
+            if cfg_name == GROUPS[group][0][0] and mode == GROUPS[group][0][1]:
+                with open(OUT / "results.jsonl", "a") as fh:
+                    fh.write(json.dumps(rec) + "\n")
+                print(f"FIRST START FAILED: {rec['log_tail']}", flush=True)
+                return
+        with open(OUT / "results.jsonl", "a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+        print(
+            f"DONE {cfg_name}/{mode} rc={rc} wall={wall:.0f}s "
+            f"umb={rec.get('usage_minus_budget_bytes')} kv_tokens={rec.get('kv_tokens')}",
+            flush=True,
+        )
+    # startup plans memest wrote, for the record
+    plans = SHARED_TMP / "vllm_h200_cache" / "startup_plan"
+    if plans.exists():
+        for p in plans.glob("*.json"):
+            (OUT / "plans").mkdir(exist_ok=True)
+            (OUT / "plans" / p.name).write_text(p.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--group", default="1", choices=sorted(GROUPS))
+    ap.add_argument("--budget-s", type=float, default=560)
+    ap.add_argument("--per-start-s", type=float, default=240)
+    ap.add_argument("--child", nargs=3, metavar=("CONFIG", "MODE", "RESULT"))
+    args = ap.parse_args()
+    if args.child:
+        try:
+            child(args.child[0], args.child[1], Path(args.child[2]))
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            sys.stdout.flush()
+            os._exit(1)
+        return
+    run_group(args.group, args.budget_s, args.per_start_s)
+
+
+if __name__ == "__main__":
+    main()

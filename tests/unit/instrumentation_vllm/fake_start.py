@@ -1,0 +1,152 @@
+"""A vLLM-0.33.0-shaped start driven through memest's real wrappers on stand-in objects.
+
+The wrappers are the ones the plugin installs (``hooks.PATCHES``), applied to stand-in functions
+that do what vLLM's methods do to the call order: the worker calls the runner, graph-memory
+profiling initialises a small KV cache and captures through a CudaGraphManager, the real KV cache
+is allocated, then the real capture runs. No GPU is needed; readings are empty on CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from memest_instrumentation.vllm.hooks import PATCHES
+from memest_instrumentation.vllm.patches import Patch
+
+RETURNS = {
+    "determine_available_memory": 123 << 20,
+    "profile_cudagraph_memory": 7 << 20,
+    "capture_model": 5 << 20,
+    "compile_or_warm_up_model": "compile-times",
+}
+
+
+def wrapper_for(name: str, runner: str, orig: Callable[..., Any]) -> Callable[..., Any]:
+    patch: Patch = next(p for p in PATCHES if p.name == name and p.runner in (runner, "both"))
+    return patch.make(orig)
+
+
+class Desc:
+    def __init__(self, mode: str, n: int, uniform: int | None = None) -> None:
+        self.cg_mode = SimpleNamespace(name=mode)
+        self.num_tokens = n
+        self.uniform_token_count = uniform
+        self.max_query_len = uniform
+
+
+class FakeManager:
+    def __init__(self) -> None:
+        self.pool = (0, 1)
+        self._max_full_descs_to_capture: int | None = None
+        self.descs = [Desc("PIECEWISE", 8), Desc("PIECEWISE", 4), Desc("FULL", 4, 1)]
+
+    def capture(self, create_forward_fn: Callable[..., Any], progress_bar_desc: str = "") -> None:
+        for d in self.descs:
+            fwd = create_forward_fn(d, True)
+            fwd()
+
+
+def build_start() -> tuple[Any, dict[str, Callable[..., Any]]]:
+    """(worker, calls): the worker and the wrapped methods in vLLM's order."""
+    calls: list[str] = []
+    mgr = FakeManager()
+    cg_capture = wrapper_for("capture_stage", "v2", FakeManager.capture)
+
+    def forward_factory(desc: Any, warmup: bool) -> Callable[[], str]:
+        calls.append(f"fwd:{desc.cg_mode.name}:{desc.num_tokens}")
+        return lambda: "ran"
+
+    def capture_model(self: Any, *, profile_only: bool = False) -> int:
+        calls.append(f"capture_model:{profile_only}")
+        cg_capture(mgr, forward_factory, "Capturing CUDA graphs")
+        cg_capture(mgr, forward_factory, "Capturing prefill CUDA graphs")
+        return RETURNS["capture_model"]
+
+    def initialize_kv_cache(self: Any, kv_cache_config: Any, is_profiling: bool = False) -> None:
+        calls.append(f"initialize_kv_cache:{is_profiling}")
+
+    runner = SimpleNamespace(model_memory_usage=16 << 30)
+    runner.capture_model = wrapper_for("capture", "v2", capture_model).__get__(runner)
+    runner.initialize_kv_cache = wrapper_for("kv_cache_alloc", "v2", initialize_kv_cache).__get__(
+        runner
+    )
+
+    def profile_run(self: Any, randomize_inputs: bool = False) -> None:
+        calls.append("profile_run")
+
+    def profile_cudagraph_memory(self: Any) -> int:
+        self.initialize_kv_cache(SimpleNamespace(kv_cache_tensors=[]), is_profiling=True)
+        self.capture_model(profile_only=True)
+        return RETURNS["profile_cudagraph_memory"]
+
+    runner.profile_run = wrapper_for("profile_run", "v2", profile_run).__get__(runner)
+    runner.profile_cudagraph_memory = wrapper_for(
+        "graph_profiling", "v2", profile_cudagraph_memory
+    ).__get__(runner)
+
+    block = SimpleNamespace(page_size_bytes=2 << 20, block_size=16, num_kv_heads=8, head_size=128)
+    worker = SimpleNamespace(
+        rank=0,
+        parallel_config=SimpleNamespace(world_size=1, tensor_parallel_size=1),
+        init_snapshot=SimpleNamespace(free_memory=100 << 30, total_memory=141 << 30),
+        requested_memory=120 << 30,
+        model_runner=runner,
+        cache_config=SimpleNamespace(
+            kv_cache_memory_bytes=None, gpu_memory_utilization=0.85, num_gpu_blocks=None
+        ),
+        get_kv_cache_spec=lambda: {f"layer.{i}": block for i in range(4)},
+        total_consumed=20 << 30,
+        peak_activation_memory=1 << 30,
+        cudagraph_memory_estimate=RETURNS["profile_cudagraph_memory"],
+        available_kv_cache_memory_bytes=RETURNS["determine_available_memory"],
+    )
+
+    def init_device(self: Any) -> None:
+        calls.append("init_device")
+
+    def load_model(self: Any) -> None:
+        calls.append("load_model")
+
+    def determine_available_memory(self: Any) -> int:
+        self.model_runner.profile_run()
+        self.model_runner.profile_cudagraph_memory()
+        return RETURNS["determine_available_memory"]
+
+    def initialize_from_config(self: Any, kv_cache_config: Any) -> None:
+        self.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+        self.model_runner.initialize_kv_cache(kv_cache_config)
+
+    def compile_or_warm_up_model(self: Any) -> str:
+        self.model_runner.capture_model()
+        return str(RETURNS["compile_or_warm_up_model"])
+
+    methods = {
+        "init_device": wrapper_for("init_device", "both", init_device).__get__(worker),
+        "load_model": wrapper_for("weights", "both", load_model).__get__(worker),
+        "determine_available_memory": wrapper_for(
+            "determine_available_memory", "both", determine_available_memory
+        ).__get__(worker),
+        "initialize_from_config": wrapper_for(
+            "kv_config", "both", initialize_from_config
+        ).__get__(worker),
+        "compile_or_warm_up_model": wrapper_for(
+            "end_of_init", "both", compile_or_warm_up_model
+        ).__get__(worker),
+    }
+    worker.calls = calls
+    return worker, methods
+
+
+def run_start(worker: Any, methods: dict[str, Callable[..., Any]]) -> dict[str, Any]:
+    """Drive one start in vLLM's order; returns each worker method's return value."""
+    out: dict[str, Any] = {}
+    out["init_device"] = methods["init_device"]()
+    out["load_model"] = methods["load_model"]()
+    out["determine_available_memory"] = methods["determine_available_memory"]()
+    out["initialize_from_config"] = methods["initialize_from_config"](
+        SimpleNamespace(num_blocks=1000, kv_cache_tensors=[])
+    )
+    out["compile_or_warm_up_model"] = methods["compile_or_warm_up_model"]()
+    return out
