@@ -1,0 +1,35 @@
+"""The memest service: FastAPI + SQLAlchemy, installed with ``pip install 'memest[service]'``.
+
+Usage::
+
+    from memest.service import create_app
+    from memest.service.config import Settings
+
+    app = create_app(Settings(database_url="sqlite:///./memest.db", write_token="s3cret"))
+
+Environment variables (see :class:`memest.service.config.Settings`): MEMEST_DATABASE_URL,
+MEMEST_WRITE_TOKEN, MEMEST_READ_TOKEN, MEMEST_MAX_REPORT_BYTES, MEMEST_DEMO,
+MEMEST_REPORT_CACHE_SIZE.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from memest.service.config import Settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service app for ``settings`` (default: from MEMEST_* env vars).
+
+    The import is deferred so that ``memest.service.plans`` stays importable without FastAPI.
+    """
+    from memest.service.app import create_app as _create_app
+
+    return _create_app(settings)
+
+
+__all__ = ["create_app"]

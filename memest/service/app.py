@@ -1,0 +1,116 @@
+"""create_app(settings): the FastAPI app, its database, routers, dashboard and metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
+from fastapi.staticfiles import StaticFiles
+
+from memest._version import __version__
+from memest.schema import RunReport
+from memest.service import db, store
+from memest.service.config import Settings, get_settings
+from memest.service.errors import install_handlers
+from memest.service.metrics import ServiceMetrics
+from memest.service.routers import calculators, compare, dashboard, health, models, reports, runs
+
+log = logging.getLogger("memest.service")
+
+DESCRIPTION = """\
+Stores memest RunReports (one per rank of a vLLM start) and serves per-model breakdowns next to
+the capture plan that produced them, build comparisons (the seed's "main → PR" columns), model
+histories, the capture-plan and estimate calculators, and Prometheus metrics.
+
+Writes need `Authorization: Bearer $MEMEST_WRITE_TOKEN`; reads are open unless
+`MEMEST_READ_TOKEN` is set. Bytes are integers everywhere.
+"""
+
+
+def _unique_id(route: APIRoute) -> str:
+    tag = route.tags[0] if route.tags else "default"
+    return f"{tag}-{route.name}"
+
+
+def load_demo(app: FastAPI) -> int:
+    """Ingest the published demo reports (idempotent); returns how many were new."""
+    from memest.demo import demo_reports
+
+    created = 0
+    for report in demo_reports():
+        if store.ingest(app.state.sessionmaker, report).status == "created":
+            created += 1
+    return created
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title,
+        version=app.version,
+        description=app.description,
+        routes=app.routes,
+    )
+    # The report routes read their body themselves (size limit first), so FastAPI does not see
+    # RunReport; publish its schema so that the request bodies resolve.
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    rr = RunReport.model_json_schema(ref_template="#/components/schemas/{model}")
+    for name, sub in rr.pop("$defs", {}).items():
+        components.setdefault(name, sub)
+    components.setdefault("RunReport", rr)
+    app.openapi_schema = schema
+    return schema
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; the engine is created here, migrations run at startup.
+
+    Args:
+        settings: configuration; default from MEMEST_* environment variables.
+    """
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db.upgrade(app.state.engine)
+        if settings.demo:
+            n = load_demo(app)
+            log.info("demo: %d published reports loaded", n)
+        yield
+        app.state.engine.dispose()
+
+    app = FastAPI(
+        title="memest",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        generate_unique_id_function=_unique_id,
+    )
+    engine = db.make_engine(settings.database_url)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = db.make_sessionmaker(engine)
+    app.state.report_cache = store.ReportCache(settings.report_cache_size)
+
+    def latest() -> list[RunReport]:
+        with app.state.sessionmaker() as session:
+            return [app.state.report_cache.get(r) for r in store.latest_per_build(session)]
+
+    app.state.metrics = ServiceMetrics(latest)
+    install_handlers(app)
+    for router in (reports, models, runs, compare, calculators, health, dashboard):
+        app.include_router(router.router)
+    app.mount(
+        "/static",
+        StaticFiles(directory=str(resources.files("memest.service") / "static")),
+        name="static",
+    )
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app

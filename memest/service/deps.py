@@ -1,0 +1,83 @@
+"""Request dependencies: settings, sessions, the parsed-report cache and bearer-token checks."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import SecretStr
+from sqlalchemy.orm import Session, sessionmaker
+
+from memest.service.config import Settings
+from memest.service.errors import Forbidden, Unauthorized
+from memest.service.metrics import ServiceMetrics
+from memest.service.store import ReportCache
+
+_bearer = HTTPBearer(auto_error=False, description="MEMEST_WRITE_TOKEN / MEMEST_READ_TOKEN")
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_factory(request: Request) -> sessionmaker[Session]:
+    factory: sessionmaker[Session] = request.app.state.sessionmaker
+    return factory
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with get_factory(request)() as session:
+        yield session
+
+
+def get_cache(request: Request) -> ReportCache:
+    cache: ReportCache = request.app.state.report_cache
+    return cache
+
+
+def get_metrics(request: Request) -> ServiceMetrics:
+    metrics: ServiceMetrics = request.app.state.metrics
+    return metrics
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+FactoryDep = Annotated[sessionmaker[Session], Depends(get_factory)]
+CacheDep = Annotated[ReportCache, Depends(get_cache)]
+MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _matches(creds: HTTPAuthorizationCredentials | None, *tokens: SecretStr | None) -> bool:
+    if creds is None:
+        return False
+    given = creds.credentials.encode()
+    return any(
+        t is not None and hmac.compare_digest(given, t.get_secret_value().encode()) for t in tokens
+    )
+
+
+def require_write(settings: SettingsDep, creds: CredentialsDep) -> None:
+    """Writes need ``Authorization: Bearer $MEMEST_WRITE_TOKEN``; with no token set, none pass."""
+    if settings.write_token is None:
+        raise Forbidden("writes are disabled: the server has no MEMEST_WRITE_TOKEN", field="token")
+    if creds is None:
+        raise Unauthorized("missing bearer token (Authorization: Bearer ...)", field="token")
+    if not _matches(creds, settings.write_token):
+        raise Unauthorized("wrong bearer token", field="token")
+
+
+def require_read(settings: SettingsDep, creds: CredentialsDep) -> None:
+    """Reads are open unless MEMEST_READ_TOKEN is set; then the read or write token is needed."""
+    if settings.read_token is None:
+        return
+    if not _matches(creds, settings.read_token, settings.write_token):
+        raise Unauthorized("reads need a bearer token (MEMEST_READ_TOKEN)", field="token")
+
+
+WriteAuth = Depends(require_write)
+ReadAuth = Depends(require_read)

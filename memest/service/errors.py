@@ -1,0 +1,61 @@
+"""Service errors, mapped to HTTP in one handler (business code never raises HTTPException)."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+
+class ServiceError(Exception):
+    """Base of the errors the service answers with a 4xx/5xx and a named field."""
+
+    status_code = 400
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.message = message
+        self.field = field
+        super().__init__(message)
+
+
+class NotFound(ServiceError):
+    status_code = 404
+
+
+class Conflict(ServiceError):
+    status_code = 409
+
+
+class BadRequest(ServiceError):
+    status_code = 422
+
+
+class PayloadTooLarge(ServiceError):
+    status_code = 413
+
+
+class UnsupportedMediaType(ServiceError):
+    status_code = 415
+
+
+class Unauthorized(ServiceError):
+    status_code = 401
+
+
+class Forbidden(ServiceError):
+    status_code = 403
+
+
+class Unavailable(ServiceError):
+    """A calculator the route needs (memest.plan, memest.estimate) is not available."""
+
+    status_code = 503
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+        body: dict[str, object] = {"detail": exc.message}
+        if exc.field is not None:
+            body["field"] = exc.field
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse(status_code=exc.status_code, content=body, headers=headers)

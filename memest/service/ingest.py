@@ -1,0 +1,137 @@
+"""Reading a report body: JSON only, size-limited, schema-checked, storable without surprises."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from fastapi import Request
+from pydantic import ValidationError
+
+from memest.schema import SCHEMA_VERSION, RunReport
+from memest.service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+
+_ID_RE = re.compile(r"^[A-Za-z0-9._:@+-]{1,200}$")
+_MAX_INT64 = 2**63 - 1
+_MAX_WORLD = 1 << 16
+#: Longest stored value per indexed column (the table's String lengths).
+_LENGTHS = {
+    "model": 300,
+    "build.label": 200,
+    "build.vllm_commit": 64,
+    "build.vllm_version": 64,
+    "gpu.name": 200,
+}
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 once it passes ``limit`` bytes (before buffering it all)."""
+    ctype = request.headers.get("content-type", "")
+    if ctype.split(";")[0].strip().lower() != "application/json":
+        raise UnsupportedMediaType(
+            f"reports are JSON only: Content-Type must be application/json, got {ctype!r}",
+            field="content-type",
+        )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"report body is {int(declared)} bytes; the limit is {limit} (MEMEST_MAX_REPORT_BYTES)",
+            field="body",
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(
+                f"report body exceeds {limit} bytes (MEMEST_MAX_REPORT_BYTES)", field="body"
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "body"
+
+
+def parse_report(body: bytes) -> RunReport:
+    """Validate a JSON body as a RunReport of this schema version; 422 names the field at fault."""
+    try:
+        data: Any = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}", field="body") from None
+    if not isinstance(data, dict):
+        raise BadRequest("body must be a JSON object (one RunReport)", field="body")
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise BadRequest(
+            f"schema_version {version!r} is not supported; this server reads {SCHEMA_VERSION!r}",
+            field="schema_version",
+        )
+    try:
+        report = RunReport.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        first = _loc(tuple(errors[0]["loc"])) if errors else "body"
+        detail = "; ".join(f"{_loc(tuple(e['loc']))}: {e['msg']}" for e in errors[:10])
+        raise BadRequest(f"invalid RunReport: {detail}", field=first) from None
+    check_storable(report)
+    return report
+
+
+def _walk_ints(value: Any, path: str) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return path if abs(value) > _MAX_INT64 else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            bad = _walk_ints(v, f"{path}.{k}" if path else str(k))
+            if bad:
+                return bad
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            bad = _walk_ints(v, f"{path}.{i}" if path else str(i))
+            if bad:
+                return bad
+    return None
+
+
+def check_storable(report: RunReport) -> None:
+    """Limits the database imposes, checked up front so that storage never fails half-way."""
+    for key, ident in (("report_id", report.report_id), ("run_id", report.run_id)):
+        if not _ID_RE.match(ident):
+            raise BadRequest(
+                f"{key} {ident[:80]!r} must be 1-200 characters of A-Z a-z 0-9 . _ : @ + -",
+                field=key,
+            )
+    if report.world_size > _MAX_WORLD:
+        raise BadRequest(f"world_size must be at most {_MAX_WORLD}", field="world_size")
+    if report.rank >= report.world_size:
+        raise BadRequest(
+            f"rank {report.rank} is not below world_size {report.world_size}", field="rank"
+        )
+    values: dict[str, str | None] = {
+        "model": report.model,
+        "build.label": report.build.label,
+        "build.vllm_commit": report.build.vllm_commit,
+        "build.vllm_version": report.build.vllm_version,
+        "gpu.name": report.gpu.name if report.gpu else None,
+    }
+    for field, value in values.items():
+        if value is None:
+            continue
+        if len(value) > _LENGTHS[field]:
+            raise BadRequest(f"{field} is longer than {_LENGTHS[field]} characters", field=field)
+        if "\x00" in value:
+            raise BadRequest(f"{field} contains a NUL character", field=field)
+    if not report.model.strip():
+        raise BadRequest("model must not be empty", field="model")
+    bad = _walk_ints(report.model_dump(mode="python"), "")
+    if bad is not None:
+        raise BadRequest(f"{bad} does not fit in a signed 64-bit integer", field=bad)
+    try:
+        report.created_at.timestamp()
+    except (OverflowError, ValueError, OSError):
+        raise BadRequest("created_at is out of range", field="created_at") from None

@@ -1,0 +1,51 @@
+"""SQLAlchemy 2.0 tables: runs and their per-rank reports (the report JSON is stored verbatim)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, DateTime, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    """One vLLM start (all ranks); metadata from its first report, checked against later ones."""
+
+    __tablename__ = "runs"
+
+    run_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    model: Mapped[str] = mapped_column(String(300), index=True)
+    build_label: Mapped[str] = mapped_column(String(200), index=True, default="")
+    vllm_commit: Mapped[str | None] = mapped_column(String(64), index=True)
+    vllm_version: Mapped[str | None] = mapped_column(String(64))
+    gpu_name: Mapped[str | None] = mapped_column(String(200), index=True)
+    source: Mapped[str] = mapped_column(String(32))
+    world_size: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    reports: Mapped[list[Report]] = relationship(back_populates="run", order_by="Report.rank")
+
+
+class Report(Base):
+    """One rank's RunReport; ``payload`` is its canonical JSON, ``payload_sha256`` its digest."""
+
+    __tablename__ = "reports"
+    __table_args__ = (UniqueConstraint("run_id", "rank", name="uq_reports_run_rank"),)
+
+    report_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id"), index=True)
+    rank: Mapped[int] = mapped_column(Integer)
+    schema_version: Mapped[str] = mapped_column(String(16))
+    payload: Mapped[str] = mapped_column(Text)
+    payload_sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(Integer)
+    graph_pool_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    kv_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    run: Mapped[Run] = relationship(back_populates="reports")

@@ -1,0 +1,170 @@
+"""Server-rendered dashboard: model page, compare page, history page (SVG plots, no CDN)."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+from memest.reporters import plots
+from memest.reporters.views import compare, history, run_facts, runner_counts, stage_bars
+from memest.service import store
+from memest.service.deps import CacheDep, ReadAuth, SessionDep
+from memest.service.errors import NotFound
+from memest.units import fmt_gib
+
+router = APIRouter(tags=["dashboard"], dependencies=[ReadAuth])
+
+templates = Jinja2Templates(directory=str(resources.files("memest.service") / "templates"))
+
+
+def _gib(value: int | None, digits: int = 3) -> str:
+    return "–" if value is None else fmt_gib(value, digits)
+
+
+def _sgib(value: int | None) -> str:
+    return "–" if value is None else fmt_gib(value, 3, signed=True)
+
+
+def _count(value: int | None) -> str:
+    return "–" if value is None else f"{value:,}"
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×"
+
+
+templates.env.filters.update(
+    gib=_gib, sgib=_sgib, count=_count, ratio=_ratio, owner_color=plots.owner_color
+)
+
+_HTML: dict[int | str, dict[str, Any]] = {
+    200: {"description": "HTML page", "content": {"text/html": {"example": "<!doctype html>"}}}
+}
+
+
+def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, context)
+
+
+@router.get("/", response_class=HTMLResponse, responses=_HTML)
+def index(request: Request, session: SessionDep) -> HTMLResponse:
+    """Dashboard home: every model with its runs and build labels."""
+    models = store.list_models(session)
+    runs, _ = store.list_runs(session, store.RunFilter(), limit=20, offset=0)
+    return _page(request, "index.html", models=models, runs=runs, title="memest")
+
+
+@router.get(
+    "/models/{model:path}",
+    response_class=HTMLResponse,
+    responses={**_HTML, 404: {"description": "No such model or run"}},
+)
+def model_page(
+    request: Request,
+    model: str,
+    session: SessionDep,
+    cache: CacheDep,
+    run: Annotated[
+        str | None,
+        Query(
+            description="Run to show (default: the newest)",
+            examples=["demo-deepseek-v4-flash-dspark-k7-pr"],
+            max_length=200,
+        ),
+    ] = None,
+) -> HTMLResponse:
+    """A model's page: stacked bars of added pool memory per stage and owner beside the graph-count
+    table of the capture plan, the phase split, estimates, and the model's runs."""
+    runs = store.model_runs(session, model)
+    chosen = runs[-1] if run is None else next((r for r in runs if r.run_id == run), None)
+    if chosen is None:
+        raise NotFound(f"model {model!r} has no run {run!r}", field="run")
+    rows = store.run_reports(session, chosen.run_id)
+    rep = cache.get(rows[0])
+    bars = stage_bars(rep)
+    pairs = [(a, b) for a, b in zip(runs, runs[1:], strict=False)]
+    return _page(
+        request,
+        "model.html",
+        title=f"{model} · memest",
+        model=model,
+        run=chosen,
+        runs=runs,
+        pairs=pairs,
+        report=rep,
+        ranks=[r.rank for r in rows],
+        bars=bars,
+        runners=runner_counts(rep),
+        facts=run_facts(rep),
+        svg=plots.stage_owner_svg(
+            bars, f"Graph-pool growth by stage and owner · {rep.build.label}"
+        ),
+    )
+
+
+@router.get(
+    "/compare",
+    response_class=HTMLResponse,
+    responses={**_HTML, 404: {"description": "One of the runs does not exist"}},
+)
+def compare_page(
+    request: Request,
+    session: SessionDep,
+    cache: CacheDep,
+    a: Annotated[
+        str,
+        Query(
+            description="Baseline run id",
+            examples=["demo-deepseek-v4-flash-dspark-k7-main"],
+            max_length=200,
+        ),
+    ],
+    b: Annotated[
+        str,
+        Query(
+            description="Changed run id",
+            examples=["demo-deepseek-v4-flash-dspark-k7-pr"],
+            max_length=200,
+        ),
+    ],
+) -> HTMLResponse:
+    """Two runs side by side, in the seed's "main → PR" layout."""
+    ra = cache.get(store.lead_report(session, a))
+    rb = cache.get(store.lead_report(session, b))
+    cmp = compare(ra, rb)
+    return _page(
+        request,
+        "compare.html",
+        title=f"{ra.build.label} → {rb.build.label} · memest",
+        cmp=cmp,
+        ra=ra,
+        rb=rb,
+        svg=plots.compare_svg(cmp),
+    )
+
+
+@router.get(
+    "/history/{model:path}",
+    response_class=HTMLResponse,
+    responses={**_HTML, 404: {"description": "No such model"}},
+)
+def history_page(
+    request: Request, model: str, session: SessionDep, cache: CacheDep
+) -> HTMLResponse:
+    """A model's builds over time: KV tokens, graph-pool bytes and estimator error, with the
+    regressions against the previous build highlighted."""
+    runs = store.model_runs(session, model)
+    reports = [cache.get(store.lead_report(session, r.run_id)) for r in runs]
+    hist = history(model, reports)
+    return _page(
+        request,
+        "history.html",
+        title=f"{model} history · memest",
+        model=model,
+        hist=hist,
+        svgs=plots.history_svgs(hist),
+    )

@@ -1,0 +1,44 @@
+"""GET /healthz and GET /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from memest.service.deps import MetricsDep, ReadAuth, SessionDep
+
+router = APIRouter(tags=["health"])
+
+
+@router.get(
+    "/healthz",
+    responses={200: {"content": {"application/json": {"example": {"status": "ok"}}}}},
+)
+def healthz(session: SessionDep) -> dict[str, str]:
+    """Liveness and database reachability (always open, no token)."""
+    session.execute(text("SELECT 1"))
+    return {"status": "ok"}
+
+
+@router.get(
+    "/metrics",
+    dependencies=[ReadAuth],
+    response_class=Response,
+    responses={
+        200: {
+            "description": "Prometheus text exposition",
+            "content": {
+                "text/plain": {
+                    "example": 'memest_graph_pool_bytes{model="nvidia/MiniMax-M3-NVFP4",'
+                    'build="PR",stage="target.full",owner="moe_workspace"} 6.039797760e+08\n'
+                }
+            },
+        }
+    },
+)
+def metrics(service_metrics: MetricsDep) -> Response:
+    """Prometheus metrics: memest_graph_pool_bytes{model,build,stage,owner},
+    memest_graph_pool_total_bytes, memest_kv_tokens, memest_estimator_error_bytes{estimator}
+    (newest run per model and build) and memest_ingest_reports_total{outcome}."""
+    return Response(generate_latest(service_metrics.registry), media_type=CONTENT_TYPE_LATEST)

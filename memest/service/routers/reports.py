@@ -1,0 +1,124 @@
+"""POST /api/v1/reports: ingest one RunReport; GET one stored report."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from memest.schema import RunReport
+from memest.service import examples, store
+from memest.service.deps import (
+    CacheDep,
+    FactoryDep,
+    MetricsDep,
+    ReadAuth,
+    SessionDep,
+    SettingsDep,
+    WriteAuth,
+)
+from memest.service.errors import NotFound, ServiceError
+from memest.service.ingest import parse_report, read_body
+from memest.service.models import Report
+from memest.service.schemas import IngestResponse
+
+router = APIRouter(prefix="/api/v1/reports", tags=["reports"])
+
+_REPORT_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "One rank's RunReport (schema version 1), as the vLLM plugin writes it",
+        "content": {
+            "application/json": {
+                "schema": {"$ref": "#/components/schemas/RunReport"},
+                "example": examples.REPORT,
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "",
+    response_model=IngestResponse,
+    status_code=201,
+    openapi_extra=_REPORT_BODY,
+    responses={
+        200: {
+            "description": "This report id is already stored with the same content (no change)",
+            "content": {
+                "application/json": {
+                    "example": {
+                        "status": "exists",
+                        "report_id": examples.CHANGE.report_id,
+                        "run_id": examples.CHANGE.run_id,
+                    }
+                }
+            },
+        },
+        201: {
+            "description": "Stored",
+            "content": {
+                "application/json": {
+                    "example": {
+                        "status": "created",
+                        "report_id": examples.CHANGE.report_id,
+                        "run_id": examples.CHANGE.run_id,
+                    }
+                }
+            },
+        },
+        401: {"description": "Missing or wrong bearer token; nothing is stored"},
+        409: {"description": "Same report id with other content, or the rank is taken"},
+        413: {"description": "Body larger than MEMEST_MAX_REPORT_BYTES"},
+        415: {"description": "Not application/json"},
+        422: {
+            "description": "Not a valid RunReport; `field` names the first field at fault",
+            "content": {"application/json": {"example": examples.ERROR_422}},
+        },
+    },
+    dependencies=[WriteAuth],
+)
+async def ingest_report(
+    request: Request,
+    settings: SettingsDep,
+    factory: FactoryDep,
+    metrics: MetricsDep,
+) -> Response:
+    """Store one rank's RunReport, in one transaction.
+
+    JSON only, at most MEMEST_MAX_REPORT_BYTES, schema version 1, with
+    `Authorization: Bearer $MEMEST_WRITE_TOKEN`. Idempotent by `report_id`: sending a stored report
+    again answers 200 with `status: exists` and changes nothing; the same id with other content is
+    a 409. Reports of one run must agree on model, build and world size.
+    """
+    try:
+        body = await read_body(request, settings.max_report_bytes)
+        report = parse_report(body)
+        result = store.ingest(factory, report)
+    except ServiceError:
+        metrics.ingested.labels(outcome="rejected").inc()
+        raise
+    metrics.ingested.labels(outcome=result.status).inc()
+    if result.status == "created":
+        metrics.ingest_bytes.inc(len(body))
+    payload = IngestResponse(status=result.status, report_id=result.report_id, run_id=result.run_id)
+    return JSONResponse(
+        status_code=201 if result.status == "created" else 200, content=payload.model_dump()
+    )
+
+
+@router.get(
+    "/{report_id}",
+    response_model=RunReport,
+    dependencies=[ReadAuth],
+    responses={
+        **examples.json_example(examples.REPORT, "The stored report"),
+        404: {"description": "No such report"},
+    },
+)
+def read_report(report_id: str, session: SessionDep, cache: CacheDep) -> RunReport:
+    """One stored RunReport, exactly as ingested (after validation)."""
+    row = session.get(Report, report_id)
+    if row is None:
+        raise NotFound(f"no report {report_id!r}", field="report_id")
+    return cache.get(row)

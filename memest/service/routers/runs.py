@@ -1,0 +1,179 @@
+"""Runs: filtered lists, one run with all ranks, one run's breakdown, one rank's report."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+
+from memest.reporters.views import rank_check, run_facts, runner_counts, stage_bars
+from memest.schema import RunReport
+from memest.service import examples, store
+from memest.service.deps import CacheDep, ReadAuth, SessionDep
+from memest.service.errors import NotFound
+from memest.service.estimates import compare_report, estimate_available
+from memest.service.models import Run
+from memest.service.schemas import BreakdownResponse, RankFacts, RunDetail, RunList, RunSummary
+
+router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[ReadAuth])
+
+RunIdPath = Annotated[
+    str,
+    Path(description="Run id (RunReport.run_id)", examples=["demo-deepseek-v4-flash-dspark-k7-pr"]),
+]
+
+
+def summary(run: Run, ranks: list[int]) -> RunSummary:
+    return RunSummary(
+        run_id=run.run_id,
+        model=run.model,
+        build=run.build_label,
+        commit=run.vllm_commit,
+        vllm_version=run.vllm_version,
+        gpu=run.gpu_name,
+        source=run.source,
+        world_size=run.world_size,
+        created_at=store._as_utc(run.created_at),
+        ranks=ranks,
+    )
+
+
+@router.get(
+    "",
+    response_model=RunList,
+    responses=examples.json_example({"data": [examples.RUN_SUMMARY], "count": 1}),
+)
+def list_runs(
+    session: SessionDep,
+    model: Annotated[
+        str | None,
+        Query(description="Exact model name", examples=["nvidia/MiniMax-M3-NVFP4"], max_length=300),
+    ] = None,
+    build: Annotated[
+        str | None, Query(description="Build label", examples=["main"], max_length=200)
+    ] = None,
+    commit: Annotated[
+        str | None,
+        Query(description="vLLM commit or a prefix of it", examples=["60a7d568"], max_length=64),
+    ] = None,
+    gpu: Annotated[
+        str | None, Query(description="GPU name", examples=["NVIDIA GB200"], max_length=200)
+    ] = None,
+    source: Annotated[
+        str | None,
+        Query(
+            description="measured, published or synthetic", examples=["published"], max_length=32
+        ),
+    ] = None,
+    since: Annotated[
+        datetime | None,
+        Query(description="Runs created at or after (ISO 8601)", examples=["2026-01-01T00:00:00Z"]),
+    ] = None,
+    until: Annotated[
+        datetime | None,
+        Query(
+            description="Runs created at or before (ISO 8601)", examples=["2026-12-31T00:00:00Z"]
+        ),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size", examples=[50])] = 50,
+    offset: Annotated[int, Query(ge=0, le=10**9, description="Runs to skip", examples=[0])] = 0,
+) -> RunList:
+    """Runs, newest first, filtered by model, build label, commit prefix, GPU, source and date."""
+    flt = store.RunFilter(
+        model=model, build=build, commit=commit, gpu=gpu, since=since, until=until, source=source
+    )
+    runs, total = store.list_runs(session, flt, limit=limit, offset=offset)
+    data = [summary(r, [rep.rank for rep in store.run_reports(session, r.run_id)]) for r in runs]
+    return RunList(data=data, count=total)
+
+
+@router.get(
+    "/{run_id}",
+    response_model=RunDetail,
+    responses={**examples.json_example(examples.RUN_DETAIL), 404: {"description": "No such run"}},
+)
+def read_run(run_id: RunIdPath, session: SessionDep, cache: CacheDep) -> RunDetail:
+    """One run: its breakdown (stage x owner) beside its capture plan's graph counts, the stored
+    and computed estimates, per-rank figures and whether the ranks agree."""
+    run = store.get_run(session, run_id)
+    rows = store.run_reports(session, run_id)
+    reports = [cache.get(r) for r in rows]
+    lead = reports[0]
+    computed = None
+    reason = estimate_available()
+    if reason is None:
+        try:
+            computed = compare_report(lead)
+        except Exception as exc:  # the estimator rejects this report: show why, keep the page
+            reason = f"memest.estimate.compare failed: {exc}"
+    bd = lead.breakdown
+    return RunDetail(
+        run=summary(run, [r.rank for r in reports]),
+        lead_rank=lead.rank,
+        facts=run_facts(lead),
+        phases=bd.phases if bd else [],
+        stages=stage_bars(lead),
+        runners=runner_counts(lead),
+        capture_plans=lead.capture_plans,
+        live_peaks=bd.live_peaks if bd else [],
+        retained=bd.retained if bd else [],
+        estimate=lead.estimate,
+        computed_estimate=computed,
+        computed_estimate_unavailable=reason,
+        rank_check=rank_check(reports),
+        ranks=[RankFacts(rank=r.rank, report_id=r.report_id, facts=run_facts(r)) for r in reports],
+        notes=lead.notes,
+        hook_errors=lead.hook_errors,
+    )
+
+
+@router.get(
+    "/{run_id}/breakdown",
+    response_model=BreakdownResponse,
+    responses={**examples.json_example(examples.BREAKDOWN), 404: {"description": "No such run"}},
+)
+def read_breakdown(
+    run_id: RunIdPath,
+    session: SessionDep,
+    cache: CacheDep,
+    rank: Annotated[
+        int | None,
+        Query(ge=0, le=65535, description="Rank (default: the lowest stored)", examples=[0]),
+    ] = None,
+) -> BreakdownResponse:
+    """One rank's breakdown of a run: phase split, stage growth, owners, peaks, retained rows."""
+    rows = store.run_reports(session, run_id)
+    if not rows:
+        raise NotFound(f"no run {run_id!r}", field="run_id")
+    if rank is not None:
+        rows = [r for r in rows if r.rank == rank]
+        if not rows:
+            raise NotFound(f"run {run_id!r} has no rank {rank}", field="rank")
+    rep = cache.get(rows[0])
+    return BreakdownResponse(
+        run_id=rep.run_id,
+        rank=rep.rank,
+        model=rep.model,
+        build=rep.build.label,
+        breakdown=rep.breakdown,
+        stages=stage_bars(rep),
+    )
+
+
+@router.get(
+    "/{run_id}/ranks/{rank}",
+    response_model=RunReport,
+    responses={**examples.json_example(examples.REPORT), 404: {"description": "No such rank"}},
+)
+def read_rank(
+    run_id: RunIdPath,
+    rank: Annotated[int, Path(ge=0, le=65535, description="Rank", examples=[0])],
+    session: SessionDep,
+    cache: CacheDep,
+) -> RunReport:
+    """The stored RunReport of one rank of a run."""
+    for row in store.run_reports(session, run_id):
+        if row.rank == rank:
+            return cache.get(row)
+    raise NotFound(f"run {run_id!r} has no rank {rank}", field="rank")

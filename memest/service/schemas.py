@@ -1,0 +1,99 @@
+"""Pydantic I/O of the API (the ORM rows are never response models)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from memest.reporters.views import RankCheck, RunFacts, RunnerCount, StageBar
+from memest.schema import (
+    Breakdown,
+    CapturePlan,
+    EstimateComparison,
+    LivePeak,
+    PhaseSplit,
+    RetainedRow,
+)
+
+
+class IngestResponse(BaseModel):
+    """Outcome of POST /api/v1/reports."""
+
+    status: Literal["created", "exists"] = Field(
+        description="created: stored now; exists: this report id was already stored, same content"
+    )
+    report_id: str
+    run_id: str
+
+
+class ModelSummary(BaseModel):
+    model: str
+    runs: int = Field(description="Runs stored for this model")
+    builds: list[str] = Field(description="Build labels seen, oldest first")
+    latest_run_id: str
+    latest_created_at: datetime
+
+
+class ModelList(BaseModel):
+    data: list[ModelSummary]
+    count: int
+
+
+class RunSummary(BaseModel):
+    run_id: str
+    model: str
+    build: str = Field(description="Build label, e.g. main or PR-123")
+    commit: str | None = Field(description="vLLM commit")
+    vllm_version: str | None
+    gpu: str | None
+    source: str = Field(description="measured, published or synthetic")
+    world_size: int
+    created_at: datetime
+    ranks: list[int] = Field(description="Ranks whose reports are stored")
+
+
+class RunList(BaseModel):
+    data: list[RunSummary]
+    count: int = Field(description="Runs matching the filters, before limit/offset")
+
+
+class RankFacts(BaseModel):
+    rank: int
+    report_id: str
+    facts: RunFacts
+
+
+class RunDetail(BaseModel):
+    """One run: breakdown beside its capture plan, the estimates, and every rank."""
+
+    run: RunSummary
+    lead_rank: int = Field(description="Rank whose report the breakdown shows (lowest stored)")
+    facts: RunFacts
+    phases: list[PhaseSplit]
+    stages: list[StageBar] = Field(description="Pool growth per stage, split by owner")
+    runners: list[RunnerCount] = Field(description="Graph-count table of the capture plan")
+    capture_plans: list[CapturePlan]
+    live_peaks: list[LivePeak]
+    retained: list[RetainedRow]
+    estimate: EstimateComparison | None = Field(description="Estimates stored in the report")
+    computed_estimate: EstimateComparison | None = Field(
+        default=None, description="memest.estimate.compare(report), when available"
+    )
+    computed_estimate_unavailable: str | None = Field(
+        default=None, description="Why computed_estimate is absent"
+    )
+    rank_check: RankCheck
+    ranks: list[RankFacts]
+    notes: list[str]
+    hook_errors: list[str]
+
+
+class BreakdownResponse(BaseModel):
+    run_id: str
+    rank: int
+    model: str
+    build: str
+    breakdown: Breakdown | None
+    stages: list[StageBar]

@@ -1,0 +1,266 @@
+"""Storage operations: ingest one report in one transaction, and the read queries."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from memest.reporters.views import graph_pool_bytes, kv_tokens
+from memest.schema import RunReport
+from memest.service.db import write_session
+from memest.service.errors import Conflict, NotFound
+from memest.service.models import Report, Run
+
+IngestStatus = Literal["created", "exists"]
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    status: IngestStatus
+    report_id: str
+    run_id: str
+
+
+def canonical_json(report: RunReport) -> str:
+    """The stored form of a report: pydantic's JSON of the validated model."""
+    return report.model_dump_json()
+
+
+def _as_utc(value: datetime) -> datetime:
+    """Aware UTC; naive values are taken as UTC (SQLite returns stored values naive)."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _check_run(run: Run, report: RunReport) -> None:
+    """A run's reports must agree on what the run is; name the first field that differs."""
+    checks = (
+        ("model", run.model, report.model),
+        ("build.label", run.build_label, report.build.label),
+        ("build.vllm_commit", run.vllm_commit, report.build.vllm_commit),
+        ("world_size", run.world_size, report.world_size),
+        ("source", run.source, report.source),
+    )
+    for field, stored, given in checks:
+        if stored != given:
+            raise Conflict(
+                f"run {run.run_id!r} is stored with {field}={stored!r}; this report has {given!r}",
+                field=field,
+            )
+
+
+def _ingest_once(factory: sessionmaker[Session], report: RunReport, payload: str) -> IngestResult:
+    digest = hashlib.sha256(payload.encode()).hexdigest()
+    now = datetime.now(UTC)
+    with write_session(factory) as session:
+        existing = session.get(Report, report.report_id)
+        if existing is not None:
+            if existing.payload_sha256 != digest:
+                raise Conflict(
+                    f"report_id {report.report_id!r} is already stored with different content",
+                    field="report_id",
+                )
+            return IngestResult("exists", report.report_id, existing.run_id)
+        run = session.get(Run, report.run_id)
+        if run is None:
+            run = Run(
+                run_id=report.run_id,
+                model=report.model,
+                build_label=report.build.label,
+                vllm_commit=report.build.vllm_commit,
+                vllm_version=report.build.vllm_version,
+                gpu_name=report.gpu.name if report.gpu else None,
+                source=report.source,
+                world_size=report.world_size,
+                created_at=_as_utc(report.created_at),
+                ingested_at=now,
+            )
+            session.add(run)
+        else:
+            _check_run(run, report)
+            taken = session.scalar(
+                select(Report.report_id).where(
+                    Report.run_id == report.run_id, Report.rank == report.rank
+                )
+            )
+            if taken is not None:
+                raise Conflict(
+                    f"run {report.run_id!r} already has rank {report.rank} (report {taken!r})",
+                    field="rank",
+                )
+        session.add(
+            Report(
+                report_id=report.report_id,
+                run_id=report.run_id,
+                rank=report.rank,
+                schema_version=report.schema_version,
+                payload=payload,
+                payload_sha256=digest,
+                size_bytes=len(payload.encode()),
+                graph_pool_bytes=graph_pool_bytes(report),
+                kv_tokens=kv_tokens(report),
+                ingested_at=now,
+            )
+        )
+        session.flush()
+    return IngestResult("created", report.report_id, report.run_id)
+
+
+def ingest(factory: sessionmaker[Session], report: RunReport) -> IngestResult:
+    """Store one report atomically; a repeat of a stored report id is a no-op.
+
+    A concurrent writer of the same run or report id makes the first attempt fail on a unique key;
+    the retry then sees the committed row and answers as for a repeat.
+
+    Raises:
+        Conflict: same report id with other content, a rank already taken, or run fields differ.
+    """
+    payload = canonical_json(report)
+    for attempt in range(3):
+        try:
+            return _ingest_once(factory, report, payload)
+        except IntegrityError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class ReportCache:
+    """Parsed reports by report id; safe because stored reports never change."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[str, RunReport] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, row: Report) -> RunReport:
+        with self._lock:
+            hit = self._items.get(row.report_id)
+            if hit is not None:
+                self._items.move_to_end(row.report_id)
+                return hit
+        parsed = RunReport.model_validate_json(row.payload)
+        if self._size:
+            with self._lock:
+                self._items[row.report_id] = parsed
+                while len(self._items) > self._size:
+                    self._items.popitem(last=False)
+        return parsed
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    model: str | None = None
+    build: str | None = None
+    commit: str | None = None
+    gpu: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    source: str | None = None
+
+
+def list_runs(
+    session: Session, flt: RunFilter, *, limit: int, offset: int
+) -> tuple[list[Run], int]:
+    """Runs matching ``flt``, newest first, with the total count before paging."""
+    stmt = select(Run)
+    if flt.model is not None:
+        stmt = stmt.where(Run.model == flt.model)
+    if flt.build is not None:
+        stmt = stmt.where(Run.build_label == flt.build)
+    if flt.commit is not None:
+        stmt = stmt.where(Run.vllm_commit.startswith(flt.commit, autoescape=True))
+    if flt.gpu is not None:
+        stmt = stmt.where(Run.gpu_name == flt.gpu)
+    if flt.source is not None:
+        stmt = stmt.where(Run.source == flt.source)
+    if flt.since is not None:
+        stmt = stmt.where(Run.created_at >= _as_utc(flt.since))
+    if flt.until is not None:
+        stmt = stmt.where(Run.created_at <= _as_utc(flt.until))
+    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    rows = session.scalars(
+        stmt.order_by(Run.created_at.desc(), Run.run_id).limit(limit).offset(offset)
+    ).all()
+    return list(rows), total
+
+
+def get_run(session: Session, run_id: str) -> Run:
+    run = session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"no run {run_id!r}", field="run_id")
+    return run
+
+
+def run_reports(session: Session, run_id: str) -> list[Report]:
+    return list(
+        session.scalars(select(Report).where(Report.run_id == run_id).order_by(Report.rank)).all()
+    )
+
+
+def lead_report(session: Session, run_id: str) -> Report:
+    """The lowest-rank report of a run (rank 0 when present)."""
+    row = session.scalars(
+        select(Report).where(Report.run_id == run_id).order_by(Report.rank).limit(1)
+    ).first()
+    if row is None:
+        raise NotFound(f"no run {run_id!r}", field="run_id")
+    return row
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    model: str
+    runs: int
+    builds: list[str]
+    latest_run_id: str
+    latest_created_at: datetime
+
+
+def list_models(session: Session) -> list[ModelRow]:
+    rows = session.execute(
+        select(Run.model, Run.run_id, Run.build_label, Run.created_at).order_by(
+            Run.model, Run.created_at, Run.run_id
+        )
+    ).all()
+    out: dict[str, ModelRow] = {}
+    builds: dict[str, list[str]] = {}
+    counts: dict[str, int] = {}
+    for model, run_id, build, created in rows:
+        counts[model] = counts.get(model, 0) + 1
+        seen = builds.setdefault(model, [])
+        if build not in seen:
+            seen.append(build)
+        out[model] = ModelRow(model, counts[model], seen, run_id, _as_utc(created))
+    return list(out.values())
+
+
+def model_runs(session: Session, model: str) -> list[Run]:
+    runs = session.scalars(
+        select(Run).where(Run.model == model).order_by(Run.created_at, Run.run_id)
+    ).all()
+    if not runs:
+        raise NotFound(f"no runs of model {model!r}", field="model")
+    return list(runs)
+
+
+def latest_per_build(session: Session) -> list[Report]:
+    """Lead report of the newest run for every (model, build label): the series /metrics exports."""
+    runs = session.scalars(select(Run).order_by(Run.created_at, Run.run_id)).all()
+    latest: dict[tuple[str, str], str] = {}
+    for run in runs:
+        latest[(run.model, run.build_label)] = run.run_id
+    out = []
+    for run_id in latest.values():
+        try:
+            out.append(lead_report(session, run_id))
+        except NotFound:
+            continue
+    return out
