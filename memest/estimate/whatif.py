@@ -16,6 +16,7 @@ kv_cache, weights          nothing (not graph memory)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -93,8 +94,35 @@ def check_plan(plan: CapturePlan, name: str = "grid") -> CapturePlan:
     return plan
 
 
+def _plan_from_input(grid: Mapping[str, Any]) -> CapturePlan:
+    """Resolve ``{"sizing": ..., <memest.plan.PlanInput fields>}`` with memest.plan."""
+    from memest.plan import PlanInput, resolve
+
+    fields = dict(grid)
+    sizing = fields.pop("sizing", "vllm-0.33.0")
+    known = {f.name for f in dataclasses.fields(PlanInput)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ConfigError(
+            f"grid.{unknown[0]}", fields[unknown[0]], "not a capture-plan input field"
+        )
+    for key, value in fields.items():
+        if isinstance(value, list):
+            fields[key] = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    try:
+        inp = PlanInput(**fields)
+    except TypeError as exc:
+        raise ConfigError("grid", grid, str(exc)) from None
+    return resolve(inp, sizing)
+
+
 def resolve_grid(grid: CapturePlan | Mapping[str, Any]) -> CapturePlan:
-    """A capture plan for G': a CapturePlan, or its JSON mapping.
+    """A capture plan for G'.
+
+    Args:
+        grid: a CapturePlan; its JSON (an object with ``runners``); or memest.plan input fields
+            (``sm100``, ``max_num_seqs``, ``max_num_batched_tokens``, ... plus ``sizing``,
+            default ``vllm-0.33.0``), resolved with ``memest.plan.resolve``.
 
     Raises:
         ConfigError: naming the first field that fails validation.
@@ -103,6 +131,8 @@ def resolve_grid(grid: CapturePlan | Mapping[str, Any]) -> CapturePlan:
         return check_plan(grid)
     if not isinstance(grid, Mapping):
         raise ConfigError("grid", type(grid).__name__, "expected a capture plan (JSON object)")
+    if "runners" not in grid:
+        return check_plan(_plan_from_input(grid))
     try:
         plan = CapturePlan.model_validate(dict(grid))
     except ValidationError as exc:
@@ -129,6 +159,8 @@ def _owner_rows(report: RunReport) -> list[tuple[str, str, int]]:
         raise ReportFormatError(f"report {report.report_id}: breakdown is missing")
     rows: dict[tuple[str, str], int] = {}
     for t in bd.triggers:
+        if t.phase != "capture":
+            continue
         rows[(t.stage, t.owner)] = rows.get((t.stage, t.owner), 0) + t.bytes
     for s in bd.stages:
         if s.phase != "capture":

@@ -1,0 +1,145 @@
+"""KV budget of one start: vLLM's estimate, memest's full-initialization one, the end state.
+
+memest estimate --from REPORT.json [--grid JSON] [--margin SIZE] [--json]
+                [--write-startup-plan DIR]
+
+REPORT.json is a RunReport (schema version 1) with the phases weights, profile_run,
+kv_cache_alloc and capture or end, and its KV-cache spec. --grid predicts each owner's graph-pool
+memory and the KV budget under another grid: a file or inline JSON holding a CapturePlan, or
+memest.plan input fields ({"sizing": "vllm-0.33.0", "sm100": false, "max_num_seqs": 512, ...}).
+--write-startup-plan writes vLLM 0.33.0's startup-plan file (VLLM_ENABLE_STARTUP_PLAN=1) into
+DIR, which should be {VLLM_CACHE_ROOT}/startup_plan; the report must carry the worker's plan
+fingerprint and free-memory baseline (estimate.startup_plan). The matching vLLM flag is printed
+either way: --kv-cache-memory-bytes=N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from memest.errors import CommandError, ConfigError, ReportFormatError
+from memest.estimate import (
+    compare,
+    record,
+    startup_plan_document,
+    what_if,
+    write_startup_plan,
+)
+from memest.reporters.estimate import render_comparison, render_what_if
+from memest.schema import SCHEMA_VERSION, RunReport
+from memest.units import parse_bytes
+
+
+def load_report(path: Path) -> RunReport:
+    """Read a RunReport JSON file.
+
+    Raises:
+        ReportFormatError: the file is not JSON, has another schema version, or fails validation
+            (the first failing field is named).
+    """
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ReportFormatError(f"{path}: invalid JSON at line {exc.lineno}") from None
+    if not isinstance(data, dict):
+        raise ReportFormatError(f"{path}: expected a RunReport JSON object")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ReportFormatError(
+            f"{path}: schema_version {version!r}, memest reads {SCHEMA_VERSION!r}"
+        )
+    try:
+        return RunReport.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ReportFormatError(f"{path}: field {where}: {first['msg']}") from None
+
+
+def load_grid(text: str) -> dict[str, Any]:
+    """The --grid value: inline JSON (starting with '{') or a path to a JSON file."""
+    raw = text
+    if not text.lstrip().startswith("{"):
+        path = Path(text)
+        if not path.is_file():
+            raise ConfigError("--grid", text, "not a JSON object nor a readable file")
+        raw = path.read_text()
+    try:
+        grid = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("--grid", text, f"invalid JSON at line {exc.lineno}") from None
+    if not isinstance(grid, dict):
+        raise ConfigError("--grid", text, "expected a JSON object")
+    return grid
+
+
+class EstimateCommand:
+    name = "estimate"
+    help = __doc__ or ""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--from", dest="report", type=Path, required=True, help="RunReport JSON"
+        )
+        parser.add_argument("--grid", help="grid G' for a what-if (JSON file or inline JSON)")
+        parser.add_argument("--margin", default="0", help="memory kept free, e.g. 64MiB")
+        parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+        parser.add_argument(
+            "--write-startup-plan",
+            type=Path,
+            metavar="DIR",
+            help="write vLLM's startup_plan_<fingerprint>.json into DIR",
+        )
+
+    def run(self, args: argparse.Namespace) -> int:
+        report = load_report(args.report)
+        margin = parse_bytes(args.margin, field="--margin")
+        if margin < 0:
+            raise ConfigError("--margin", args.margin, "must not be negative")
+        comparison = compare(report, margin_bytes=margin)
+        grid_result = (
+            what_if(report, load_grid(args.grid), margin_bytes=margin) if args.grid else None
+        )
+        memest = record(comparison, "memest")
+        kv_bytes = memest.kv_cache_bytes if memest is not None else None
+        plan_path: Path | None = None
+        if args.write_startup_plan is not None:
+            inputs = comparison.startup_plan
+            if inputs is None:
+                raise CommandError(
+                    f"{args.report}: estimate.startup_plan (fingerprint, free-memory baseline) "
+                    "is missing; only a running vLLM worker can compute them"
+                )
+            if not kv_bytes:
+                raise CommandError(f"{args.report}: memest's KV budget is 0; no plan written")
+            document = startup_plan_document(
+                inputs.fingerprint, kv_bytes, inputs.free_memory_baseline_bytes
+            )
+            plan_path = write_startup_plan(args.write_startup_plan, document)
+        if args.json:
+            payload: dict[str, Any] = {"comparison": comparison.model_dump(mode="json")}
+            if grid_result is not None:
+                payload["what_if"] = grid_result.model_dump(mode="json")
+            payload["kv_cache_memory_bytes"] = kv_bytes
+            payload["startup_plan_path"] = str(plan_path) if plan_path else None
+            sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+            return 0
+        sys.stdout.write(render_comparison(comparison))
+        if grid_result is not None:
+            sys.stdout.write("\nWhat-if\n\n" + render_what_if(grid_result))
+        if kv_bytes:
+            sys.stdout.write(
+                f"\nvLLM flag for memest's budget: --kv-cache-memory-bytes={kv_bytes}\n"
+            )
+        if plan_path is not None:
+            sys.stdout.write(f"Startup plan written: {plan_path}\n")
+        return 0
+
+
+COMMAND = EstimateCommand()

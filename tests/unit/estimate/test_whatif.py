@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from memest.errors import ConfigError, ReportFormatError
+from memest.estimate import full_init_kv_budget, full_init_terms, law_for, what_if
+from memest.schema import RunReport
+from memest.units import GiB, MiB
+
+from .conftest import PLAN_G2  # noqa: TID252
+
+Factory = Callable[[], dict[str, Any]]
+
+
+def test_laws() -> None:
+    assert law_for("indexer_logits_fp32") == "widest_full_rows_x_context"
+    assert law_for("aux_hidden_states") == "sum_piecewise_tokens"
+    assert law_for("draft_logits") == "widest_draft_rows_x_vocab"
+    assert law_for("graph_objects") == "graph_count"
+    assert law_for("moe_workspace") == "widest_tokens"
+    assert law_for("unattributed:foo.py:bar") == "widest_tokens"
+    assert law_for("kv_cache") == "constant"
+
+
+def test_per_owner_prediction(make_report: Factory) -> None:
+    report = RunReport.model_validate(make_report())
+    result = what_if(report, PLAN_G2)
+    got = {(p.stage, p.owner): p.predicted_bytes for p in result.owners}
+    assert got == {
+        ("target.piecewise", "aux_hidden_states"): round(150 * MiB * 31 / 15),
+        ("target.piecewise", "gemm_workspace"): 160 * MiB,
+        ("target.piecewise", "unattributed:target.piecewise"): 20 * MiB,
+        ("target.full", "indexer_logits_fp32"): 800 * MiB,
+        ("target.full", "indexer_logits_bf16"): 400 * MiB,
+        ("target.full", "attn_output"): 20 * MiB,
+        ("draft.block.full", "draft_logits"): 0,  # G' captures no drafter graphs
+        ("capture", "graph_objects"): 64 * MiB,  # 8 graphs under both grids
+    }
+    assert result.graph_pool_bytes_from == 2 * GiB
+    pool_to = sum(v for (s, _), v in got.items() if s != "capture")
+    assert result.graph_pool_bytes_to == pool_to
+    assert result.dominant_owner == "draft_logits"
+    assert result.dominant_change_bytes == -1198 * MiB
+
+    base = full_init_kv_budget(full_init_terms(report))
+    assert result.kv_budget_bytes_from == base
+    assert result.kv_budget_bytes_to == base + 2 * GiB - pool_to
+    assert result.kv_tokens_to == (result.kv_budget_bytes_to // (2 * MiB)) * 16
+
+
+def test_grid_from_memest_plan_inputs(make_report: Factory) -> None:
+    report = RunReport.model_validate(make_report())
+    grid = {
+        "sizing": "vllm-0.33.0",
+        "sm100": False,
+        "max_num_seqs": 512,
+        "max_num_batched_tokens": 8192,
+        "spec_method": "dspark",
+        "num_speculative_tokens": 3,
+        "max_cudagraph_capture_size": 1024,
+    }
+    result = what_if(report, grid)
+    aux = next(p for p in result.owners if p.owner == "aux_hidden_states")
+    # memest.plan: 83 PIECEWISE sizes up to 1024 summing to 35,335 tokens; G sums to 15.
+    assert aux.factor == pytest.approx(35_335 / 15)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda g: g["runners"][0].update(graph_count=9), "grid.runners[0].graph_count"),
+        (lambda g: g["runners"][0].update(sizes=[4, 2, 1, 8, 16]), "grid.runners[0].sizes"),
+        (lambda g: g.update(total_graphs=1), "grid.total_graphs"),
+        (lambda g: g["runners"][0].update(widest_tokens=-1), "grid.runners.0.widest_tokens"),
+        (lambda g: g.update(sizing="other"), "grid.sizing"),
+    ],
+)
+def test_invalid_grid_is_named(
+    make_report: Factory, mutate: Callable[[dict[str, Any]], None], field: str
+) -> None:
+    import copy
+
+    grid = copy.deepcopy(PLAN_G2)
+    mutate(grid)
+    with pytest.raises(ConfigError) as exc:
+        what_if(RunReport.model_validate(make_report()), grid)
+    assert exc.value.field == field
+
+
+def test_plan_input_error_is_named(make_report: Factory) -> None:
+    with pytest.raises(ConfigError, match="max_num_seqs"):
+        what_if(
+            RunReport.model_validate(make_report()),
+            {"sm100": False, "max_num_seqs": 0, "max_num_batched_tokens": 8192},
+        )
+
+
+def test_report_without_plan_is_named(make_report: Factory) -> None:
+    data = make_report()
+    data["capture_plans"] = []
+    with pytest.raises(ReportFormatError, match="capture_plans is empty"):
+        what_if(RunReport.model_validate(data), PLAN_G2)
