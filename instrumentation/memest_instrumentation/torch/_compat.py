@@ -1,0 +1,122 @@
+"""Every private or version-dependent torch call memest makes, in one place.
+
+Each function returns a value or raises; callers (the recorder) catch and degrade. Import of
+torch is deferred so that importing memest_instrumentation never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from memest.analysis.tags import pool_key
+
+# Per-event metadata (_set_memory_metadata) and the CUDAGraph Python class exist from this version.
+MIN_METADATA_VERSION = (2, 10)
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def torch_version() -> tuple[int, int]:
+    text = str(_torch().__version__).split("+")[0]
+    parts = [p for p in text.split(".")[:2]]
+    major = int(parts[0])
+    minor = int("".join(ch for ch in parts[1] if ch.isdigit()) or 0) if len(parts) > 1 else 0
+    return (major, minor)
+
+
+def torch_version_text() -> str:
+    return str(_torch().__version__)
+
+
+def cuda_available() -> bool:
+    return bool(_torch().cuda.is_available())
+
+
+def cuda_initialized() -> bool:
+    return bool(_torch().cuda.is_initialized())
+
+
+def current_device() -> int:
+    return int(_torch().cuda.current_device())
+
+
+def metadata_supported() -> bool:
+    """True when allocator events can carry a per-event metadata string."""
+    mem = _torch().cuda.memory
+    if torch_version() < MIN_METADATA_VERSION or not hasattr(mem, "_set_memory_metadata"):
+        return False
+    probe = getattr(mem, "_memory_metadata_supported", None)
+    return bool(probe()) if probe is not None else True
+
+
+def set_metadata(text: str) -> None:
+    _torch().cuda.memory._set_memory_metadata(text)
+
+
+def start_history(*, max_entries: int, stacks: str) -> None:
+    _torch().cuda.memory._record_memory_history(
+        enabled="all", context="all", stacks=stacks, max_entries=max_entries
+    )
+
+
+def stop_history() -> None:
+    _torch().cuda.memory._record_memory_history(enabled=None)
+
+
+def raw_snapshot() -> dict[str, Any]:
+    snap: dict[str, Any] = _torch().cuda.memory._snapshot()
+    return snap
+
+
+def pool_reserved(device: int) -> dict[str, int]:
+    """Reserved bytes per pool id from the allocator's segments (no traces when supported)."""
+    torch = _torch()
+    try:
+        segments = torch.cuda.memory.memory_snapshot(include_traces=False)
+    except TypeError:  # torch without include_traces
+        segments = torch.cuda.memory_snapshot()
+    out: dict[str, int] = defaultdict(int)
+    for seg in segments:
+        if int(seg.get("device", device)) == device:
+            out[pool_key(seg.get("segment_pool_id", (0, 0)))] += int(seg["total_size"])
+    return dict(out)
+
+
+def allocator_stats(device: int) -> tuple[int, int, int, int]:
+    """(reserved, allocated, reserved peak, allocated peak) bytes."""
+    cuda = _torch().cuda
+    return (
+        int(cuda.memory_reserved(device)),
+        int(cuda.memory_allocated(device)),
+        int(cuda.max_memory_reserved(device)),
+        int(cuda.max_memory_allocated(device)),
+    )
+
+
+def mem_get_info(device: int) -> tuple[int, int]:
+    free, total = _torch().cuda.mem_get_info(device)
+    return int(free), int(total)
+
+
+def pci_bus_id(device: int) -> str | None:
+    props = _torch().cuda.get_device_properties(device)
+    domain = getattr(props, "pci_domain_id", None)
+    bus = getattr(props, "pci_bus_id", None)
+    dev = getattr(props, "pci_device_id", None)
+    if domain is None or bus is None or dev is None:
+        return None
+    return f"{int(domain):08x}:{int(bus):02x}:{int(dev):02x}.0"
+
+
+def graph_class() -> Any:
+    """The Python CUDAGraph class whose capture_begin / capture_end memest wraps."""
+    return _torch().cuda.CUDAGraph
+
+
+def graph_pool_id(graph: Any) -> str:
+    return pool_key(tuple(graph.pool()))

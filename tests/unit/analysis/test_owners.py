@@ -1,0 +1,131 @@
+"""Owner rules: innermost matching frame wins, user rules first, unattributed keeps its frame."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memest.analysis import OwnerRules
+from memest.errors import ConfigError
+
+
+def frames(*specs: tuple[str, str]) -> list[list[object]]:
+    return [[file, 10 + i, name] for i, (name, file) in enumerate(specs)]
+
+
+INDEXER = "vllm/model_executor/layers/sparse_attn_indexer.py"
+
+
+@pytest.mark.parametrize(
+    ("stack", "owner"),
+    [
+        (
+            frames(("as_fp32_logits", INDEXER), ("sparse_attn_indexer", INDEXER)),
+            "indexer_logits_fp32",
+        ),
+        (
+            frames(
+                ("empty", "torch/_refs/__init__.py"),
+                ("fp8_fp4_paged_mqa_logits", "vllm/utils/deep_gemm.py"),
+                ("sparse_attn_indexer", INDEXER),
+            ),
+            "indexer_logits_bf16",
+        ),
+        (
+            frames(("_maybe_add_hidden_state", "vllm/model_executor/models/interfaces.py")),
+            "aux_hidden_states",
+        ),
+        (
+            frames(
+                ("compute_logits", "vllm/model_executor/models/qwen3_dspark.py"),
+                ("compute_draft_logits", "vllm/model_executor/models/qwen3_dspark.py"),
+                ("_sample_sequential", "vllm/v1/worker/gpu/spec_decode/dspark/speculator.py"),
+            ),
+            "draft_logits",
+        ),
+        (frames(("_alloc_attn_out", "vllm/models/deepseek_v4/attention.py")), "attn_output"),
+        (
+            frames(("_fused_qnorm_rope_kv_insert", "vllm/models/deepseek_v4/attention.py")),
+            "qnorm_rope_kv_insert",
+        ),
+        (
+            frames(
+                ("_ensure_workspace_size", "vllm/v1/worker/workspace.py"),
+                ("get_simultaneous", "vllm/v1/worker/workspace.py"),
+                ("_allocate_buffers", "vllm/model_executor/layers/fused_moe/modular_kernel.py"),
+            ),
+            "moe_workspace",
+        ),
+        (frames(("allocate_kv_cache", "vllm/v1/worker/utils.py")), "kv_cache"),
+        (
+            frames(("load_weights", "vllm/model_executor/models/llama.py")),
+            "weights",
+        ),
+    ],
+)
+def test_default_rules_vllm_0_33(stack: list[list[object]], owner: str) -> None:
+    assert OwnerRules.default().classify(stack)[0] == owner
+
+
+def test_unattributed_names_first_frame_outside_torch() -> None:
+    stack = frames(
+        ("empty", "torch/_refs/__init__.py"),
+        ("wrapper", "memest_instrumentation/torch/recorder.py"),
+        ("my_buffer", "mypkg/model.py"),
+        ("forward", "mypkg/model.py"),
+    )
+    owner, top = OwnerRules.default().classify(stack)
+    assert owner == "unattributed:my_buffer (mypkg/model.py)"
+    assert top == "my_buffer (mypkg/model.py:12)"
+
+
+def test_no_stack() -> None:
+    assert OwnerRules.default().classify([])[0] == "unattributed:<no stack>"
+
+
+def test_user_rules_win_at_the_same_frame(tmp_path: Path) -> None:
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps({"rules": [{"owner": "mine", "function": "as_fp32_*"}]}))
+    rules = OwnerRules.from_file(path)
+    stack = frames(("as_fp32_logits", INDEXER))
+    assert rules.classify(stack)[0] == "mine"
+    # defaults still apply to everything else
+    assert rules.classify(frames(("allocate_kv_cache", "vllm/v1/worker/utils.py")))[0] == "kv_cache"
+
+
+def test_file_pattern_rule() -> None:
+    rules = OwnerRules.from_data({"rules": [{"owner": "lib", "file": "*/mylib/*"}]})
+    assert rules.classify(frames(("f", "/x/mylib/a.py")))[0] == "lib"
+    assert rules.classify(frames(("f", "/x/other/a.py")))[0].startswith("unattributed:")
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ([], "rules"),
+        ({"rules": [{"function": "x"}]}, "rules.rules[0].owner"),
+        ({"rules": [{"owner": "a"}]}, "rules.rules[0]"),
+        ({"rules": [{"owner": "a", "function": 3}]}, "rules.rules[0].function"),
+        ({"rules": [{"owner": "a", "function": "f", "colour": "red"}]}, "rules.rules[0]"),
+        ({"rules": [], "skip_files": "x"}, "rules.skip_files"),
+    ],
+)
+def test_bad_rules_name_the_field(data: object, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        OwnerRules.from_data(data, source="rules")
+    assert err.value.field == field
+
+
+def test_rules_file_invalid_json(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="invalid JSON"):
+        OwnerRules.from_file(path)
+
+
+def test_to_data_round_trip() -> None:
+    rules = OwnerRules.default()
+    again = OwnerRules.from_data(rules.to_data())
+    assert again.rules == rules.rules
