@@ -212,21 +212,20 @@ _DEPLOYMENTS = (_DEEPSEEK, _MINIMAX)
 
 
 def _capture_plans(dep: _Deployment, build: str) -> list[CapturePlan]:
-    """Capture plans from memest.plan for the deployment's config, when that module can resolve them."""
-    try:
-        from memest.service.plans import resolve_plan_or_none
-    except ImportError:  # the service extra is absent: the demo still loads without plans
-        return []
-    sizing = "vllm-0.33.0" if build == "main" else "seed"
-    plan = resolve_plan_or_none(
-        sizing=sizing,
-        gpu="gb200",
+    """The deployment's capture plan from memest.plan: vLLM 0.33.0 sizing on main, the seed's
+    five fields (defaults) on the change; GB200 serve defaults."""
+    from memest.plan import plan_input_from_compilation_config, resolve
+
+    inp = plan_input_from_compilation_config(
+        None,
+        sm100=True,
         max_num_seqs=1024,
         max_num_batched_tokens=16384,
-        speculative_method=dep.method,
+        spec_method=dep.method,
         num_speculative_tokens=dep.k,
+        gpu="gb200",
     )
-    return [plan] if plan is not None else []
+    return [resolve(inp, "vllm-0.33.0" if build == "main" else "seed")]
 
 
 def demo_report(slug: str, build: str) -> RunReport:
@@ -239,9 +238,10 @@ def demo_report(slug: str, build: str) -> RunReport:
     Raises:
         KeyError: unknown slug or build.
     """
-    dep = next(d for d in _DEPLOYMENTS if d.slug == slug) if slug in _slugs() else None
-    if dep is None:
-        raise KeyError(f"unknown demo deployment {slug!r}; known: {', '.join(_slugs())}")
+    found = [d for d in _DEPLOYMENTS if d.slug == slug]
+    if not found or build not in DEMO_BUILDS:
+        raise KeyError(f"unknown demo {slug!r}/{build!r}; known: {', '.join(_slugs())} x main, PR")
+    dep = found[0]
     b = dep.builds[build]
     run_id = f"demo-{dep.slug}-{build.lower()}"
     stages = [

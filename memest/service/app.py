@@ -20,6 +20,7 @@ from memest.service.config import Settings, get_settings
 from memest.service.errors import install_handlers
 from memest.service.metrics import ServiceMetrics
 from memest.service.routers import calculators, compare, dashboard, health, models, reports, runs
+from memest.service.routers.calculators import WhatIfRequest
 
 log = logging.getLogger("memest.service")
 
@@ -61,10 +62,11 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     # The report routes read their body themselves (size limit first), so FastAPI does not see
     # RunReport; publish its schema so that the request bodies resolve.
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    rr = RunReport.model_json_schema(ref_template="#/components/schemas/{model}")
-    for name, sub in rr.pop("$defs", {}).items():
-        components.setdefault(name, sub)
-    components.setdefault("RunReport", rr)
+    for model in (RunReport, WhatIfRequest):
+        sch = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, sub in sch.pop("$defs", {}).items():
+            components.setdefault(name, sub)
+        components.setdefault(model.__name__, sch)
     app.openapi_schema = schema
     return schema
 

@@ -89,3 +89,32 @@ MODELS = {
 }
 ESTIMATE = REPORT["estimate"]
 ERROR_422 = {"detail": "invalid RunReport: config: Field required", "field": "config"}
+
+#: The shape of a what-if answer. The demo reports carry no phase readings, so no real prediction
+#: can be made from them; the figures here only show the fields.
+WHAT_IF = {
+    "grid_from": "vllm-0.33.0, gb200, eagle3 K=3",
+    "grid_to": "seed, gb200, eagle3 K=3",
+    "owners": [
+        {
+            "stage": "target.piecewise",
+            "owner": "aux_hidden_states",
+            "law": "graph_count",
+            "measured_bytes": 1314259206,
+            "factor": 0.47,
+            "predicted_bytes": 617701827,
+            "note": "",
+        }
+    ],
+    "by_owner_bytes": {"aux_hidden_states": 617701827},
+    "measured_by_owner_bytes": {"aux_hidden_states": 1314259206},
+    "graph_pool_bytes_from": 1314259206,
+    "graph_pool_bytes_to": 617701827,
+    "kv_budget_bytes_from": None,
+    "kv_budget_bytes_to": None,
+    "kv_tokens_from": None,
+    "kv_tokens_to": None,
+    "dominant_owner": "aux_hidden_states",
+    "dominant_change_bytes": -696557379,
+    "notes": ["Example of the response shape; these figures are not a prediction."],
+}

@@ -2,50 +2,45 @@
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from typing import Any
 
 from memest.errors import ConfigError
 from memest.schema import CapturePlan
 
-_RESOLVER_NAMES = ("resolve_plan", "capture_plan", "build_plan", "make_plan")
 
-
-def plan_resolver() -> Callable[..., CapturePlan] | None:
-    """memest.plan's resolver, or None while memest.plan does not provide one."""
-    try:
-        module = importlib.import_module("memest.plan")
-    except ImportError:
-        return None
-    for name in _RESOLVER_NAMES:
-        fn = getattr(module, name, None)
-        if callable(fn):
-            return fn  # type: ignore[no-any-return]
-    return None
-
-
-def resolve_plan(**kwargs: Any) -> CapturePlan:
-    """Resolve a CapturePlan through memest.plan.
+def resolve_plan(
+    *,
+    sizing: str,
+    gpu: str,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    speculative_method: str | None = None,
+    num_speculative_tokens: int = 0,
+    compilation_config: dict[str, Any] | str | None = None,
+    adaptive_verification: bool = False,
+) -> CapturePlan:
+    """Resolve a CapturePlan with memest.plan for a GPU preset and a vLLM-style config.
 
     Raises:
-        LookupError: memest.plan has no resolver (the service answers 503).
+        LookupError: memest.plan is not importable (the service answers 503).
         ConfigError: memest.plan rejected an argument (the service answers 422 naming it).
     """
-    fn = plan_resolver()
-    if fn is None:
-        raise LookupError(
-            "memest.plan provides no plan resolver (looked for " + ", ".join(_RESOLVER_NAMES) + ")"
-        )
-    plan = fn(**{k: v for k, v in kwargs.items() if v is not None})
-    if not isinstance(plan, CapturePlan):
-        raise LookupError(f"memest.plan returned {type(plan).__name__}, not CapturePlan")
-    return plan
-
-
-def resolve_plan_or_none(**kwargs: Any) -> CapturePlan | None:
-    """Like resolve_plan, but None when memest.plan cannot resolve this configuration."""
     try:
-        return resolve_plan(**kwargs)
-    except (LookupError, ConfigError, TypeError):
-        return None
+        from memest.plan import gpu_preset, plan_input_from_compilation_config, resolve
+    except ImportError as exc:
+        raise LookupError(f"memest.plan is not available ({exc})") from None
+    if num_speculative_tokens and speculative_method is None:
+        raise ConfigError(
+            "num_speculative_tokens", num_speculative_tokens, "needs speculative_method"
+        )
+    inp = plan_input_from_compilation_config(
+        compilation_config,
+        sm100=gpu_preset(gpu),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        spec_method=speculative_method,
+        num_speculative_tokens=num_speculative_tokens if speculative_method else 0,
+        adaptive_verification=adaptive_verification,
+        gpu=gpu,
+    )
+    return resolve(inp, sizing)  # type: ignore[arg-type]

@@ -59,15 +59,19 @@ def _check_run(run: Run, report: RunReport) -> None:
 def _ingest_once(factory: sessionmaker[Session], report: RunReport, payload: str) -> IngestResult:
     digest = hashlib.sha256(payload.encode()).hexdigest()
     now = datetime.now(UTC)
+
+    def repeat(existing: Report) -> IngestResult:
+        if existing.payload_sha256 != digest:
+            raise Conflict(
+                f"report_id {report.report_id!r} is already stored with different content",
+                field="report_id",
+            )
+        return IngestResult("exists", report.report_id, existing.run_id)
+
     with write_session(factory) as session:
         existing = session.get(Report, report.report_id)
         if existing is not None:
-            if existing.payload_sha256 != digest:
-                raise Conflict(
-                    f"report_id {report.report_id!r} is already stored with different content",
-                    field="report_id",
-                )
-            return IngestResult("exists", report.report_id, existing.run_id)
+            return repeat(existing)
         run = session.get(Run, report.run_id)
         if run is None:
             run = Run(
@@ -90,6 +94,11 @@ def _ingest_once(factory: sessionmaker[Session], report: RunReport, payload: str
                     Report.run_id == report.run_id, Report.rank == report.rank
                 )
             )
+            if taken == report.report_id:
+                # Committed by a concurrent writer after this transaction's first look.
+                row = session.get(Report, taken, populate_existing=True)
+                if row is not None:
+                    return repeat(row)
             if taken is not None:
                 raise Conflict(
                     f"run {report.run_id!r} already has rank {report.rank} (report {taken!r})",

@@ -1,19 +1,20 @@
-"""The calculators over HTTP: GET /api/v1/plan (memest.plan) and POST /api/v1/estimate
-(memest.estimate). A missing calculator is a 503 that names it."""
+"""The calculators over HTTP: GET /api/v1/plan (memest.plan), POST /api/v1/estimate and
+POST /api/v1/what-if (memest.estimate). A missing calculator is a 503 that names it."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from memest.errors import ConfigError
-from memest.schema import CapturePlan, EstimateComparison
+from memest.errors import ConfigError, MemestError
+from memest.schema import CapturePlan, EstimateComparison, RunReport, WhatIf
 from memest.service import examples
 from memest.service.deps import ReadAuth, SettingsDep
 from memest.service.errors import BadRequest, Unavailable
-from memest.service.estimates import compare_report
-from memest.service.ingest import parse_report, read_body
+from memest.service.estimates import compare_report, what_if
+from memest.service.ingest import check_storable, parse_report, read_body
 from memest.service.plans import resolve_plan
 from memest.service.routers.reports import _REPORT_BODY
 
@@ -31,32 +32,46 @@ _PLAN_EXAMPLE = examples.REPORT["capture_plans"][0] if examples.REPORT["capture_
             "content": {"application/json": {"example": _PLAN_EXAMPLE}} if _PLAN_EXAMPLE else {},
         },
         422: {"description": "memest.plan rejected a parameter (named in `field`)"},
-        503: {"description": "memest.plan provides no resolver"},
+        503: {"description": "memest.plan is not available"},
     },
 )
 def capture_plan(
     sizing: Annotated[
         Literal["seed", "vllm-0.33.0"],
-        Query(description="seed: the five-field sizing; vllm-0.33.0: main's shared list"),
+        Query(description="seed: the five-field sizing; vllm-0.33.0: main's shared token list"),
     ] = "seed",
     gpu: Annotated[
-        str, Query(description="GPU preset, e.g. gb200, h200", examples=["gb200"], max_length=64)
+        str,
+        Query(description="GPU preset: gb200, b200, h100, h200", examples=["gb200"], max_length=64),
     ] = "gb200",
     max_num_seqs: Annotated[
-        int, Query(ge=1, le=1 << 20, description="max_num_seqs", examples=[1024])
+        int, Query(ge=1, le=1 << 16, description="max_num_seqs", examples=[1024])
     ] = 1024,
     max_num_batched_tokens: Annotated[
-        int, Query(ge=1, le=1 << 24, description="max_num_batched_tokens", examples=[16384])
+        int, Query(ge=1, le=1 << 20, description="max_num_batched_tokens", examples=[16384])
     ] = 16384,
     speculative_method: Annotated[
         str | None,
         Query(description="eagle3, dspark, dflash, mtp, ...", examples=["dspark"], max_length=64),
     ] = None,
     num_speculative_tokens: Annotated[
-        int, Query(ge=0, le=64, description="K, draft tokens per step", examples=[7])
+        int, Query(ge=0, le=32, description="K, draft tokens per step", examples=[7])
     ] = 0,
+    compilation_config: Annotated[
+        str | None,
+        Query(
+            description="vLLM --compilation-config JSON: cudagraph_mode, the legacy sizing fields "
+            "or the seed's five fields",
+            examples=['{"max_decode_cudagraph_capture_requests": 512}'],
+            max_length=4096,
+        ),
+    ] = None,
+    adaptive_verification: Annotated[
+        bool, Query(description="Target verification with variable query lengths")
+    ] = False,
 ) -> CapturePlan:
-    """Resolve a capture plan with memest.plan: how many graphs each runner captures and how wide."""
+    """Resolve a capture plan with memest.plan: how many graphs each runner captures and how wide
+    (vLLM 0.33.0's sizing, or the seed's five fields)."""
     try:
         return resolve_plan(
             sizing=sizing,
@@ -65,6 +80,8 @@ def capture_plan(
             max_num_batched_tokens=max_num_batched_tokens,
             speculative_method=speculative_method,
             num_speculative_tokens=num_speculative_tokens,
+            compilation_config=compilation_config,
+            adaptive_verification=adaptive_verification,
         )
     except LookupError as exc:
         raise Unavailable(str(exc), field="memest.plan") from None
@@ -80,13 +97,14 @@ def capture_plan(
         **examples.json_example(examples.ESTIMATE),
         413: {"description": "Body larger than MEMEST_MAX_REPORT_BYTES"},
         415: {"description": "Not application/json"},
-        422: {"description": "Not a valid RunReport, or the estimator rejected it"},
+        422: {"description": "Not a valid RunReport, or the estimator cannot use it (why)"},
         503: {"description": "memest.estimate.compare is not available"},
     },
 )
 async def estimate(request: Request, settings: SettingsDep) -> EstimateComparison:
     """KV-budget estimates for a RunReport (not stored): vLLM's, memest's full-initialization one
-    and the measured end state, side by side (memest.estimate.compare)."""
+    and the measured end state, side by side (memest.estimate.compare). The report must be a
+    complete start: phase readings, KV-cache spec and vLLM's figures."""
     body = await read_body(request, settings.max_report_bytes)
     report = parse_report(body)
     try:
@@ -95,3 +113,59 @@ async def estimate(request: Request, settings: SettingsDep) -> EstimateCompariso
         raise Unavailable(str(exc), field="memest.estimate") from None
     except ConfigError as exc:
         raise BadRequest(str(exc), field=exc.field) from None
+    except MemestError as exc:
+        raise BadRequest(f"memest.estimate cannot use this report: {exc}", field="body") from None
+
+
+class WhatIfRequest(BaseModel):
+    """A measured start and the capture plan to predict for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    report: RunReport = Field(description="A complete start under grid G (plan, breakdown, phases)")
+    plan: CapturePlan = Field(description="Grid G' (GET /api/v1/plan output)")
+
+
+@router.post(
+    "/what-if",
+    response_model=WhatIf,
+    responses={
+        **examples.json_example(examples.WHAT_IF, "Predicted owners and KV budget under G'"),
+        413: {"description": "Body larger than MEMEST_MAX_REPORT_BYTES"},
+        415: {"description": "Not application/json"},
+        422: {"description": "Invalid body, or the estimator cannot use the report (why)"},
+        503: {"description": "memest.estimate.what_if is not available"},
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/WhatIfRequest"}}
+            },
+        }
+    },
+)
+async def what_if_route(request: Request, settings: SettingsDep) -> WhatIf:
+    """Predict each owner's pool memory and the KV budget of a measured start under another capture
+    plan (memest.estimate.what_if)."""
+    body = await read_body(request, settings.max_report_bytes)
+    try:
+        req = WhatIfRequest.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        field = ".".join(str(p) for p in errors[0]["loc"]) if errors else "body"
+        raise BadRequest(
+            f"invalid what-if request: {errors[0]['msg'] if errors else exc}", field=field
+        ) from None
+    check_storable(req.report)
+    try:
+        result = what_if(req.report, req.plan)
+    except LookupError as exc:
+        raise Unavailable(str(exc), field="memest.estimate") from None
+    except ConfigError as exc:
+        raise BadRequest(str(exc), field=exc.field) from None
+    except MemestError as exc:
+        raise BadRequest(f"memest.estimate cannot use this report: {exc}", field="report") from None
+    if not isinstance(result, WhatIf):
+        raise Unavailable("memest.estimate.what_if returned no WhatIf", field="memest.estimate")
+    return result

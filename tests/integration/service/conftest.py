@@ -1,0 +1,89 @@
+"""Service fixtures: apps on SQLite (a temp file, WAL) and on PostgreSQL (a private schema)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from memest.service import create_app  # noqa: E402
+from memest.service.config import Settings  # noqa: E402
+from tests.conftest import require_or_skip  # noqa: E402
+
+TOKEN = "test-write-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+PG_URL = os.environ.get("MEMEST_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _pg_admin_url() -> str:
+    return PG_URL.replace("postgresql+psycopg://", "postgresql://")
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL URL whose search_path is a fresh schema, dropped afterwards."""
+    try:
+        import psycopg
+
+        conn = psycopg.connect(_pg_admin_url(), autocommit=True, connect_timeout=3)
+    except Exception as exc:  # any failure to reach the server means "no PostgreSQL here"
+        require_or_skip("MEMEST_REQUIRE_POSTGRES", f"PostgreSQL unreachable at {PG_URL}: {exc}")
+        raise
+    schema = f"memest_test_{uuid.uuid4().hex[:12]}"
+    with conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield f"{PG_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(_pg_admin_url(), autocommit=True) as c:
+            c.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'memest.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Both backends: storage tests run once on SQLite and once on PostgreSQL."""
+    name = "sqlite_url" if request.param == "sqlite" else "pg_url"
+    url: str = request.getfixturevalue(name)
+    return url
+
+
+MakeClient = Callable[..., TestClient]
+
+
+@pytest.fixture
+def make_client(sqlite_url: str) -> Iterator[MakeClient]:
+    """Build a started TestClient; defaults: SQLite temp file, write token TOKEN."""
+    clients: list[TestClient] = []
+
+    def make(**overrides: object) -> TestClient:
+        kwargs: dict[str, object] = {"database_url": sqlite_url, "write_token": TOKEN}
+        kwargs.update(overrides)
+        client = TestClient(create_app(Settings(**kwargs)))  # type: ignore[arg-type]
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        c.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client: MakeClient) -> TestClient:
+    return make_client()
+
+
+@pytest.fixture
+def demo_client(make_client: MakeClient) -> TestClient:
+    return make_client(demo=True)

@@ -1,0 +1,349 @@
+"""The service API on SQLite: ingest rules, reads, comparisons and histories against the seed."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi.testclient import TestClient
+
+from memest.demo import demo_report
+from memest.schema import RunReport
+from memest.units import GiB
+from tests.integration.service.conftest import AUTH, MakeClient
+
+DS_MAIN = "demo-deepseek-v4-flash-dspark-k7-main"
+DS_PR = "demo-deepseek-v4-flash-dspark-k7-pr"
+MM_MAIN = "demo-minimax-m3-eagle3-k3-main"
+MM_PR = "demo-minimax-m3-eagle3-k3-pr"
+
+
+def _report(**changes: object) -> RunReport:
+    base = demo_report("minimax-m3-eagle3-k3", "PR")
+    data = json.loads(base.model_dump_json())
+    data.update({"report_id": "r-test-1", "run_id": "run-test-1", "source": "synthetic"})
+    data.update(changes)
+    return RunReport.model_validate(data)
+
+
+def _post(client: TestClient, body: str | bytes, headers: dict[str, str] | None = None) -> object:
+    h = {"Content-Type": "application/json", **(headers if headers is not None else AUTH)}
+    return client.post("/api/v1/reports", content=body, headers=h)
+
+
+def _count(client: TestClient) -> int:
+    count: int = client.get("/api/v1/runs").json()["count"]
+    return count
+
+
+def test_ingest_is_idempotent_by_report_id(client: TestClient) -> None:
+    # GIVEN a valid report
+    body = _report().model_dump_json()
+    # WHEN it is sent twice
+    first = client.post(
+        "/api/v1/reports", content=body, headers={**AUTH, "Content-Type": "application/json"}
+    )
+    second = client.post(
+        "/api/v1/reports", content=body, headers={**AUTH, "Content-Type": "application/json"}
+    )
+    # THEN it is stored once
+    assert first.status_code == 201 and first.json()["status"] == "created"
+    assert second.status_code == 200 and second.json()["status"] == "exists"
+    assert _count(client) == 1
+    stored = client.get("/api/v1/reports/r-test-1").json()
+    assert RunReport.model_validate(stored) == _report()
+
+
+def test_same_id_other_content_is_a_conflict(client: TestClient) -> None:
+    _post(client, _report().model_dump_json())
+    r = _post(client, _report(notes=["changed"]).model_dump_json())
+    assert r.status_code == 409  # type: ignore[attr-defined]
+    assert r.json()["field"] == "report_id"  # type: ignore[attr-defined]
+
+
+def test_writes_without_token_get_401_and_change_nothing(client: TestClient) -> None:
+    body = _report().model_dump_json()
+    no_token = _post(client, body, headers={})
+    wrong = _post(client, body, headers={"Authorization": "Bearer nope"})
+    assert no_token.status_code == 401 and wrong.status_code == 401  # type: ignore[attr-defined]
+    assert _count(client) == 0
+    assert client.get("/api/v1/reports/r-test-1").status_code == 404
+
+
+def test_server_without_write_token_refuses_writes(make_client: MakeClient) -> None:
+    c = make_client(write_token=None)
+    r = _post(c, _report().model_dump_json())
+    assert r.status_code == 403  # type: ignore[attr-defined]
+    assert _count(c) == 0
+
+
+def test_read_token_guards_reads_when_set(make_client: MakeClient) -> None:
+    c = make_client(read_token="reader", demo=True)
+    assert c.get("/api/v1/models").status_code == 401
+    assert c.get("/models/nvidia/MiniMax-M3-NVFP4").status_code == 401
+    assert c.get("/metrics").status_code == 401
+    ok = c.get("/api/v1/models", headers={"Authorization": "Bearer reader"})
+    assert ok.status_code == 200 and ok.json()["count"] == 2
+    assert c.get("/healthz").status_code == 200
+
+
+def test_malformed_report_gets_422_naming_the_field(client: TestClient) -> None:
+    data = json.loads(_report().model_dump_json())
+    del data["config"]
+    r = _post(client, json.dumps(data))
+    assert r.status_code == 422  # type: ignore[attr-defined]
+    assert r.json()["field"] == "config"  # type: ignore[attr-defined]
+    data = json.loads(_report().model_dump_json())
+    data["breakdown"]["stages"][0]["pool_growth_bytes"] = -5
+    r = _post(client, json.dumps(data))
+    assert r.status_code == 422  # type: ignore[attr-defined]
+    assert r.json()["field"] == "breakdown.stages.0.pool_growth_bytes"  # type: ignore[attr-defined]
+    data = json.loads(_report().model_dump_json())
+    data["bogus"] = 1
+    r = _post(client, json.dumps(data))
+    assert r.status_code == 422 and r.json()["field"] == "bogus"  # type: ignore[attr-defined]
+    assert _count(client) == 0
+
+
+def test_bad_json_wrong_type_and_schema_version(client: TestClient) -> None:
+    r = _post(client, b"{not json")
+    assert r.status_code == 422 and r.json()["field"] == "body"  # type: ignore[attr-defined]
+    r = _post(client, b"[1, 2]")
+    assert r.status_code == 422 and r.json()["field"] == "body"  # type: ignore[attr-defined]
+    data = json.loads(_report().model_dump_json())
+    data["schema_version"] = "2"
+    r = _post(client, json.dumps(data))
+    assert r.status_code == 422 and r.json()["field"] == "schema_version"  # type: ignore[attr-defined]
+    r = client.post(
+        "/api/v1/reports", content=b"x=1", headers={**AUTH, "Content-Type": "text/plain"}
+    )
+    assert r.status_code == 415 and r.json()["field"] == "content-type"
+    assert _count(client) == 0
+
+
+def test_oversized_report_gets_413(make_client: MakeClient) -> None:
+    c = make_client(max_report_bytes=4096)
+    body = _report(notes=["x" * 5000]).model_dump_json()
+    r = _post(c, body)
+    assert r.status_code == 413 and r.json()["field"] == "body"  # type: ignore[attr-defined]
+
+    # A chunked body (no Content-Length) is cut off as it streams.
+    def chunks() -> object:
+        for i in range(0, len(body), 1000):
+            yield body[i : i + 1000].encode()
+
+    r2 = c.post(
+        "/api/v1/reports",
+        content=chunks(),  # type: ignore[arg-type]
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
+    assert r2.status_code == 413
+    assert _count(c) == 0
+
+
+def test_storage_limits_are_422_not_500(client: TestClient) -> None:
+    cases = {
+        "run_id": _report(run_id="has/slash"),
+        "rank": _report(rank=4, world_size=4),
+        "model": _report(model="m" * 301),
+    }
+    for field, rep in cases.items():
+        r = _post(client, rep.model_dump_json())
+        assert r.status_code == 422, field  # type: ignore[attr-defined]
+        assert r.json()["field"] == field  # type: ignore[attr-defined]
+    data = json.loads(_report().model_dump_json())
+    data["breakdown"]["event_count"] = 2**70
+    r = _post(client, json.dumps(data))
+    assert r.status_code == 422  # type: ignore[attr-defined]
+    assert r.json()["field"] == "breakdown.event_count"  # type: ignore[attr-defined]
+    assert _count(client) == 0
+
+
+def test_ranks_of_one_run_must_agree_on_the_run(client: TestClient) -> None:
+    assert _post(client, _report().model_dump_json()).status_code == 201  # type: ignore[attr-defined]
+    other_model = _report(report_id="r-test-2", rank=1, model="other/model")
+    r = _post(client, other_model.model_dump_json())
+    assert r.status_code == 409 and r.json()["field"] == "model"  # type: ignore[attr-defined]
+    same_rank = _report(report_id="r-test-3")
+    r = _post(client, same_rank.model_dump_json())
+    assert r.status_code == 409 and r.json()["field"] == "rank"  # type: ignore[attr-defined]
+
+
+def test_run_detail_shows_all_ranks_and_their_agreement(client: TestClient) -> None:
+    for rank in range(4):
+        rep = _report(report_id=f"r-{rank}", rank=rank)
+        assert _post(client, rep.model_dump_json()).status_code == 201  # type: ignore[attr-defined]
+    detail = client.get("/api/v1/runs/run-test-1").json()
+    assert detail["run"]["ranks"] == [0, 1, 2, 3]
+    assert detail["rank_check"]["agree"] is True
+    assert detail["rank_check"]["ranks_missing"] == []
+    # A rank whose target FULL pool differs by 1 GiB disagrees.
+    data = json.loads(_report(report_id="r-x0", run_id="run-test-2").model_dump_json())
+    _post(client, json.dumps(data))
+    data["report_id"], data["rank"] = "r-x1", 1
+    data["breakdown"]["stages"][1]["pool_growth_bytes"] += GiB
+    _post(client, json.dumps(data))
+    check = client.get("/api/v1/runs/run-test-2").json()["rank_check"]
+    assert check["agree"] is False
+    assert check["disagreeing_stages"] == ["target.full"]
+    assert check["ranks_missing"] == [2, 3]
+
+
+def test_run_filters(demo_client: TestClient) -> None:
+    c = demo_client
+    assert c.get("/api/v1/runs").json()["count"] == 4
+    by_model = c.get("/api/v1/runs", params={"model": "nvidia/MiniMax-M3-NVFP4"}).json()
+    assert {r["run_id"] for r in by_model["data"]} == {MM_MAIN, MM_PR}
+    by_build = c.get("/api/v1/runs", params={"build": "main"}).json()
+    assert {r["run_id"] for r in by_build["data"]} == {DS_MAIN, MM_MAIN}
+    by_commit = c.get("/api/v1/runs", params={"commit": "30c305"}).json()
+    assert {r["run_id"] for r in by_commit["data"]} == {DS_PR, MM_PR}
+    assert c.get("/api/v1/runs", params={"gpu": "NVIDIA GB200"}).json()["count"] == 4
+    assert c.get("/api/v1/runs", params={"gpu": "NVIDIA H200"}).json()["count"] == 0
+    since = c.get("/api/v1/runs", params={"since": "2026-01-01T01:30:00Z"}).json()
+    assert {r["run_id"] for r in since["data"]} == {MM_MAIN, MM_PR}
+    until = c.get("/api/v1/runs", params={"until": "2026-01-01T00:30:00Z"}).json()
+    assert {r["run_id"] for r in until["data"]} == {DS_MAIN}
+    page = c.get("/api/v1/runs", params={"limit": 1, "offset": 1}).json()
+    assert page["count"] == 4 and len(page["data"]) == 1
+
+
+def _gib(n: int | None) -> str:
+    assert n is not None
+    return f"{n / GiB:.3f}"
+
+
+def test_compare_reproduces_the_seeds_main_to_pr_columns(demo_client: TestClient) -> None:
+    cmp = demo_client.get("/api/v1/compare", params={"a": DS_MAIN, "b": DS_PR}).json()
+    stages = {d["key"]: d for d in cmp["stages"]}
+    # "Measured graph counts, capture-stage memory": DeepSeek-V4-Flash + DSpark K=7.
+    assert (_gib(stages["target.piecewise"]["a"]), _gib(stages["target.piecewise"]["b"])) == (
+        "0.912",
+        "3.531",
+    )
+    assert (_gib(stages["target.full"]["a"]), _gib(stages["target.full"]["b"])) == (
+        "2.674",
+        "10.525",
+    )
+    assert (_gib(stages["draft.block.full"]["a"]), _gib(stages["draft.block.full"]["b"])) == (
+        "0.740",
+        "2.994",
+    )
+    assert (_gib(stages["total"]["a"]), _gib(stages["total"]["b"])) == ("4.326", "17.051")
+    counts = {d["key"]: (d["a"], d["b"]) for d in cmp["stage_graph_counts"]}
+    assert counts == {
+        "target.piecewise": (83, 39),
+        "target.full": (80, 48),
+        "draft.block.full": (80, 51),
+        "total": (243, 138),
+    }
+    # The capture plans (memest.plan) give the same runner counts as the published table.
+    runners = {d["key"]: (d["a"], d["b"]) for d in cmp["runners"]}
+    assert runners == {
+        "target.piecewise": (83, 39),
+        "target.full": (80, 48),
+        "draft.block.full": (80, 51),
+    }
+    phases = {d["key"]: (_gib(d["a"])[:-1], _gib(d["b"])[:-1]) for d in cmp["phases"]}
+    assert phases["total"] == ("5.81", "18.66")
+    # "Budget and resulting KV capacity": 0.81x.
+    assert round(cmp["kv_ratio"], 2) == 0.81
+    est = {d["key"]: d for d in cmp["estimate"]}
+    assert (est["kv_tokens"]["a"], est["kv_tokens"]["b"]) == (7_660_426, 6_208_214)
+    owners = {d["key"]: d for d in cmp["owners"]}
+    assert _gib(owners["target.full/indexer_logits_fp32"]["b"]) == "8.016"
+
+
+def test_compare_minimax(demo_client: TestClient) -> None:
+    cmp = demo_client.get("/api/v1/compare", params={"a": MM_MAIN, "b": MM_PR}).json()
+    counts = {d["key"]: (d["a"], d["b"]) for d in cmp["stage_graph_counts"]}
+    assert counts["total"] == (411, 270)
+    stages = {d["key"]: d for d in cmp["stages"]}
+    assert (_gib(stages["total"]["a"]), _gib(stages["total"]["b"])) == ("1.799", "6.127")
+    assert round(cmp["kv_ratio"], 2) == 0.94
+
+
+def test_history_flags_regressions(demo_client: TestClient) -> None:
+    h = demo_client.get("/api/v1/history", params={"model": "deepseek-ai/DeepSeek-V4-Flash-DSpark"})
+    points = h.json()["points"]
+    assert [p["build"] for p in points] == ["main", "PR"]
+    assert points[0]["regressions"] == []
+    # KV 7,660,426 -> 6,208,214 and pool 4.326 -> 17.051 GiB both regress; the vLLM estimate's
+    # error shrinks in magnitude (+4.73 -> -3.81 GiB), so it does not.
+    assert points[1]["regressions"] == ["kv_tokens", "graph_pool_bytes"]
+    assert demo_client.get("/api/v1/history", params={"model": "nope"}).status_code == 404
+
+
+def test_run_detail_has_plan_breakdown_and_estimates(demo_client: TestClient) -> None:
+    d = demo_client.get(f"/api/v1/runs/{DS_PR}").json()
+    assert d["facts"]["kv_tokens"] == 6_208_214
+    assert _gib(d["facts"]["graph_pool_bytes"]) == "17.051"
+    assert d["capture_plans"][0]["sizing"] == "seed"
+    assert [r["graph_count"] for r in d["runners"]] == [39, 48, 51]
+    full = next(s for s in d["stages"] if s["stage"] == "target.full")
+    assert [o["owner"] for o in full["owners"]][:2] == [
+        "indexer_logits_fp32",
+        "indexer_logits_bf16",
+    ]
+    assert d["rank_check"]["agree"] is None and d["rank_check"]["ranks_missing"] == [1, 2, 3]
+    # Published reports carry no phase readings, so memest.estimate cannot compute one: say why.
+    assert d["computed_estimate"] is None and d["computed_estimate_unavailable"]
+    bd = demo_client.get(f"/api/v1/runs/{DS_PR}/breakdown").json()
+    assert bd["breakdown"]["graph_pool_growth_bytes"] == d["facts"]["graph_pool_bytes"]
+    assert demo_client.get(f"/api/v1/runs/{DS_PR}/ranks/0").json()["report_id"] == f"{DS_PR}-rank0"
+    assert demo_client.get(f"/api/v1/runs/{DS_PR}/ranks/1").status_code == 404
+    assert demo_client.get("/api/v1/runs/nope").status_code == 404
+
+
+def test_plan_endpoint_matches_published_graph_counts(client: TestClient) -> None:
+    params = {"gpu": "gb200", "speculative_method": "eagle3", "num_speculative_tokens": 3}
+    seed = client.get("/api/v1/plan", params={**params, "sizing": "seed"}).json()
+    main = client.get("/api/v1/plan", params={**params, "sizing": "vllm-0.33.0"}).json()
+    assert (main["total_graphs"], seed["total_graphs"]) == (411, 270)
+    bad = client.get("/api/v1/plan", params={"gpu": "tpu9"})
+    assert bad.status_code == 422 and bad.json()["field"] == "gpu"
+
+
+def test_estimate_endpoint_explains_an_incomplete_report(client: TestClient) -> None:
+    body = demo_report("minimax-m3-eagle3-k3", "PR").model_dump_json()
+    r = client.post("/api/v1/estimate", content=body, headers={"Content-Type": "application/json"})
+    # A published report has no phase readings: memest.estimate refuses it with a reason.
+    assert r.status_code == 422
+    assert "memest.estimate" in r.json()["detail"]
+
+
+def test_metrics_export_stored_series_and_ingest_counters(demo_client: TestClient) -> None:
+    _post(demo_client, _report().model_dump_json())
+    _post(demo_client, b"{}")
+    text = demo_client.get("/metrics").text
+    assert (
+        'memest_graph_pool_bytes{build="PR",model="deepseek-ai/DeepSeek-V4-Flash-DSpark",'
+        'owner="indexer_logits_fp32",stage="target.full"} 8.607114461e+09' in text
+    )
+    assert 'memest_kv_tokens{build="main",model="nvidia/MiniMax-M3-NVFP4"} 3.575296e+06' in text
+    assert 'memest_estimator_error_bytes{build="PR",estimator="vllm",' in text
+    assert 'memest_ingest_reports_total{outcome="created"} 1.0' in text
+    assert 'memest_ingest_reports_total{outcome="rejected"} 1.0' in text
+
+
+def test_dashboard_pages_render(demo_client: TestClient) -> None:
+    model = demo_client.get("/models/deepseek-ai/DeepSeek-V4-Flash-DSpark")
+    assert model.status_code == 200 and 'data-owner="indexer_logits_fp32"' in model.text
+    assert "10.525" in model.text
+    cmp = demo_client.get("/compare", params={"a": DS_MAIN, "b": DS_PR})
+    assert cmp.status_code == 200 and "0.81×" in cmp.text
+    hist = demo_client.get("/history/nvidia/MiniMax-M3-NVFP4")
+    assert hist.status_code == 200 and 'class="point regression"' in hist.text
+    assert demo_client.get("/").status_code == 200
+    assert demo_client.get("/static/memest.css").status_code == 200
+    assert demo_client.get("/models/nope/nope").status_code == 404
+
+
+def test_openapi_documents_every_route(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    assert "RunReport" in spec["components"]["schemas"]
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            assert op.get("description") or op.get("summary"), (method, path)
+            ok = op["responses"].get("200") or op["responses"].get("201")
+            content = ok.get("content", {})
+            assert any("example" in v or "examples" in v for v in content.values()), (method, path)

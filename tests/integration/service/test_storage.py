@@ -1,0 +1,121 @@
+"""Storage on both backends (SQLite file in WAL mode, PostgreSQL): migrations, atomic ingest,
+concurrent writers, and the API on top."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, inspect, select, text
+
+from memest.demo import demo_report, demo_reports
+from memest.schema import RunReport
+from memest.service import create_app, db, store
+from memest.service.config import Settings
+from memest.service.models import Report, Run
+from tests.integration.service.conftest import AUTH, TOKEN
+
+
+def _variant(i: int, rank: int = 0) -> RunReport:
+    data = json.loads(demo_report("deepseek-v4-flash-dspark-k7", "PR").model_dump_json())
+    data.update(
+        report_id=f"w-{i}-r{rank}", run_id=f"w-{i}", rank=rank, source="synthetic", world_size=2
+    )
+    return RunReport.model_validate(data)
+
+
+def test_migrations_upgrade_idempotently_and_downgrade(db_url: str) -> None:
+    engine = db.make_engine(db_url)
+    try:
+        db.upgrade(engine)
+        db.upgrade(engine)
+        names = set(inspect(engine).get_table_names())
+        assert {"runs", "reports", "alembic_version"} <= names
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+        from alembic import command
+
+        cfg = db.alembic_config()
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, "base")
+        assert not {"runs", "reports"} & set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_runs_in_wal_mode(sqlite_url: str) -> None:
+    engine = db.make_engine(sqlite_url)
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    finally:
+        engine.dispose()
+
+
+def test_a_failing_report_leaves_nothing_half_written(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a store where building the report row fails after the run row was added
+    engine = db.make_engine(db_url)
+    db.upgrade(engine)
+    factory = db.make_sessionmaker(engine)
+
+    def boom(_report: RunReport) -> int:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(store, "graph_pool_bytes", boom)
+    # WHEN a new run's first report is ingested
+    with pytest.raises(RuntimeError):
+        store.ingest(factory, _variant(1))
+    # THEN neither the run nor the report exists
+    with factory() as s:
+        assert s.scalar(select(func.count()).select_from(Run)) == 0
+        assert s.scalar(select(func.count()).select_from(Report)) == 0
+    engine.dispose()
+
+
+def test_concurrent_writers_lose_nothing(db_url: str) -> None:
+    # GIVEN 8 writers racing on 60 reports (30 runs x 2 ranks), every report sent twice
+    engine = db.make_engine(db_url)
+    db.upgrade(engine)
+    factory = db.make_sessionmaker(engine)
+    reports = [_variant(i, rank) for i in range(30) for rank in (0, 1)]
+    work = reports + list(reversed(reports))
+    # WHEN they ingest at once
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda r: store.ingest(factory, r), work))
+    # THEN each report is stored exactly once, and each repeat is recognised
+    assert sum(r.status == "created" for r in results) == 60
+    assert sum(r.status == "exists" for r in results) == 60
+    with factory() as s:
+        assert s.scalar(select(func.count()).select_from(Report)) == 60
+        assert s.scalar(select(func.count()).select_from(Run)) == 30
+    engine.dispose()
+
+
+def test_api_round_trip_on_both_backends(db_url: str) -> None:
+    app = create_app(Settings(database_url=db_url, write_token=TOKEN))  # type: ignore[arg-type]
+    with TestClient(app) as c:
+        for rep in demo_reports():
+            r = c.post(
+                "/api/v1/reports",
+                content=rep.model_dump_json(),
+                headers={**AUTH, "Content-Type": "application/json"},
+            )
+            assert r.status_code == 201
+        assert c.get("/api/v1/models").json()["count"] == 2
+        runs = c.get("/api/v1/runs", params={"since": "2026-01-01T00:30:00+00:00"}).json()
+        assert runs["count"] == 3
+        cmp = c.get(
+            "/api/v1/compare",
+            params={
+                "a": "demo-minimax-m3-eagle3-k3-main",
+                "b": "demo-minimax-m3-eagle3-k3-pr",
+            },
+        ).json()
+        assert round(cmp["kv_ratio"], 2) == 0.94
+        stored = c.get("/api/v1/reports/demo-minimax-m3-eagle3-k3-pr-rank0").json()
+        assert RunReport.model_validate(stored) == demo_report("minimax-m3-eagle3-k3", "PR")
