@@ -1,0 +1,118 @@
+"""``memest estimate`` end to end: tables, JSON, what-if, startup plan, and refused input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memest.cli import main
+from memest.units import GiB, MiB
+from tests.unit.estimate.conftest import PLAN_G2, report_dict
+
+
+def _write(tmp_path: Path, data: dict[str, Any], name: str = "report.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_table_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--from", str(_write(tmp_path, report_dict()))]) == 0
+    out = capsys.readouterr().out
+    assert "| memest | 2.000 | 22.812 | 67.188 | 550,400 | +0.000 |" in out
+    assert "| measured |" in out
+    assert f"--kv-cache-memory-bytes={68_800 * MiB}" in out
+
+
+def test_json_with_grid_and_startup_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = _write(tmp_path, report_dict())
+    grid = _write(tmp_path, PLAN_G2, "grid.json")
+    plans = tmp_path / "cache" / "startup_plan"
+    code = main(
+        [
+            "estimate",
+            "--from",
+            str(report),
+            "--grid",
+            str(grid),
+            "--json",
+            "--write-startup-plan",
+            str(plans),
+        ]
+    )
+    assert code == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["kv_cache_memory_bytes"] == 68_800 * MiB
+    estimators = [r["estimator"] for r in payload["comparison"]["records"]]
+    assert estimators == ["vllm", "memest", "measured"]
+    assert payload["what_if"]["dominant_owner"] == "draft_logits"
+    written = json.loads((plans / "startup_plan_0123456789abcdef.json").read_text())
+    assert written == {
+        "schema": 1,
+        "fingerprint": "0123456789abcdef",
+        "kv_cache_memory_bytes": 68_800 * MiB,
+        "free_memory_baseline": 99 * GiB,
+    }
+
+
+def test_inline_grid_of_plan_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = '{"sm100": false, "max_num_seqs": 512, "max_num_batched_tokens": 8192}'
+    assert main(["estimate", "--from", str(_write(tmp_path, report_dict())), "--grid", grid]) == 0
+    assert "Dominant change" in capsys.readouterr().out
+
+
+def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str]) -> str:
+    assert main(["estimate", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err
+    return lines[0]
+
+
+def test_missing_phase(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = report_dict()
+    data["phases"] = [p for p in data["phases"] if p["name"] != "profile_run"]
+    err = _refused(tmp_path, capsys, ["--from", str(_write(tmp_path, data))])
+    assert "phase 'profile_run' is missing" in err
+
+
+def test_other_schema_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = report_dict()
+    data["schema_version"] = "2"
+    err = _refused(tmp_path, capsys, ["--from", str(_write(tmp_path, data))])
+    assert "schema_version '2'" in err
+
+
+def test_negative_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = report_dict()
+    data["phases"][0]["end"]["torch_allocated_bytes"] = -5
+    err = _refused(tmp_path, capsys, ["--from", str(_write(tmp_path, data))])
+    assert "phases.0.end.torch_allocated_bytes" in err
+
+
+def test_grid_failing_plan_validation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = dict(PLAN_G2, total_graphs=3)
+    args = ["--from", str(_write(tmp_path, report_dict())), "--grid", json.dumps(grid)]
+    err = _refused(tmp_path, capsys, args)
+    assert "grid.total_graphs=3" in err
+
+
+def test_startup_plan_needs_worker_inputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = report_dict()
+    data["estimate"]["startup_plan"] = None
+    args = ["--from", str(_write(tmp_path, data)), "--write-startup-plan", str(tmp_path / "p")]
+    err = _refused(tmp_path, capsys, args)
+    assert "estimate.startup_plan" in err
+
+
+def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = _refused(tmp_path, capsys, ["--from", str(tmp_path / "nope.json")])
+    assert "nope.json" in err
