@@ -148,9 +148,10 @@ class Charges:
 
     def __init__(self) -> None:
         self.active = False
+        self.phase = ""
         self.stage = ""
-        self.bytes: dict[tuple[str, str], int] = {}
-        self.count: dict[tuple[str, str], int] = {}
+        self.bytes: dict[tuple[str, str, str], int] = {}
+        self.count: dict[tuple[str, str, str], int] = {}
 
     @contextlib.contextmanager
     def owner(self, name: str) -> Iterator[None]:
@@ -160,7 +161,7 @@ class Charges:
         before = torch.cuda.memory_reserved()
         yield
         grown = torch.cuda.memory_reserved() - before
-        key = (self.stage, name)
+        key = (self.phase, self.stage, name)
         if grown > 0:
             self.bytes[key] = self.bytes.get(key, 0) + grown
             self.count[key] = self.count.get(key, 0) + 1
@@ -402,6 +403,7 @@ def run_start(grid_name: str, estimator: str) -> dict[str, Any]:
     samples: list[int] = []
     torch.cuda.empty_cache()
     cap_start_free = free_bytes()
+    charges.phase = "graph_profiling"
     capture_all(model, plan, pool, graphs, retained, full_samples=samples)
     measured = cap_start_free - free_bytes()
     n_full = next(r["graph_count"] for r in plan["runners"] if r["runner"] == "target.full")
@@ -413,6 +415,7 @@ def run_start(grid_name: str, estimator: str) -> dict[str, Any]:
     torch.cuda.empty_cache()
 
     memest_terms: dict[str, Any] | None = None
+    profiling_stages: dict[str, int] = {}
     if estimator == "memest":
         pool = torch.cuda.graph_pool_handle()
         before_buffers = torch.cuda.memory_allocated()
@@ -421,7 +424,9 @@ def run_start(grid_name: str, estimator: str) -> dict[str, Any]:
         runner_bytes = max(torch.cuda.memory_allocated() - before_buffers - kv_min.numel(), 0)
         graphs, retained = [], []
         by_stage: dict[str, int] = {}
+        charges.phase = "graph_profiling_full"
         capture_all(model, plan, pool, graphs, retained, stage_growth=by_stage)
+        profiling_stages = dict(by_stage)
         with_graphs = reading()
         outside = with_graphs["device_used_bytes"] - with_graphs["torch_reserved_bytes"]
         del graphs, retained, kv_min
@@ -464,6 +469,7 @@ def run_start(grid_name: str, estimator: str) -> dict[str, Any]:
     graphs, retained = [], []
     by_stage, graph_counts = {}, {}
     cap_free = free_bytes()
+    charges.phase = "capture"
     capture_all(
         model, plan, pool, graphs, retained, stage_growth=by_stage, stage_graphs=graph_counts
     )
@@ -477,13 +483,16 @@ def run_start(grid_name: str, estimator: str) -> dict[str, Any]:
     end = phases[-1]["end"]
 
     triggers = [
-        {"stage": s, "owner": o, "bytes": b, "count": charges.count[(s, o)]}
-        for (s, o), b in sorted(charges.bytes.items())
+        {"phase": ph, "stage": s, "owner": o, "bytes": b, "count": charges.count[(ph, s, o)]}
+        for (ph, s, o), b in sorted(charges.bytes.items())
     ]
-    charged = sum(b for (s, _), b in charges.bytes.items() if s in by_stage)
+    charged = sum(b for (ph, _, _), b in charges.bytes.items() if ph == "capture")
     stages = [
         {"stage": s, "phase": "capture", "pool_growth_bytes": g, "graph_count": graph_counts[s]}
         for s, g in by_stage.items()
+    ] + [
+        {"stage": s, "phase": "graph_profiling_full", "pool_growth_bytes": g}
+        for s, g in profiling_stages.items()
     ]
     cap = phases[-2]
     outside_growth = (cap["end"]["device_used_bytes"] - cap["end"]["torch_reserved_bytes"]) - (
@@ -590,6 +599,156 @@ def run_start(grid_name: str, estimator: str) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------
+# Summary (CPU): estimates side by side and the what-if check, from the starts' JSON
+# ------------------------------------------------------------------------------------------------
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:+.3f}" if n < 0 else f"{n / GiB:.3f}"
+
+
+def summarize(src: Path, dst: Path, command: str) -> dict[str, Any]:
+    """Write reports/lab: one record per configuration and estimator, the what-if, markdown."""
+    from memest.estimate import compare, what_if
+    from memest.schema import RunReport
+
+    starts: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in sorted(src.glob("start_*.json")):
+        data = json.loads(path.read_text())
+        starts[(data["lab"]["grid"], data["lab"]["estimator"])] = data
+    dst.mkdir(parents=True, exist_ok=True)
+    runs = dst / "runs"
+    runs.mkdir(exist_ok=True)
+    records: list[dict[str, Any]] = []
+    for (grid, estimator), data in sorted(starts.items()):
+        lab = data["lab"]
+        report = RunReport.model_validate(data["report"])
+        (runs / f"{grid}_{estimator}.report.json").write_text(report.model_dump_json(indent=1))
+        posthoc = compare(report)
+        records.append(
+            {
+                "configuration": grid,
+                "grid": GRIDS[grid],
+                "estimator": estimator,
+                "usage_minus_budget_bytes": lab["usage_minus_budget_bytes"],
+                "usage_minus_budget_instance_bytes": lab["usage_minus_budget_bytes"]
+                - lab["baseline_used_bytes"],
+                "kv_tokens": lab["kv_tokens"],
+                "kv_cache_bytes": lab["kv_allocated_bytes"],
+                "requested_bytes": lab["requested_bytes"],
+                "baseline_used_bytes": lab["baseline_used_bytes"],
+                "vllm_graph_estimate_bytes": lab["vllm_estimate_bytes"],
+                "vllm_graph_actual_bytes": lab["vllm_actual_bytes"],
+                "graph_pool_bytes": sum(lab["pool_by_stage_bytes"].values()),
+                "memest_terms": lab["memest_terms"],
+                "posthoc_comparison": posthoc.model_dump(mode="json"),
+            }
+        )
+    result: dict[str, Any] = {"command": command, "records": records}
+    base = starts.get(("G", "memest")) or starts.get(("G", "vllm"))
+    target = starts.get(("G2", "memest")) or starts.get(("G2", "vllm"))
+    if base is not None and target is not None:
+        report_g = RunReport.model_validate(base["report"])
+        report_g2 = RunReport.model_validate(target["report"])
+        prediction = what_if(report_g, report_g2.capture_plans[0])
+        measured: dict[tuple[str, str], int] = {}
+        for t in report_g2.breakdown.triggers if report_g2.breakdown else []:
+            if t.phase == "capture":
+                measured[(t.stage, t.owner)] = measured.get((t.stage, t.owner), 0) + t.bytes
+        graph_objects = (
+            next(
+                (p.outside_torch_bytes for p in report_g2.breakdown.phases if p.phase == "capture"),
+                0,
+            )
+            if report_g2.breakdown
+            else 0
+        )
+        measured[("capture", "graph_objects")] = max(graph_objects, 0)
+        rows = []
+        for p in prediction.owners:
+            got = measured.get((p.stage, p.owner), 0)
+            err = (p.predicted_bytes - got) / got if got else None
+            rows.append(
+                {
+                    "stage": p.stage,
+                    "owner": p.owner,
+                    "law": p.law,
+                    "g_bytes": p.measured_bytes,
+                    "factor": p.factor,
+                    "predicted_g2_bytes": p.predicted_bytes,
+                    "measured_g2_bytes": got,
+                    "error": err,
+                }
+            )
+        pool_measured = sum(v for (s, _), v in measured.items() if s != "capture")
+        result["what_if"] = {
+            "from": "G",
+            "to": "G2",
+            "rows": rows,
+            "graph_pool_predicted_bytes": prediction.graph_pool_bytes_to,
+            "graph_pool_measured_bytes": pool_measured,
+            "kv_budget_predicted_bytes": prediction.kv_budget_bytes_to,
+            "kv_budget_memest_g2_bytes": (
+                starts[("G2", "memest")]["lab"]["kv_budget_bytes"]
+                if ("G2", "memest") in starts
+                else None
+            ),
+            "dominant_owner": prediction.dominant_owner,
+            "dominant_change_bytes": prediction.dominant_change_bytes,
+        }
+    (dst / "lab-h200.json").write_text(json.dumps(result, indent=1) + "\n")
+    (dst / "lab-h200.md").write_text(_markdown(result))
+    return result
+
+
+def _grid_label(grid: dict[str, int]) -> str:
+    return (
+        f"max_num_seqs {grid['max_num_seqs']}, capture cap {grid['max_cudagraph_capture_size']}, "
+        f"mnbt {grid['max_num_batched_tokens']}"
+    )
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    out = [
+        "# Lab engine on the H200: KV budget by estimator, and the what-if check\n\n",
+        f"Command: `{result['command']}`\n\n",
+        "Usage minus budget = device memory in use at the end of init (after serving's first "
+        "max-size step) minus ceil(0.5 x total). The instance column subtracts what was in use "
+        "before the engine started (CUDA context, cuBLAS), the way vLLM's own budget counts.\n\n",
+        "| configuration | estimator | KV tokens | KV GiB | usage - budget GiB | "
+        "instance usage - budget GiB | vLLM graph estimate GiB | graph pool GiB |\n",
+        "|---|---|---|---|---|---|---|---|\n",
+    ]
+    for r in result["records"]:
+        out.append(
+            f"| {r['configuration']}: {_grid_label(r['grid'])} | {r['estimator']} | {r['kv_tokens']:,} | "
+            f"{_gib(r['kv_cache_bytes'])} | {_gib(r['usage_minus_budget_bytes'])} | "
+            f"{_gib(r['usage_minus_budget_instance_bytes'])} | "
+            f"{_gib(r['vllm_graph_estimate_bytes'])} | {_gib(r['graph_pool_bytes'])} |\n"
+        )
+    wi = result.get("what_if")
+    if wi:
+        out.append(
+            "\n## What-if: predict G2 from the run under G, then measure G2\n\n"
+            "| stage | owner | scales with | G MiB | factor | predicted G2 MiB | measured G2 MiB "
+            "| error |\n|---|---|---|---|---|---|---|---|\n"
+        )
+        for r in wi["rows"]:
+            err = "-" if r["error"] is None else f"{100 * r['error']:+.1f} %"
+            out.append(
+                f"| {r['stage']} | {r['owner']} | {r['law']} | {r['g_bytes'] / MiB:.1f} | "
+                f"{r['factor']:.3f} | {r['predicted_g2_bytes'] / MiB:.1f} | "
+                f"{r['measured_g2_bytes'] / MiB:.1f} | {err} |\n"
+            )
+        out.append(
+            f"\nGraph pool: predicted {_gib(wi['graph_pool_predicted_bytes'])} GiB, measured "
+            f"{_gib(wi['graph_pool_measured_bytes'])} GiB. Dominant change: {wi['dominant_owner']} "
+            f"({_gib(wi['dominant_change_bytes'])} GiB).\n"
+        )
+    return "".join(out)
+
+
+# ------------------------------------------------------------------------------------------------
 # Parent: every grid with each estimator, in its own process
 # ------------------------------------------------------------------------------------------------
 
@@ -599,6 +758,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--child", nargs=2, metavar=("GRID", "ESTIMATOR"))
     parser.add_argument(
+        "--summarize", type=Path, metavar="SRC", help="CPU: write --out from the starts in SRC"
+    )
+    parser.add_argument("--command", default="", help="the command recorded with --summarize")
+    parser.add_argument(
         "--starts",
         default="G:memest,G2:memest,G:vllm,G2:vllm",
         help="GRID:ESTIMATOR pairs, run in this order",
@@ -606,6 +769,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=100.0, help="start no run after this")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.summarize:
+        summarize(args.summarize, args.out, args.command)
+        return 0
     if args.child:
         grid_name, estimator = args.child
         t0 = time.time()
