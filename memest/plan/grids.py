@@ -1,4 +1,4 @@
-"""The seed's capture grids (Appendix A) and vLLM 0.33.0's shared token list.
+"""The seed's capture grids (Appendix A).
 
 Every grid is a sorted list of distinct positive ints in its own unit (tokens for prefill and
 adaptive verification, requests for uniform decode). A grid always contains its cap: the widest
@@ -8,6 +8,7 @@ batch the cap admits must have a graph, otherwise the cap would silently shrink.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 #: ε of the decode rule (Appendix A c): Δ(n) = 10·ε·n^(2/3), e ≈ n^(1/3)/5 over all measured models.
 DECODE_EPSILON = 0.065
@@ -35,6 +36,19 @@ def prefill_stride(t: int) -> int:
     return pow2_floor(min(t, 2 * PREFILL_EPSILON * max(t, PREFILL_FLAT_TOKENS)))
 
 
+@lru_cache(maxsize=1024)
+def _prefill_grid(cap: int, interactivity: bool) -> tuple[int, ...]:
+    sizes: set[int] = set()
+    t = 1
+    while t < cap:
+        sizes.add(t)
+        t = _next_multiple(t, prefill_stride(t))
+    sizes.add(cap)
+    if interactivity:
+        sizes.update(range(1, min(cap, INTERACTIVITY_DENSE_TOKENS) + 1))
+    return tuple(sorted(sizes))
+
+
 def prefill_grid(cap: int, *, interactivity: bool = False) -> list[int]:
     """The seed's PIECEWISE token grid up to ``cap`` (Appendix A d).
 
@@ -45,20 +59,23 @@ def prefill_grid(cap: int, *, interactivity: bool = False) -> list[int]:
         cap: max_prefill_cudagraph_capture_tokens (≥ 1).
         interactivity: add every token count up to 32 (65 sizes at cap 8192).
     """
-    sizes: set[int] = set()
-    t = 1
-    while t < cap:
-        sizes.add(t)
-        t = _next_multiple(t, prefill_stride(t))
-    sizes.add(cap)
-    if interactivity:
-        sizes.update(range(1, min(cap, INTERACTIVITY_DENSE_TOKENS) + 1))
-    return sorted(sizes)
+    return list(_prefill_grid(cap, interactivity))
 
 
 def decode_stride(n: int) -> int:
     """Uniform-decode grid stride after ``n`` requests: 10·ε·n^(2/3) rounded down to a power of 2."""
     return pow2_floor(10 * DECODE_EPSILON * n ** (2.0 / 3.0))
+
+
+@lru_cache(maxsize=4096)
+def _decode_grid(cap: int) -> tuple[int, ...]:
+    sizes: list[int] = []
+    n = 1
+    while n < cap:
+        sizes.append(n)
+        n = _next_multiple(n, decode_stride(n))
+    sizes.append(cap)
+    return tuple(sizes)
 
 
 def decode_grid(cap: int) -> list[int]:
@@ -67,13 +84,7 @@ def decode_grid(cap: int) -> list[int]:
     Every request count through 6, then power-of-two strides growing as n^(2/3); the next size is
     the next multiple of the stride and ``cap`` is always included: 64 sizes at 1024.
     """
-    sizes: list[int] = []
-    n = 1
-    while n < cap:
-        sizes.append(n)
-        n = _next_multiple(n, decode_stride(n))
-    sizes.append(cap)
-    return sizes
+    return list(_decode_grid(cap))
 
 
 def av_stride(t: int) -> int:
@@ -90,15 +101,20 @@ def av_stride(t: int) -> int:
     return 256
 
 
-def av_grid(cap: int) -> list[int]:
-    """The seed's dense adaptive-verification token grid up to ``cap``, cap included.
-
-    At K = 5 on GB200 defaults the cap is 1024 requests × 6 = 6144 tokens: 64 sizes.
-    """
+@lru_cache(maxsize=4096)
+def _av_grid(cap: int) -> tuple[int, ...]:
     sizes: list[int] = []
     t = 1
     while t < cap:
         sizes.append(t)
         t = _next_multiple(t, av_stride(t))
     sizes.append(cap)
-    return sizes
+    return tuple(sizes)
+
+
+def av_grid(cap: int) -> list[int]:
+    """The seed's dense adaptive-verification token grid up to ``cap``, cap included.
+
+    At K = 5 on GB200 defaults the cap is 1024 requests × 6 = 6144 tokens: 64 sizes.
+    """
+    return list(_av_grid(cap))

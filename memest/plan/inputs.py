@@ -17,7 +17,7 @@ from memest.plan.vllm033 import (
     CudaGraphMode,
     DynamicSDSchedule,
     PerformanceMode,
-    dynamic_sd_lookup,
+    dynamic_sd_segments,
 )
 
 GpuPreset = Literal["gb200", "b200", "h100", "h200"]
@@ -144,7 +144,7 @@ class PlanInput:
                     [list(e) for e in self.dynamic_sd],
                     "dynamic SD needs a speculative method",
                 )
-            dynamic_sd_lookup(self.dynamic_sd, self.max_num_seqs, k)
+            dynamic_sd_segments(self.dynamic_sd, self.max_num_seqs, k)
         if self.adaptive_verification and method is None:
             raise ConfigError("adaptive_verification", True, "needs a speculative method")
         if self.performance_mode not in get_args(PerformanceMode):

@@ -9,10 +9,9 @@ from memest.plan.inputs import PlanInput
 from memest.plan.seed import SeedSizes, one_token_tier_ks, resolve_seed
 from memest.plan.vllm033 import (
     CudaGraphMode,
-    Descriptor,
     capture_sizes,
-    dynamic_sd_lookup,
-    manager_descriptors,
+    decode_query_lens,
+    uniform_decode_requests,
 )
 from memest.schema.plan import CapturePlan, GraphMode, RunnerRow, Sizing
 
@@ -107,17 +106,6 @@ def _block_label(inp: PlanInput) -> str:
     return f"{name.get(inp.spec_method or '', 'Drafter')} FULL block routine"
 
 
-def _uniform_rows(runner: str, descs: Sequence[Descriptor], *, per_tier: bool) -> list[RunnerRow]:
-    by_q: dict[int, list[int]] = {}
-    for d in descs:
-        assert d.uniform_token_count is not None and d.num_reqs is not None
-        by_q.setdefault(d.uniform_token_count, []).append(d.num_reqs)
-    rows = []
-    for q in sorted(by_q, reverse=True):
-        rows.append(request_row(runner, by_q[q], q=q, tier_k=q - 1 if per_tier else None))
-    return rows
-
-
 def _main_plan(inp: PlanInput) -> CapturePlan:
     main = capture_sizes(
         sm100=inp.sm100,
@@ -130,119 +118,81 @@ def _main_plan(inp: PlanInput) -> CapturePlan:
         performance_mode=inp.performance_mode,
         cudagraph_mode=inp.cudagraph_mode,
     )
+    sizes = main.sizes
     seqs = inp.max_num_seqs
     k = inp.num_speculative_tokens
     dyn = inp.dynamic_sd
-    per_tier = dyn is not None
 
-    def descs(mode: CudaGraphMode, q: int, varlen: bool = False) -> dict[str, list[Descriptor]]:
-        return manager_descriptors(
-            sizes=main.sizes,
-            max_size=main.max_size,
-            max_num_seqs=seqs,
-            cudagraph_mode=mode,
-            decode_query_len=q,
-            num_speculative_tokens=k,
-            dynamic_sd=dyn,
-            varlen_decode=varlen,
+    def uniform(runner: str, manager_q: int, *, label: str | None = None) -> list[RunnerRow]:
+        # One row per query length the manager captures (several with dynamic SD).
+        rows = []
+        qs = decode_query_lens(
+            manager_q, max_num_seqs=seqs, num_speculative_tokens=k, dynamic_sd=dyn
         )
+        for q in sorted(qs, reverse=True):
+            requests = uniform_decode_requests(
+                sizes, max_size=main.max_size, max_num_seqs=seqs, decode_query_len=manager_q, q=q
+            )
+            tier = q - (manager_q - k) if dyn is not None and manager_q > k else None
+            rows.append(request_row(runner, requests, q=q, tier_k=tier, label=label))
+        return rows
+
+    def tokens(runner: str, graph_mode: GraphMode, q: int = 1) -> RunnerRow:
+        return token_row(runner, sizes, graph_mode=graph_mode, max_num_seqs=seqs, q=q)
 
     mode = inp.cudagraph_mode
     if inp.adaptive_verification and mode != "FULL_DECODE_ONLY":
         mode = "FULL_AND_PIECEWISE"  # resolve_adaptive_cudagraph_mode with piecewise available
+    decode_full = _decode_half(mode) == "FULL"
+    has_pw = _mixed_half(mode) == "PIECEWISE"
     rows: list[RunnerRow] = []
-    target = descs(mode, inp.q, inp.adaptive_verification)
-    if "PIECEWISE" in target:
-        rows.append(
-            token_row(
-                "target.piecewise",
-                [d.num_tokens for d in target["PIECEWISE"]],
-                graph_mode="PIECEWISE",
-                max_num_seqs=seqs,
-            )
-        )
-    full = target.get("FULL", [])
+    if mode == "NONE" or not sizes:
+        return _plan(inp, "vllm-0.33.0", rows, main.max_size, sizes, main.warnings, {})
+    if has_pw:
+        rows.append(tokens("target.piecewise", "PIECEWISE"))
     if mode == "FULL":
-        rows.append(
-            token_row(
-                "target.full_mixed",
-                [d.num_tokens for d in full],
-                graph_mode="FULL",
-                max_num_seqs=seqs,
-            )
-        )
+        rows.append(tokens("target.full_mixed", "FULL"))
     elif inp.adaptive_verification:
+        limit = seqs * inp.q
         rows.append(
             token_row(
                 "target.av",
-                [d.num_tokens for d in full],
+                [t for t in sizes if t <= limit],
                 graph_mode="FULL_VARLEN",
                 max_num_seqs=seqs,
                 q=inp.q,
             )
         )
-    elif _decode_half(mode) == "FULL":
-        rows.extend(_uniform_rows("target.full", full, per_tier=per_tier))
+    elif decode_full:
+        rows.extend(uniform("target.full", inp.q))
 
     drafter = inp.drafter
     if drafter == "target_dependent_ar":
-        step0 = descs(mode, inp.q)
-        if "PIECEWISE" in step0:
-            rows.append(
-                token_row(
-                    "draft.step0.piecewise",
-                    [d.num_tokens for d in step0["PIECEWISE"]],
-                    graph_mode="PIECEWISE",
-                    max_num_seqs=seqs,
-                    q=inp.q,
-                )
-            )
+        if has_pw:
+            rows.append(tokens("draft.step0.piecewise", "PIECEWISE", inp.q))
         if mode == "FULL":
-            rows.append(
-                token_row(
-                    "draft.step0.full",
-                    [d.num_tokens for d in step0.get("FULL", [])],
-                    graph_mode="FULL",
-                    max_num_seqs=seqs,
-                    q=inp.q,
-                )
+            rows.append(tokens("draft.step0.full", "FULL", inp.q))
+        elif decode_full:
+            rows.extend(uniform("draft.step0.full", inp.q))
+        if k >= 2 and decode_full:
+            requests = uniform_decode_requests(
+                sizes, max_size=main.max_size, max_num_seqs=seqs, decode_query_len=1, q=1
             )
-        else:
-            rows.extend(_uniform_rows("draft.step0.full", step0.get("FULL", []), per_tier=per_tier))
-        if k >= 2 and _decode_half(mode) == "FULL":
-            steps = descs("FULL_DECODE_ONLY", 1).get("FULL", [])
-            requests = [d.num_reqs or d.num_tokens for d in steps]
-            if dyn is None:
-                rows.append(request_row("draft.steps.full", requests, q=1))
-            else:
-                dense = dynamic_sd_lookup(dyn, seqs, k)
-                for tier_k in sorted(set(dense) - {0, 1}, reverse=True):
-                    rows.append(request_row("draft.steps.full", requests, q=1, tier_k=tier_k))
+            # With dynamic SD the fused draft loop is captured once per K >= 2 of the schedule.
+            for tier_k in one_token_tier_ks(inp):
+                rows.append(request_row("draft.steps.full", requests, q=1, tier_k=tier_k))
     elif drafter == "multi_module_mtp":
-        mtp_mode: CudaGraphMode = mode
-        if mode in ("FULL_AND_PIECEWISE", "PIECEWISE"):
-            mtp_mode = "FULL_DECODE_ONLY" if mode == "FULL_AND_PIECEWISE" else "NONE"
-        mtp = descs(mtp_mode, inp.q).get("FULL", [])
-        if mtp_mode == "FULL":
-            rows.append(
-                token_row(
-                    "draft.mtp.full",
-                    [d.num_tokens for d in mtp],
-                    graph_mode="FULL",
-                    max_num_seqs=seqs,
-                    q=inp.q,
-                )
-            )
-        else:
-            rows.extend(_uniform_rows("draft.mtp.full", mtp, per_tier=per_tier))
+        # Compiled piecewise graphs cannot specialize the module index: PIECEWISE is dropped.
+        if mode == "FULL":
+            rows.append(tokens("draft.mtp.full", "FULL", inp.q))
+        elif decode_full:
+            rows.extend(uniform("draft.mtp.full", inp.q))
     elif drafter == "block":
-        if _decode_half(mode) == "FULL":
-            block = descs("FULL_DECODE_ONLY", _block_q(inp)).get("FULL", [])
-            for row in _uniform_rows("draft.block.full", block, per_tier=False):
-                rows.append(row.model_copy(update={"label": _block_label(inp)}))
+        if decode_full:
+            rows.extend(uniform("draft.block.full", _block_q(inp), label=_block_label(inp)))
     elif inp.spec_method is not None:
         rows.append(_none_row())
-    return _plan(inp, "vllm-0.33.0", rows, main.max_size, main.sizes, main.warnings, {})
+    return _plan(inp, "vllm-0.33.0", rows, main.max_size, sizes, main.warnings, {})
 
 
 def _none_row() -> RunnerRow:

@@ -7,11 +7,18 @@ SM100, and whenever a legacy field is set, prefill and target decode keep vLLM 0
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from memest.plan.grids import av_grid, decode_grid, prefill_grid
 from memest.plan.inputs import PlanInput
-from memest.plan.vllm033 import MainSizes, capture_sizes, dynamic_sd_lookup, dynamic_sd_tiers
+from memest.plan.vllm033 import (
+    MainSizes,
+    capture_sizes,
+    ceil_counts,
+    dynamic_sd_ks,
+    dynamic_sd_tiers,
+)
 
 #: Default max_prefill_cudagraph_capture_tokens on SM100 (before min with max_num_batched_tokens).
 SM100_PREFILL_CAP_TOKENS = 8192
@@ -78,11 +85,14 @@ def _main_request_counts(main: MainSizes, q: int, max_num_seqs: int) -> list[int
     Each token size rounds up to a multiple of q within the recorded maximum; the request cap is
     the widest of those, limited to max_num_seqs, and is always captured.
     """
-    counts = sorted({-(-s // q) for s in main.sizes if -(-s // q) * q <= main.max_size})
+    counts = ceil_counts(main.sizes, q, main.max_size // q)
     if not counts:
         return []
     cap = min(max_num_seqs, counts[-1])
-    return sorted({n for n in counts if n <= cap} | {cap})
+    kept = counts[: bisect.bisect_right(counts, cap)]
+    if kept[-1:] != [cap]:
+        kept.append(cap)
+    return kept
 
 
 def _drop_oversized(
@@ -243,5 +253,6 @@ def one_token_tier_ks(inp: PlanInput) -> list[int | None]:
     """
     if inp.dynamic_sd is None:
         return [None]
-    dense = dynamic_sd_lookup(inp.dynamic_sd, inp.max_num_seqs, inp.num_speculative_tokens)
-    return [k for k in sorted(set(dense) - {0, 1}, reverse=True)]
+    ks = dynamic_sd_ks(inp.dynamic_sd, inp.max_num_seqs, inp.num_speculative_tokens)
+    tiers: list[int | None] = [k for k in sorted(ks - {0, 1}, reverse=True)]
+    return tiers

@@ -8,6 +8,7 @@ tests/integration/test_vllm_oracle.py compares both with vLLM's own code.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -40,24 +41,8 @@ def default_ceiling_tokens(sm100: bool) -> int:
     return 1024 if sm100 else 512
 
 
-def dynamic_sd_lookup(
-    schedule: DynamicSDSchedule, max_batch_size: int, num_speculative_tokens: int
-) -> list[int]:
-    """Dense batch size → K table, as ``build_dynamic_sd_schedule_lookup`` builds it.
-
-    Index 0 is unused. Gaps and the tail carry the previous K forward; every K is clamped to
-    ``num_speculative_tokens``.
-
-    Raises:
-        ConfigError: the schedule is empty, overlapping, not starting at 1, or has bad values.
-    """
+def _parse_schedule(schedule: DynamicSDSchedule) -> list[tuple[int, int, int]]:
     field = "num_speculative_tokens_per_batch_size"
-    if max_batch_size <= 0:
-        raise ConfigError("max_num_seqs", max_batch_size, "must be > 0")
-    if num_speculative_tokens <= 0:
-        raise ConfigError(
-            "num_speculative_tokens", num_speculative_tokens, "dynamic SD needs K > 0"
-        )
     if not schedule:
         raise ConfigError(field, list(schedule), "must not be empty")
     parsed: list[tuple[int, int, int]] = []
@@ -80,34 +65,73 @@ def dynamic_sd_lookup(
         previous_end = end
     if parsed[0][0] != 1:
         raise ConfigError(field, list(schedule), "the first range must start at 1")
+    return parsed
 
-    dense = [0] * (max_batch_size + 1)
+
+def dynamic_sd_segments(
+    schedule: DynamicSDSchedule, max_batch_size: int, num_speculative_tokens: int
+) -> list[tuple[int, int, int]]:
+    """The dense batch size → K table of ``build_dynamic_sd_schedule_lookup`` as runs.
+
+    Returns (first batch size, last batch size, K) runs covering 1 … max_batch_size. Gaps and
+    the tail carry the previous K forward; every K is clamped to ``num_speculative_tokens``.
+
+    Raises:
+        ConfigError: the schedule is empty, overlapping, not starting at 1, or has bad values.
+    """
+    if max_batch_size <= 0:
+        raise ConfigError("max_num_seqs", max_batch_size, "must be > 0")
+    if num_speculative_tokens <= 0:
+        raise ConfigError(
+            "num_speculative_tokens", num_speculative_tokens, "dynamic SD needs K > 0"
+        )
+    runs: list[tuple[int, int, int]] = []
     next_bs = 1
     last_k: int | None = None
-    for start, end, k in parsed:
+    for start, end, k in _parse_schedule(schedule):
         if start > next_bs and last_k is not None:
-            for bs in range(next_bs, min(start, max_batch_size + 1)):
-                dense[bs] = min(num_speculative_tokens, last_k)
-        for bs in range(max(start, next_bs), min(end, max_batch_size) + 1):
-            dense[bs] = min(num_speculative_tokens, k)
+            hi = min(start, max_batch_size + 1) - 1
+            if hi >= next_bs:
+                runs.append((next_bs, hi, min(num_speculative_tokens, last_k)))
+        lo, hi = max(start, next_bs), min(end, max_batch_size)
+        if hi >= lo:
+            runs.append((lo, hi, min(num_speculative_tokens, k)))
         next_bs = max(next_bs, end + 1)
         last_k = k
         if next_bs > max_batch_size:
             break
-    assert last_k is not None
-    for bs in range(next_bs, max_batch_size + 1):
-        dense[bs] = min(num_speculative_tokens, last_k)
+    if last_k is not None and next_bs <= max_batch_size:
+        runs.append((next_bs, max_batch_size, min(num_speculative_tokens, last_k)))
+    return runs
+
+
+def dynamic_sd_lookup(
+    schedule: DynamicSDSchedule, max_batch_size: int, num_speculative_tokens: int
+) -> list[int]:
+    """Dense batch size → K table, as ``build_dynamic_sd_schedule_lookup`` builds it.
+
+    Index 0 is unused (0). See ``dynamic_sd_segments`` for the rules and errors.
+    """
+    dense = [0] * (max_batch_size + 1)
+    for lo, hi, k in dynamic_sd_segments(schedule, max_batch_size, num_speculative_tokens):
+        dense[lo : hi + 1] = [k] * (hi - lo + 1)
     return dense
+
+
+def dynamic_sd_ks(
+    schedule: DynamicSDSchedule, max_batch_size: int, num_speculative_tokens: int
+) -> set[int]:
+    """The K values the dense table holds for batch sizes 1 … max_batch_size."""
+    return {k for _, _, k in dynamic_sd_segments(schedule, max_batch_size, num_speculative_tokens)}
 
 
 def dynamic_sd_tiers(
     schedule: DynamicSDSchedule, max_num_seqs: int, num_speculative_tokens: int
 ) -> list[tuple[int, int]]:
-    """(query length, widest batch running at it) per tier, in schedule order."""
-    dense = dynamic_sd_lookup(schedule, max_num_seqs, num_speculative_tokens)
+    """(query length, widest batch running at it) per tier, in order of first appearance."""
     widest: dict[int, int] = {}
-    for batch_size, k in enumerate(dense[1:], start=1):
-        widest[k + 1] = batch_size
+    for _, hi, k in dynamic_sd_segments(schedule, max_num_seqs, num_speculative_tokens):
+        widest[k + 1] = hi
     return list(widest.items())
 
 
@@ -216,6 +240,43 @@ def capture_sizes(
     return MainSizes(sizes, valid_max, warnings)
 
 
+def decode_query_lens(
+    decode_query_len: int,
+    *,
+    max_num_seqs: int,
+    num_speculative_tokens: int,
+    dynamic_sd: DynamicSDSchedule | None,
+) -> list[int]:
+    """Query lengths a manager captures uniform decode for: one per dynamic-SD K, else one."""
+    if dynamic_sd is not None and decode_query_len > num_speculative_tokens:
+        per_step = decode_query_len - num_speculative_tokens
+        ks = dynamic_sd_ks(dynamic_sd, max_num_seqs, num_speculative_tokens)
+        return sorted(k + per_step for k in ks)
+    return [decode_query_len]
+
+
+def uniform_decode_requests(
+    sizes: Sequence[int], *, max_size: int, max_num_seqs: int, decode_query_len: int, q: int
+) -> list[int]:
+    """Request counts of a manager's uniform-decode FULL graphs at query length ``q``, ascending.
+
+    Each token size rounds up to a multiple of q; it is kept while the rounded size fits
+    max_num_seqs × decode_query_len and the recorded maximum. Equal to the ``num_reqs`` of
+    ``manager_descriptors``' FULL entries with ``uniform_token_count == q``.
+    """
+    limit = min(max_num_seqs, min(max_num_seqs * decode_query_len, max_size) // q)
+    return ceil_counts(sizes, q, limit)
+
+
+def ceil_counts(sizes: Sequence[int], q: int, limit: int) -> list[int]:
+    """Distinct ⌈s / q⌉ ≤ ``limit`` over ascending ``sizes``, ascending."""
+    # ⌈s/q⌉ ≤ limit ⟺ s ≤ limit·q, and ⌈s/q⌉ is monotone, so a prefix keeps the order
+    head = sizes[: bisect.bisect_right(sizes, limit * q)]
+    if q == 1:
+        return list(head)
+    return list(dict.fromkeys([-(-s // q) for s in head]))
+
+
 @dataclass(frozen=True)
 class Descriptor:
     """One capture, as ``BatchExecutionDescriptor`` (without LoRA and micro-batch fields)."""
@@ -256,12 +317,12 @@ def manager_descriptors(
     decode_mode, mixed_mode = _MODE_HALVES[cudagraph_mode]
     separate = decode_mode != mixed_mode
     max_decode_tokens = max_num_seqs * decode_query_len
-    if dynamic_sd is not None and decode_query_len > num_speculative_tokens:
-        per_step = decode_query_len - num_speculative_tokens
-        dense = dynamic_sd_lookup(dynamic_sd, max_num_seqs, num_speculative_tokens)
-        query_lens = sorted({k + per_step for k in dense[1:]})
-    else:
-        query_lens = [decode_query_len]
+    query_lens = decode_query_lens(
+        decode_query_len,
+        max_num_seqs=max_num_seqs,
+        num_speculative_tokens=num_speculative_tokens,
+        dynamic_sd=dynamic_sd,
+    )
     by_mode: dict[str, list[Descriptor]] = {}
     seen: dict[str, set[Descriptor]] = {}
     capture_varlen = separate and decode_mode != "NONE" and varlen_decode

@@ -19,7 +19,10 @@ from memest.errors import ConfigError
 from memest.plan.vllm033 import (
     DynamicSDSchedule,
     capture_sizes,
+    decode_query_lens,
+    dynamic_sd_lookup,
     manager_descriptors,
+    uniform_decode_requests,
 )
 from tests.conftest import require_or_skip
 
@@ -266,9 +269,57 @@ def test_manager_descriptors_equal_vllm(vllm_env: types.SimpleNamespace) -> None
             varlen_decode=varlen,
         )
         got = {m: [_desc_tuple(d) for d in descs] for m, descs in ours.items()}
+        # the planner's fast path (request counts per query length) agrees with the manager
+        if not varlen and mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY"):
+            for uq in decode_query_lens(
+                q, max_num_seqs=seqs, num_speculative_tokens=k, dynamic_sd=dyn
+            ):
+                manager_reqs = sorted(
+                    d[2] for d in expected.get("FULL", []) if d[3] == uq and d[2] is not None
+                )
+                fast = uniform_decode_requests(
+                    sizes, max_size=max_size, max_num_seqs=seqs, decode_query_len=q, q=uq
+                )
+                if fast != manager_reqs:
+                    mismatches.append(
+                        ((sm100, seqs, mnbt, k, dyn, sizing, mode, q, uq), fast, manager_reqs)
+                    )
         compared += 1
         if got != expected:
             mismatches.append(((sm100, seqs, mnbt, k, dyn, sizing, mode, q, varlen), got, expected))
     assert compared >= 500
     assert mismatches[:3] == []  # the first few, readable when it fails
     assert not mismatches
+
+
+SCHEDULES: list[Any] = [
+    [(1, 16, 7), (17, 256, 3), (257, 4096, 1)],
+    [(1, 8, 7), (20, 64, 3)],
+    [(1, 4, 2), (5, 5, 0), (9, 12, 9)],
+    [(1, 1024, 5)],
+    [(17, 32, 3), (1, 16, 7)],
+    [(2, 16, 7)],
+    [(1, 16, 7), (10, 32, 3)],
+    [(1, 0, 3)],
+    [(1, 4, -1)],
+    [],
+]
+
+
+def test_dynamic_sd_table_equals_vllm(vllm_env: types.SimpleNamespace) -> None:
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    for schedule, max_bs, k in itertools.product(SCHEDULES, (1, 7, 16, 300, 1024), (1, 3, 7)):
+        try:
+            expected: list[int] | str = build_dynamic_sd_schedule_lookup(
+                [list(r) for r in schedule],
+                vllm_max_batch_size=max_bs,
+                vllm_num_speculative_tokens=k,
+            )
+        except ValueError:
+            expected = "error"
+        try:
+            got: list[int] | str = dynamic_sd_lookup(tuple(schedule), max_bs, k)
+        except ConfigError:
+            got = "error"
+        assert got == expected, (schedule, max_bs, k)
