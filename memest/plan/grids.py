@@ -2,7 +2,8 @@
 
 Every grid is a sorted list of distinct positive ints in its own unit (tokens for prefill and
 adaptive verification, requests for uniform decode). A grid always contains its cap: the widest
-batch the cap admits must have a graph, otherwise the cap would silently shrink.
+batch the cap admits must have a graph, otherwise the cap would silently shrink. Each rule is a
+pure function of its cap, so expansions are memoized (callers get a fresh list).
 """
 
 from __future__ import annotations

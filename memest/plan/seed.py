@@ -227,8 +227,10 @@ def resolve_seed(inp: PlanInput) -> SeedSizes:
     if inp.adaptive_verification and decode_cap > 0:
         av = av_grid(min(decode_cap * q, mnbt))
 
+    # The recorded maximum covers every graph kind this configuration captures.
+    drafts_one_token = inp.drafter == "target_dependent_ar" and inp.num_speculative_tokens >= 2
     recorded = max(
-        [0, *prefill[-1:], *av[-1:], *one_token[-1:]]
+        [0, *prefill[-1:], *av[-1:], *(one_token[-1:] if drafts_one_token else [])]
         + [t.requests[-1] * t.q for t in tiers if t.requests]
     )
     return SeedSizes(
