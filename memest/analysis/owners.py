@@ -188,22 +188,41 @@ class OwnerRules:
     def skipped(self, filename: str) -> bool:
         return bool(self._skip and self._skip.match(filename))
 
+    def match_frame(self, frame: Sequence[Any]) -> str | None:
+        """Owner named by one frame, or None."""
+        filename, name = str(frame[0]), str(frame[2])
+        for owner, fpat, filepat in self._compiled:
+            if (fpat is None or fpat.match(name)) and (filepat is None or filepat.match(filename)):
+                return owner
+        return None
+
     def classify(self, frames: Sequence[Sequence[Any]]) -> tuple[str, str]:
         """Owner and top frame of a stack (frames ``[filename, line, name]``, innermost first)."""
+        return self.classify_indexed(frames, range(len(frames)), {})
+
+    def classify_indexed(
+        self,
+        frames: Sequence[Sequence[Any]],
+        stack: Sequence[int],
+        cache: dict[int, tuple[str | None, bool]],
+    ) -> tuple[str, str]:
+        """classify() for a stack of indices into ``frames``, memoising each frame's verdict."""
         top = None
-        for frame in frames:
-            filename, name = str(frame[0]), str(frame[2])
-            for owner, fpat, filepat in self._compiled:
-                if (fpat is None or fpat.match(name)) and (
-                    filepat is None or filepat.match(filename)
-                ):
-                    return owner, _fmt_frame(frame)
-            if top is None and not self.skipped(filename):
-                top = frame
+        for idx in stack:
+            verdict = cache.get(idx)
+            if verdict is None:
+                frame = frames[idx]
+                verdict = (self.match_frame(frame), self.skipped(str(frame[0])))
+                cache[idx] = verdict
+            owner, skipped = verdict
+            if owner is not None:
+                return owner, _fmt_frame(frames[idx])
+            if top is None and not skipped:
+                top = frames[idx]
         if top is None:
-            if not frames:
+            if not stack:
                 return f"{UNATTRIBUTED}:{NO_STACK}", NO_STACK
-            top = frames[0]
+            top = frames[stack[0]]
         return f"{UNATTRIBUTED}:{top[2]} ({top[0]})", _fmt_frame(top)
 
 

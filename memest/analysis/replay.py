@@ -60,12 +60,13 @@ class _Owners:
         self.stacks = snapshot["stacks"]
         self.rules = rules
         self.cache: dict[int, tuple[str, str]] = {}
+        self.frame_cache: dict[int, tuple[str | None, bool]] = {}
 
     def get(self, stack: int) -> tuple[str, str]:
         hit = self.cache.get(stack)
         if hit is None:
-            frames = [self.frames[i] for i in self.stacks[stack]] if stack >= 0 else []
-            hit = self.rules.classify(frames)
+            indices = self.stacks[stack] if stack >= 0 else []
+            hit = self.rules.classify_indexed(self.frames, indices, self.frame_cache)
             self.cache[stack] = hit
         return hit
 
@@ -141,13 +142,13 @@ def analyze(
     ctx_index: dict[Ctx, int] = {}
     ctx_list: list[Ctx] = []
     tag_ctx: list[int] = []
-    for tag in tags:
-        key = (tag.phase, tag.stage or NO_STAGE)
-        idx = ctx_index.get(key)
+    for t in tags:
+        ckey = (t.phase, t.stage or NO_STAGE)
+        idx = ctx_index.get(ckey)
         if idx is None:
             idx = len(ctx_list)
-            ctx_index[key] = idx
-            ctx_list.append(key)
+            ctx_index[ckey] = idx
+            ctx_list.append(ckey)
         tag_ctx.append(idx)
     window_pool: dict[int, str] = {}
     for w in snap.get("windows", []):
@@ -173,9 +174,13 @@ def analyze(
             stack_owner[stack] = idx
         return idx
 
-    live: dict[int, tuple[int, int, int, int]] = {}  # addr -> (size, ctx, owner, tag)
-    cur: dict[tuple[int, int], int] = defaultdict(int)
-    peak: dict[tuple[int, int], int] = defaultdict(int)
+    # Live-tensor groups are (ctx, owner) packed into one int: key = ctx * base + owner.
+    base = len(snap["stacks"]) + 2
+    stack_owner_list = [-1] * (len(snap["stacks"]) + 1)  # index stack + 1 (stack -1 = none)
+    live: dict[int, tuple[int, int, int]] = {}  # addr -> (size, key, tag)
+    cur: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    cur_get, peak_get = cur.get, peak.get
     seg_live: dict[int, tuple[str, int]] = {}
     stage_growth: dict[int, int] = defaultdict(int)
     stage_segments: dict[int, int] = defaultdict(int)
@@ -208,15 +213,15 @@ def analyze(
     ):
         kind = kinds[a]
         if kind == _ALLOC:
-            ctx = tag_ctx[tag]
-            own = stack_owner.get(stack)
-            if own is None:
+            own = stack_owner_list[stack + 1]
+            if own < 0:
                 own = owner_of(stack)
-            key = (ctx, own)
-            live[addr] = (size, ctx, own, tag)
-            c = cur[key] + size
+                stack_owner_list[stack + 1] = own
+            key = tag_ctx[tag] * base + own
+            live[addr] = (size, key, tag)
+            c = cur_get(key, 0) + size
             cur[key] = c
-            if c > peak[key]:
+            if c > peak_get(key, 0):
                 peak[key] = c
             if pending:
                 p = pending.get(stream)
@@ -227,7 +232,7 @@ def analyze(
         elif kind == free_kind:
             entry = live.pop(addr, None)
             if entry is not None:
-                cur[(entry[1], entry[2])] -= entry[0]
+                cur[entry[1]] -= entry[0]
         elif kind == _SEG_ALLOC:
             ctx = tag_ctx[tag]
             if pidx >= 0:
@@ -243,20 +248,20 @@ def analyze(
                 stage_default[ctx] += size
                 continue
             own = owner_of(stack)
-            key = (ctx, own)
+            tkey = (ctx, own)
             stage_growth[ctx] += size
             stage_segments[ctx] += 1
             stage_pools[ctx].add(pool)
             phase_private_net[ctx_list[ctx][0]] += size
-            trig_bytes[key] += size
-            trig_count[key] += 1
-            trig_stack.setdefault(key, stack)
-            pending[stream] = (key, addr, addr + size)
+            trig_bytes[tkey] += size
+            trig_count[tkey] += 1
+            trig_stack.setdefault(tkey, stack)
+            pending[stream] = (tkey, addr, addr + size)
             if owner_list[own].startswith(UNATTRIBUTED):
                 top = owners.get(stack)[1]
-                row = unattr.setdefault((ctx, top), [0, 0])
-                row[0] += size
-                row[1] += 1
+                urow = unattr.setdefault((ctx, top), [0, 0])
+                urow[0] += size
+                urow[1] += 1
         elif kind == _SEG_FREE:
             ctx = tag_ctx[tag]
             known = seg_live.pop(addr, None)
@@ -317,7 +322,7 @@ def analyze(
     ):
         phase, stage = ctx_list[ctx]
         triggers.append(
-            TriggerRow(
+            TriggerRow.model_construct(
                 stage=stage,
                 phase=phase,
                 owner=owner_list[own],
@@ -329,8 +334,8 @@ def analyze(
         )
     # Identity: every byte of private-pool growth is charged to exactly one trigger row.
     charged: dict[Ctx, int] = defaultdict(int)
-    for row in triggers:
-        charged[(row.phase, row.stage)] += row.bytes
+    for trow in triggers:
+        charged[(trow.phase, trow.stage)] += trow.bytes
     for st in stages:
         if charged.get((st.phase, st.stage), 0) != st.pool_growth_bytes:
             raise InvariantError(
@@ -343,23 +348,26 @@ def analyze(
         raise InvariantError("stage pool growth does not sum to the private pools' growth")
 
     live_peaks = [
-        LivePeak(
+        LivePeak.model_construct(
             phase=ctx_list[ctx][0], stage=ctx_list[ctx][1], owner=owner_list[own], peak_bytes=value
         )
-        for (ctx, own), value in sorted(peak.items(), key=lambda kv: (kv[0][0], -kv[1]))
+        for (ctx, own), value in sorted(
+            ((divmod(k, base), v) for k, v in peak.items()), key=lambda kv: (kv[0][0], -kv[1])
+        )
         if value > 0
     ]
 
     ret: dict[tuple[int, int, int | None], list[int]] = {}
     ret_unattr: dict[tuple[int, str], list[int]] = {}
-    for size, ctx, own, tag in live.values():
+    for size, lkey, ltag in live.values():
+        ctx, own = divmod(lkey, base)
         if ctx_list[ctx][1] == NO_STAGE:
             continue
-        row = ret.setdefault((ctx, own, tag_size[tag]), [0, 0])
-        row[0] += size
-        row[1] += 1
+        rrow = ret.setdefault((ctx, own, tag_size[ltag]), [0, 0])
+        rrow[0] += size
+        rrow[1] += 1
     retained = [
-        RetainedRow(
+        RetainedRow.model_construct(
             phase=ctx_list[ctx][0],
             stage=ctx_list[ctx][1],
             owner=owner_list[own],
@@ -379,7 +387,7 @@ def analyze(
             row[1] += r.count
 
     unattributed = [
-        UnattributedRow(
+        UnattributedRow.model_construct(
             phase=ctx_list[ctx][0],
             stage=ctx_list[ctx][1],
             top_frame=top,
@@ -389,7 +397,7 @@ def analyze(
         )
         for (ctx, top), v in sorted(unattr.items(), key=lambda kv: -kv[1][0])
     ] + [
-        UnattributedRow(
+        UnattributedRow.model_construct(
             phase=ctx_list[ctx][0],
             stage=ctx_list[ctx][1],
             top_frame=top,

@@ -36,12 +36,15 @@ def _load_phases(path: Path) -> list[PhaseRecord]:
         data = data["phases"]
     if not isinstance(data, list):
         raise CommandError(f"{path}: expected a list of phase records or an object with 'phases'")
-    try:
-        return [PhaseRecord.model_validate(item) for item in data]
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise CommandError(f"{path}: phase record field {where}: {first['msg']}") from None
+    records: list[PhaseRecord] = []
+    for i, item in enumerate(data):
+        try:
+            records.append(PhaseRecord.model_validate(item))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise CommandError(f"{path}: phases[{i}].{where}: {first['msg']}") from None
+    return records
 
 
 class AnalyzeCommand:

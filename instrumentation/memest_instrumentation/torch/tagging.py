@@ -44,11 +44,11 @@ _window_base = 0  # windows dropped from the front when MAX_WINDOWS is exceeded
 
 
 def _stack() -> list[tuple[StageTag, dict[str, Any]]]:
-    st = getattr(_LOCAL, "stack", None)
+    st: list[tuple[StageTag, dict[str, Any]]] | None = getattr(_LOCAL, "stack", None)
     if st is None:
         st = []
         _LOCAL.stack = st
-    return st  # type: ignore[no-any-return]
+    return st
 
 
 def current_tag() -> StageTag:

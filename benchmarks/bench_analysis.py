@@ -1,0 +1,257 @@
+"""Benchmark: memest's analysis of a synthetic 1,000,000-event allocator history.
+
+Prints (never asserts) wall time and peak RSS of:
+  1. load_snapshot(memest JSON) + analyze()            target <= 10 s, <= 2 GiB peak RSS
+  2. analyze() alone
+  3. restricted unpickle + conversion of the same history as a torch pickle
+  4. torch's own torch.cuda._memory_viz processing of the same history (trace(), segsum(),
+     trace_plot()), for a ratio; needs torch (CPU build is enough).
+
+Each case runs in a fresh subprocess so peak RSS is its own.
+
+Usage: python benchmarks/bench_analysis.py [--events 1000000] [--workdir DIR] [--skip-torch]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from memest.analysis import StageTag, format_tag
+from memest.snapshot import dump_snapshot, to_torch
+from memest.snapshot.format import FORMAT_NAME, FORMAT_VERSION, Snapshot
+
+MiB = 1 << 20
+STAGES = [
+    ("target.piecewise", [8192 - 256 * i for i in range(32)]),
+    ("target.full", [512 - 8 * i for i in range(48)]),
+    ("draft.step0.piecewise", [8192 - 256 * i for i in range(32)]),
+    ("draft.steps.full", [1024 - 16 * i for i in range(64)]),
+]
+OWNER_FUNCS = [
+    ("fp8_fp4_paged_mqa_logits", "vllm/utils/deep_gemm.py"),
+    ("as_fp32_logits", "vllm/model_executor/layers/sparse_attn_indexer.py"),
+    ("_maybe_add_hidden_state", "vllm/model_executor/models/interfaces.py"),
+    ("compute_draft_logits", "vllm/model_executor/models/qwen3_dspark.py"),
+    ("_alloc_attn_out", "vllm/models/deepseek_v4/attention.py"),
+    ("_allocate_buffers", "vllm/model_executor/layers/fused_moe/modular_kernel.py"),
+]
+
+
+def synthesize(n_events: int, seed: int = 0) -> Snapshot:
+    """A memest snapshot whose events look like a vLLM capture: many stacks, tags, pools."""
+    rng = random.Random(seed)
+    frames: list[list[Any]] = []
+    for i in range(600):
+        frames.append([f"vllm/model_executor/layers/mod{i % 60}.py", 10 + i, f"fn_{i}"])
+    base = len(frames)
+    for name, file in OWNER_FUNCS:
+        frames.append([file, 100, name])
+    frames.append(["torch/nn/modules/module.py", 1750, "_call_impl"])
+    torch_frame = len(frames) - 1
+    stacks: list[list[int]] = []
+    for s in range(3000):
+        depth = rng.randint(12, 30)
+        body = [rng.randrange(600) for _ in range(depth)]
+        if s % 3 == 0:
+            body.insert(0, base + rng.randrange(len(OWNER_FUNCS)))
+        stacks.append([torch_frame, *body])
+    tags = [""]
+    tag_ids: dict[str, int] = {"": 0}
+    actions = ["alloc", "free_requested", "free_completed", "segment_alloc", "segment_free"]
+    cols: dict[str, list[int]] = {
+        k: [] for k in ("action", "addr", "size", "stream", "time_us", "tag", "stack")
+    }
+    windows: list[dict[str, Any]] = []
+    a_act, a_addr, a_size = cols["action"].append, cols["addr"].append, cols["size"].append
+    a_stream, a_time, a_tag, a_stack = (
+        cols["stream"].append,
+        cols["time_us"].append,
+        cols["tag"].append,
+        cols["stack"].append,
+    )
+    t = 1_000_000
+    next_addr = 0x7F00_0000_0000
+    window = 0
+    n = 0
+    while n < n_events:
+        for stage, sizes in STAGES:
+            for size in sizes:
+                window += 1
+                text = format_tag(StageTag("capture", stage, size, "0,1", window))
+                tid = tag_ids.setdefault(text, len(tags))
+                if tid == len(tags):
+                    tags.append(text)
+                windows.append(
+                    {
+                        "kind": "capture",
+                        "tag": text,
+                        "window": window,
+                        "pool": "0,1",
+                        "start_us": t,
+                        "end_us": t + 1000,
+                    }
+                )
+                live: list[tuple[int, int]] = []
+                for _ in range(rng.randint(40, 120)):
+                    if n >= n_events:
+                        break
+                    stack = rng.randrange(len(stacks))
+                    nbytes = rng.choice((512, 4096, 65536, 2 * MiB, 16 * MiB))
+                    if rng.random() < 0.05:
+                        seg = max(2 * MiB, nbytes)
+                        for act, addr, sz in ((3, next_addr, seg), (0, next_addr, nbytes)):
+                            a_act(act), a_addr(addr), a_size(sz), a_stream(7), a_time(t)
+                            a_tag(tid), a_stack(stack)
+                            t += 1
+                        n += 2
+                    else:
+                        a_act(0), a_addr(next_addr), a_size(nbytes), a_stream(7), a_time(t)
+                        a_tag(tid), a_stack(stack)
+                        n += 1
+                        t += 1
+                    live.append((next_addr, nbytes))
+                    next_addr += nbytes + 512
+                    if len(live) > 8 and rng.random() < 0.7:
+                        addr, nbytes = live.pop(rng.randrange(len(live)))
+                        for act in (1, 2):
+                            a_act(act), a_addr(addr), a_size(nbytes), a_stream(7), a_time(t)
+                            a_tag(tid), a_stack(-1)
+                            t += 1
+                        n += 2
+                if n >= n_events:
+                    break
+            if n >= n_events:
+                break
+    for k in cols:
+        del cols[k][n_events:]
+    return {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "source": {"synthetic": True, "max_entries": 2 * n_events},
+        "frames": frames,
+        "stacks": stacks,
+        "tags": tags,
+        "actions": actions,
+        "events": cols,
+        "segments": [],
+        "windows": windows,
+        "phases": [],
+    }
+
+
+_CASES = {
+    "memest_load_and_analyze": (
+        "from memest.snapshot import load_snapshot\nfrom memest.analysis import analyze\n"
+        "s = load_snapshot(PATH_JSON)\nbd = analyze(s)\nresult = len(bd.triggers)\n"
+    ),
+    "memest_analyze_only": (
+        "from memest.snapshot import load_snapshot\nfrom memest.analysis import analyze\n"
+        "s = load_snapshot(PATH_JSON)\nt0 = time.perf_counter()\nbd = analyze(s)\n"
+        "result = len(bd.triggers)\n"
+    ),
+    "memest_from_torch_pickle": (
+        "from memest.snapshot import load_snapshot\nfrom memest.analysis import analyze\n"
+        "s = load_snapshot(PATH_PICKLE)\nbd = analyze(s)\nresult = len(bd.triggers)\n"
+    ),
+    "torch_memory_viz_trace": (
+        "import pickle, torch.cuda._memory_viz as mv\n"
+        "data = pickle.load(open(PATH_PICKLE, 'rb'))\nt0 = time.perf_counter()\n"
+        "result = len(mv.trace(data))\n"
+    ),
+    "torch_memory_viz_segsum": (
+        "import pickle, torch.cuda._memory_viz as mv\n"
+        "data = pickle.load(open(PATH_PICKLE, 'rb'))\nt0 = time.perf_counter()\n"
+        "result = len(mv.segsum(data))\n"
+    ),
+    "torch_memory_viz_trace_plot": (
+        "import pickle, torch.cuda._memory_viz as mv\n"
+        "data = pickle.load(open(PATH_PICKLE, 'rb'))\nt0 = time.perf_counter()\n"
+        "result = len(mv.trace_plot(data))\n"
+    ),
+}
+
+_RUNNER = """
+import json, resource, sys, time
+PATH_JSON, PATH_PICKLE = sys.argv[1], sys.argv[2]
+t0 = time.perf_counter()
+{body}
+dt = time.perf_counter() - t0
+print(json.dumps({{"seconds": dt, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "result": result}}))
+"""
+
+
+def run_case(name: str, path_json: Path, path_pickle: Path, timeout_s: float) -> dict[str, Any]:
+    code = _RUNNER.format(body=_CASES[name])
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(path_json), str(path_pickle)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish within {timeout_s:.0f} s"}
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    args = parser.parse_args()
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="memest-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    snap = synthesize(args.events)
+    path_json = work / "synthetic.memest.json"
+    path_pickle = work / "synthetic.torch.pickle"
+    dump_snapshot(snap, path_json)
+    path_pickle.write_bytes(pickle.dumps(to_torch(snap), protocol=4))
+    print(
+        f"synthetic history: {args.events} events, {len(snap['stacks'])} stacks, "
+        f"{len(snap['tags'])} tags; memest JSON {path_json.stat().st_size / MiB:.0f} MiB, "
+        f"torch pickle {path_pickle.stat().st_size / MiB:.0f} MiB "
+        f"(built in {time.perf_counter() - t0:.1f} s)"
+    )
+    del snap
+    results: dict[str, dict[str, Any]] = {}
+    names = [n for n in _CASES if not (args.skip_torch and n.startswith("torch_"))]
+    for name in names:
+        res = run_case(name, path_json, path_pickle, args.timeout)
+        results[name] = res
+        if "error" in res:
+            print(f"{name:32s} {res['error']}")
+        else:
+            print(
+                f"{name:32s} {res['seconds']:8.2f} s   peak RSS {res['peak_rss_bytes'] / MiB:7.0f} MiB"
+            )
+    base = results.get("memest_analyze_only", {}).get("seconds")
+    if base:
+        for name in (
+            "torch_memory_viz_trace",
+            "torch_memory_viz_segsum",
+            "torch_memory_viz_trace_plot",
+        ):
+            other = results.get(name, {}).get("seconds")
+            if other:
+                print(f"ratio {name} / memest_analyze_only = {other / base:.2f}")
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
