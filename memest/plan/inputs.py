@@ -121,6 +121,20 @@ class PlanInput:
     max_decode_cudagraph_capture_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        # Lists become tuples, so an input is hashable and the memoized rules accept it.
+        if self.dynamic_sd is not None:
+            rows = self.dynamic_sd
+            if isinstance(rows, str | bytes) or not isinstance(rows, Sequence):
+                raise ConfigError("num_speculative_tokens_per_batch_size", rows, "must be a list")
+            object.__setattr__(self, "dynamic_sd", tuple(tuple(r) for r in rows))
+        for name in (
+            "cudagraph_capture_sizes",
+            "prefill_cudagraph_capture_token_sizes",
+            "decode_cudagraph_capture_request_sizes",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
         _positive_int("max_num_seqs", self.max_num_seqs)
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         k = self.num_speculative_tokens

@@ -47,7 +47,8 @@ class SeedSizes:
         one_token_requests: later draft steps' request sizes (q = 1).
         av_tokens: adaptive-verification token sizes.
         recorded_max_tokens: the recorded max_cudagraph_capture_size (all graph kinds).
-        main: vLLM 0.33.0's resolution of the same input (its list seeds legacy paths).
+        main: vLLM 0.33.0's resolution of the same input where it seeds the sizes (off SM100,
+            legacy fields); empty on SM100 defaults.
         warnings: dropped entries and clipped caps, each naming the field.
     """
 
@@ -77,6 +78,9 @@ class SeedSizes:
         if self.decode_from_grid:
             return decode_grid(cap)
         return sorted({n for n in self.decode_source if n <= cap} | {cap})
+
+
+_EMPTY_MAIN = MainSizes([], 0, [])
 
 
 def _main_request_counts(main: MainSizes, q: int, max_num_seqs: int) -> list[int]:
@@ -115,23 +119,26 @@ def _clip_cap(name: str, cap: int, limit: int, limit_name: str, warnings: list[s
 def resolve_seed(inp: PlanInput) -> SeedSizes:
     """Resolve the seed's five fields for ``inp`` (see the module docstring)."""
     warnings: list[str] = []
-    main = capture_sizes(
-        sm100=inp.sm100,
-        max_num_seqs=inp.max_num_seqs,
-        max_num_batched_tokens=inp.max_num_batched_tokens,
-        num_speculative_tokens=inp.num_speculative_tokens,
-        dynamic_sd=inp.dynamic_sd,
-        cudagraph_capture_sizes=inp.cudagraph_capture_sizes,
-        max_cudagraph_capture_size=inp.max_cudagraph_capture_size,
-        performance_mode=inp.performance_mode,
-    )
     legacy = inp.uses_legacy_fields
+    # vLLM's own list seeds the off-SM100 and legacy paths; SM100 defaults never read it.
+    main_defaults = legacy or not inp.sm100
+    main = _EMPTY_MAIN
+    if main_defaults:
+        main = capture_sizes(
+            sm100=inp.sm100,
+            max_num_seqs=inp.max_num_seqs,
+            max_num_batched_tokens=inp.max_num_batched_tokens,
+            num_speculative_tokens=inp.num_speculative_tokens,
+            dynamic_sd=inp.dynamic_sd,
+            cudagraph_capture_sizes=inp.cudagraph_capture_sizes,
+            max_cudagraph_capture_size=inp.max_cudagraph_capture_size,
+            performance_mode=inp.performance_mode,
+        )
     if legacy:
         warnings.append(
             "cudagraph_capture_sizes / max_cudagraph_capture_size are deprecated: they "
             "initialize both prefill and decode sizes"
         )
-    main_defaults = legacy or not inp.sm100
     seqs = inp.max_num_seqs
     mnbt = inp.max_num_batched_tokens
     interactivity = inp.performance_mode == "interactivity"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from memest.errors import ConfigError
@@ -68,13 +69,15 @@ def _parse_schedule(schedule: DynamicSDSchedule) -> list[tuple[int, int, int]]:
     return parsed
 
 
+@lru_cache(maxsize=1024)
 def dynamic_sd_segments(
     schedule: DynamicSDSchedule, max_batch_size: int, num_speculative_tokens: int
-) -> list[tuple[int, int, int]]:
+) -> tuple[tuple[int, int, int], ...]:
     """The dense batch size → K table of ``build_dynamic_sd_schedule_lookup`` as runs.
 
     Returns (first batch size, last batch size, K) runs covering 1 … max_batch_size. Gaps and
     the tail carry the previous K forward; every K is clamped to ``num_speculative_tokens``.
+    Memoized: ``schedule`` must be a tuple of tuples.
 
     Raises:
         ConfigError: the schedule is empty, overlapping, not starting at 1, or has bad values.
@@ -102,7 +105,7 @@ def dynamic_sd_segments(
             break
     if last_k is not None and next_bs <= max_batch_size:
         runs.append((next_bs, max_batch_size, min(num_speculative_tokens, last_k)))
-    return runs
+    return tuple(runs)
 
 
 def dynamic_sd_lookup(
