@@ -124,8 +124,14 @@ class PlanInput:
         # Lists become tuples, so an input is hashable and the memoized rules accept it.
         if self.dynamic_sd is not None:
             rows = self.dynamic_sd
-            if isinstance(rows, str | bytes) or not isinstance(rows, Sequence):
-                raise ConfigError("num_speculative_tokens_per_batch_size", rows, "must be a list")
+            if (
+                isinstance(rows, str | bytes)
+                or not isinstance(rows, Sequence)
+                or not all(isinstance(r, Sequence) and not isinstance(r, str) for r in rows)
+            ):
+                raise ConfigError(
+                    "num_speculative_tokens_per_batch_size", rows, "must be [[start, end, K], ...]"
+                )
             object.__setattr__(self, "dynamic_sd", tuple(tuple(r) for r in rows))
         for name in (
             "cudagraph_capture_sizes",
