@@ -87,3 +87,30 @@ def client(make_client: MakeClient) -> TestClient:
 @pytest.fixture
 def demo_client(make_client: MakeClient) -> TestClient:
     return make_client(demo=True)
+
+
+@pytest.fixture
+def live_server(sqlite_url: str) -> Iterator[str]:
+    """A real uvicorn on 127.0.0.1 (a free port) in a thread; yields its base URL."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    app = create_app(Settings(database_url=sqlite_url, write_token=TOKEN))  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)

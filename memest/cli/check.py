@@ -1,0 +1,192 @@
+"""Gate a run on memory limits, for CI: exit 1 when any limit is breached.
+
+  memest check report.rank0.json --max-graph-pool 6GiB --max-estimate-error 0.25GiB
+  memest check pr.json --baseline main.json --max-kv-drop 0.05 --max-pool-growth 0.10
+  memest check pr.json --max-stage target.full=4GiB --min-kv-tokens 6000000
+
+Estimator error is |usage minus budget| of one estimator's record (--estimator; "auto" takes
+memest's record, else vLLM's). A limit the report has no figure for is an error (exit 2), never
+a silent pass. Exit codes: 0 every limit holds, 1 a limit is breached, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from memest.cli._reports import load_report
+from memest.errors import CommandError
+from memest.reporters.views import estimator_error, run_facts
+from memest.schema import RunReport
+from memest.units import fmt_bytes, parse_bytes
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    ok: bool
+    detail: str
+
+
+def _stage_limit(text: str) -> tuple[str, int]:
+    stage, sep, size = text.partition("=")
+    if not sep or not stage:
+        raise argparse.ArgumentTypeError(
+            f"expected STAGE=SIZE (e.g. target.full=4GiB), got {text!r}"
+        )
+    return stage, parse_bytes(size, field="--max-stage")
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction such as 0.05, got {text!r}"
+        ) from None
+    if not 0 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"fraction out of range: {text}")
+    return value
+
+
+class CheckCommand:
+    name = "check"
+    help = __doc__ or ""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("report", type=Path, help="RunReport JSON to check")
+        parser.add_argument("--max-graph-pool", metavar="SIZE", help="limit on graph-pool growth")
+        parser.add_argument(
+            "--max-total-added", metavar="SIZE", help="limit on memory added during capture"
+        )
+        parser.add_argument(
+            "--max-estimate-error", metavar="SIZE", help="limit on |usage minus budget|"
+        )
+        parser.add_argument(
+            "--estimator",
+            default="auto",
+            choices=["auto", "memest", "vllm", "published", "memest-plan", "measured"],
+            help="whose estimate --max-estimate-error checks (default auto: memest, else vllm)",
+        )
+        parser.add_argument("--min-kv-tokens", type=int, metavar="N", help="KV capacity floor")
+        parser.add_argument(
+            "--max-stage",
+            type=_stage_limit,
+            action="append",
+            default=[],
+            metavar="STAGE=SIZE",
+            help="limit on one stage's pool growth (repeatable)",
+        )
+        parser.add_argument("--baseline", type=Path, help="baseline RunReport for relative limits")
+        parser.add_argument(
+            "--max-kv-drop", type=_fraction, metavar="FRACTION", help="vs --baseline, e.g. 0.05"
+        )
+        parser.add_argument(
+            "--max-pool-growth", type=_fraction, metavar="FRACTION", help="vs --baseline, e.g. 0.10"
+        )
+
+    def run(self, args: argparse.Namespace) -> int:
+        report = load_report(args.report)
+        baseline = load_report(args.baseline) if args.baseline else None
+        outcomes = evaluate(report, baseline, args)
+        if not outcomes:
+            raise CommandError("no limit given (see memest check --help)")
+        for o in outcomes:
+            print(f"{'PASS' if o.ok else 'FAIL'}  {o.name}: {o.detail}")
+        failed = [o for o in outcomes if not o.ok]
+        print(f"{len(outcomes) - len(failed)}/{len(outcomes)} limits hold for {report.run_id}")
+        return 1 if failed else 0
+
+
+def _need(value: int | None, what: str, report: RunReport) -> int:
+    if value is None:
+        raise CommandError(f"{report.run_id}: the report has no {what}")
+    return value
+
+
+def evaluate(
+    report: RunReport, baseline: RunReport | None, args: argparse.Namespace
+) -> list[Outcome]:
+    """Every requested limit, evaluated against the report (and the baseline)."""
+    facts = run_facts(report)
+    out: list[Outcome] = []
+    if args.max_graph_pool:
+        limit = parse_bytes(args.max_graph_pool, field="--max-graph-pool")
+        v = _need(facts.graph_pool_bytes, "graph-pool figure (breakdown)", report)
+        out.append(Outcome("graph pool", v <= limit, f"{fmt_bytes(v)} (limit {fmt_bytes(limit)})"))
+    if args.max_total_added:
+        limit = parse_bytes(args.max_total_added, field="--max-total-added")
+        v = _need(facts.total_added_bytes, "capture phase split", report)
+        out.append(
+            Outcome(
+                "added during capture", v <= limit, f"{fmt_bytes(v)} (limit {fmt_bytes(limit)})"
+            )
+        )
+    if args.max_estimate_error:
+        limit = parse_bytes(args.max_estimate_error, field="--max-estimate-error")
+        name = args.estimator
+        err = None
+        if name == "auto":
+            for candidate in ("memest", "vllm"):
+                err = estimator_error(report, candidate)
+                if err is not None:
+                    name = candidate
+                    break
+        else:
+            err = estimator_error(report, name)
+        v = _need(err, f"usage-minus-budget figure for estimator {args.estimator!r}", report)
+        out.append(
+            Outcome(
+                f"estimate error ({name})",
+                abs(v) <= limit,
+                f"usage minus budget {fmt_bytes(v)} (limit ±{fmt_bytes(limit)})",
+            )
+        )
+    if args.min_kv_tokens is not None:
+        v = _need(facts.kv_tokens, "KV token count", report)
+        out.append(
+            Outcome("KV tokens", v >= args.min_kv_tokens, f"{v:,} (floor {args.min_kv_tokens:,})")
+        )
+    stages = (
+        {s.stage: s.pool_growth_bytes for s in report.breakdown.stages} if report.breakdown else {}
+    )
+    for stage, limit in args.max_stage:
+        if stage not in stages:
+            raise CommandError(
+                f"{report.run_id}: no stage {stage!r} (stages: {', '.join(stages) or 'none'})"
+            )
+        v = stages[stage]
+        out.append(
+            Outcome(f"stage {stage}", v <= limit, f"{fmt_bytes(v)} (limit {fmt_bytes(limit)})")
+        )
+    if (args.max_kv_drop is not None or args.max_pool_growth is not None) and baseline is None:
+        raise CommandError("--max-kv-drop and --max-pool-growth need --baseline")
+    if baseline is not None:
+        base = run_facts(baseline)
+        if args.max_kv_drop is not None:
+            b = _need(base.kv_tokens, "KV token count", baseline)
+            v = _need(facts.kv_tokens, "KV token count", report)
+            drop = 1 - v / b if b else 0.0
+            out.append(
+                Outcome(
+                    "KV drop vs baseline",
+                    drop <= args.max_kv_drop,
+                    f"{drop:+.1%} ({b:,} → {v:,}; limit {args.max_kv_drop:.1%})",
+                )
+            )
+        if args.max_pool_growth is not None:
+            b = _need(base.graph_pool_bytes, "graph-pool figure", baseline)
+            v = _need(facts.graph_pool_bytes, "graph-pool figure", report)
+            growth = v / b - 1 if b else (0.0 if v == 0 else float("inf"))
+            out.append(
+                Outcome(
+                    "graph-pool growth vs baseline",
+                    growth <= args.max_pool_growth,
+                    f"{growth:+.1%} ({fmt_bytes(b)} → {fmt_bytes(v)}; limit {args.max_pool_growth:.1%})",
+                )
+            )
+    return out
+
+
+COMMAND = CheckCommand()

@@ -1,0 +1,67 @@
+"""Self-contained HTML for a run or a comparison: inline CSS and SVG, no scripts, no network."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from html import escape
+
+from memest.reporters import plots
+from memest.reporters.markdown import Table, comparison_tables, run_tables
+from memest.reporters.views import Comparison, stage_bars
+from memest.schema import RunReport
+
+_CSS = """
+body{font:14px/1.45 system-ui,sans-serif;color:#1f2933;margin:1.5rem;max-width:1100px}
+h1{font-size:1.3rem}h2{font-size:1.05rem;margin-top:1.4rem}
+table{border-collapse:collapse;margin:.3rem 0}
+th,td{border-bottom:1px solid #d9e2ec;padding:.25rem .6rem;text-align:left}
+th{background:#f5f7fa}td:not(:first-child){text-align:right;font-variant-numeric:tabular-nums}
+.meta{color:#616e7c}
+"""
+
+
+def _cell(text: str) -> str:
+    if text.startswith("**") and text.endswith("**") and len(text) > 4:
+        return f"<strong>{escape(text[2:-2])}</strong>"
+    return escape(text)
+
+
+def _tables(tables: Sequence[Table]) -> str:
+    parts = []
+    for t in tables:
+        parts.append(f"<h2>{escape(t.title)}</h2><table><thead><tr>")
+        parts.extend(f"<th>{escape(h)}</th>" for h in t.header)
+        parts.append("</tr></thead><tbody>")
+        for row in t.rows:
+            parts.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in row) + "</tr>")
+        parts.append("</tbody></table>")
+    return "".join(parts)
+
+
+def _page(title: str, meta: str, body: str) -> str:
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>"
+        f'<p class="meta">{escape(meta)}</p>{body}</body></html>\n'
+    )
+
+
+def run_html(report: RunReport) -> str:
+    """One report: stacked stage x owner bars and the run tables."""
+    svg = plots.stage_owner_svg(stage_bars(report), "Graph-pool growth by stage and owner")
+    meta = f"Run {report.run_id}, rank {report.rank}/{report.world_size}, source {report.source}"
+    return _page(
+        f"{report.model} · {report.build.label or report.run_id}",
+        meta,
+        svg + _tables(run_tables(report)),
+    )
+
+
+def comparison_html(cmp: Comparison) -> str:
+    """Two runs: paired stage bars and the "main → PR" tables."""
+    meta = f"A {cmp.a.run_id} ({cmp.a.source}) · B {cmp.b.run_id} ({cmp.b.source})"
+    return _page(
+        f"{cmp.a.model}: {cmp.a.build} → {cmp.b.build}",
+        meta,
+        plots.compare_svg(cmp) + _tables(comparison_tables(cmp)),
+    )
