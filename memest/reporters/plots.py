@@ -54,8 +54,8 @@ def _nice_max(value: float) -> float:
 
 def stage_owner_svg(bars: Sequence[StageBar], title: str = "Added graph-pool memory") -> str:
     """Stacked bars: one per capture stage, one segment per owner, heights in GiB."""
-    width, height = 700, 340
-    left, right, top, bottom = 60, 250, 36, 70
+    width, height = 620, 330
+    left, right, top, bottom = 50, 215, 36, 66
     plot_w, plot_h = width - left - right, height - top - bottom
     max_gib = _nice_max(max((b.pool_growth_bytes / GiB for b in bars), default=0))
     out = [

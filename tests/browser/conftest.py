@@ -1,0 +1,99 @@
+"""Browser fixtures: the demo service on a real uvicorn (loopback) and headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import require_or_skip
+
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+
+
+def _chromium() -> str | None:
+    env = os.environ.get("MEMEST_CHROMIUM")
+    if env and Path(env).exists():
+        return env
+    for c in CHROMIUM_CANDIDATES:
+        if Path(c).exists():
+            return c
+    return shutil.which("chromium")
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    try:
+        import uvicorn
+
+        from memest.service import create_app
+        from memest.service.config import Settings
+    except ImportError as exc:
+        require_or_skip("MEMEST_REQUIRE_BROWSER", f"service extra missing: {exc}")
+        raise
+    db = tmp_path_factory.mktemp("browser") / "memest.db"
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    app = create_app(Settings(database_url=f"sqlite:///{db}", demo=True, write_token="t"))  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    exe = _chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        require_or_skip(
+            "MEMEST_REQUIRE_BROWSER", "playwright is not installed (pip install playwright)"
+        )
+        raise
+    if exe is None:
+        require_or_skip(
+            "MEMEST_REQUIRE_BROWSER", "Chromium not found (apt-get install -y chromium)"
+        )
+        raise RuntimeError("unreachable")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any, demo_server: str) -> Iterator[Any]:
+    """A page that may load only the demo server: any other host is blocked and recorded."""
+    context = browser.new_context(viewport={"width": 1300, "height": 900})
+    pg = context.new_page()
+    pg.outside_requests = []  # type: ignore[attr-defined]
+    pg.console_errors = []  # type: ignore[attr-defined]
+
+    def route(r: Any) -> None:
+        if r.request.url.startswith(demo_server):
+            r.continue_()
+        else:
+            pg.outside_requests.append(r.request.url)  # type: ignore[attr-defined]
+            r.abort()
+
+    pg.route("**/*", route)
+    pg.on("console", lambda m: m.type == "error" and pg.console_errors.append(m.text))  # type: ignore[attr-defined]
+    yield pg
+    context.close()
