@@ -323,3 +323,54 @@ def test_dynamic_sd_table_equals_vllm(vllm_env: types.SimpleNamespace) -> None:
         except ConfigError:
             got = "error"
         assert got == expected, (schedule, max_bs, k)
+
+
+def test_one_token_draft_graphs_per_dynamic_sd_k(
+    vllm_env: types.SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SpeculatorCudaGraphManager.capture specializes the fused draft loop per K ≥ 2; the base
+    capture (which needs a GPU) is replaced by a no-op so the specialized list can be read."""
+    from vllm.v1.worker.gpu.spec_decode.target_dependent_ar.cudagraph_utils import (
+        SpeculatorCudaGraphManager,
+    )
+
+    from memest.plan import PlanInput, resolve
+
+    monkeypatch.setattr(vllm_env.CudaGraphManager, "capture", lambda self, fn, desc="": None)
+    compared = 0
+    for sm100, seqs, (k, dyn) in itertools.product((True, False), (8, 256, 1024), _k_dyn()):
+        if dyn is None:
+            continue
+        cfg = _stand_in_vllm_config(
+            vllm_env, seqs=seqs, mnbt=8192, k=k, dyn=dyn, compilation={}, perf="balanced"
+        )
+        _vllm_sizes(vllm_env, sm100, cfg)
+        manager = object.__new__(SpeculatorCudaGraphManager)
+        manager.vllm_config = cfg
+        manager.compilation_config = cfg.compilation_config
+        manager.max_num_reqs = seqs
+        manager.cudagraph_mode = vllm_env.CUDAGraphMode.FULL_DECODE_ONLY
+        manager.decode_query_len = 1
+        manager.varlen_decode = False
+        manager.ubatch_runner = None
+        manager.lora_capture_cases = [0]
+        manager._candidates = {}
+        manager._capture_descs = {}
+        manager._init_candidates()
+        manager.capture(None, None, None, None, None, None, specialize_spec_tokens=True)
+        vllm_count = sum(len(d) for d in manager._capture_descs.values())
+        plan = resolve(
+            PlanInput(
+                sm100=sm100,
+                max_num_seqs=seqs,
+                max_num_batched_tokens=8192,
+                spec_method="eagle3",
+                num_speculative_tokens=k,
+                dynamic_sd=dyn,
+            ),
+            "vllm-0.33.0",
+        )
+        ours = sum(r.graph_count for r in plan.runners if r.runner == "draft.steps.full")
+        assert ours == vllm_count, (sm100, seqs, k, dyn)
+        compared += 1
+    assert compared > 0
