@@ -185,8 +185,13 @@ PATH_JSON, PATH_PICKLE = sys.argv[1], sys.argv[2]
 t0 = time.perf_counter()
 {body}
 dt = time.perf_counter() - t0
-print(json.dumps({{"seconds": dt, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                  "result": result}}))
+def _hwm():
+    # VmHWM belongs to this process image; ru_maxrss would also count the forking parent.
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({{"seconds": dt, "peak_rss_bytes": _hwm(), "result": result}}))
 """
 
 

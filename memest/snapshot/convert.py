@@ -6,6 +6,7 @@ stacks and tags, so a 1,000,000-event history fits in a few hundred MB of Python
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -15,6 +16,7 @@ from memest.errors import SnapshotFormatError
 from memest.snapshot.format import EVENT_COLUMNS, FORMAT_NAME, FORMAT_VERSION, Snapshot
 
 _PKG_DIRS = ("site-packages", "dist-packages")
+_FRAME_KEY = operator.itemgetter("filename", "line", "name")
 
 
 def scrub_path(path: str, roots: Sequence[str] = ()) -> str:
@@ -52,6 +54,7 @@ class _Interner:
         self.frame_ids: dict[tuple[str, int, str], int] = {}
         self.stacks: list[list[int]] = []
         self.stack_ids: dict[tuple[int, ...], int] = {}
+        self.raw_stack_ids: dict[tuple[tuple[Any, ...], ...], int] = {}
         self.tags: list[str] = [""]
         self.tag_ids: dict[str, int] = {"": 0}
         self.actions: list[str] = []
@@ -79,12 +82,21 @@ class _Interner:
     def stack(self, frames: Iterable[dict[str, Any]] | None) -> int:
         if not frames:
             return -1
-        key = tuple(self.frame(f) for f in frames)
-        idx = self.stack_ids.get(key)
+        try:
+            raw = tuple(map(_FRAME_KEY, frames))
+        except KeyError:  # a frame without the usual keys: take the slow path
+            raw = tuple(
+                (f.get("filename", ""), f.get("line", 0), f.get("name", "")) for f in frames
+            )
+        idx = self.raw_stack_ids.get(raw)
         if idx is None:
-            idx = len(self.stacks)
-            self.stack_ids[key] = idx
-            self.stacks.append(list(key))
+            key = tuple(self.frame({"filename": r[0], "line": r[1], "name": r[2]}) for r in raw)
+            idx = self.stack_ids.get(key)
+            if idx is None:
+                idx = len(self.stacks)
+                self.stack_ids[key] = idx
+                self.stacks.append(list(key))
+            self.raw_stack_ids[raw] = idx
         return idx
 
     def intern(self, table: list[str], ids: dict[str, int], value: str) -> int:

@@ -364,7 +364,11 @@ def main() -> int:
                 "ratio": t["median_ratio"],
             }
         )
-        print(f"timing {name}: ratio on/off = {t['median_ratio']:.3f}", flush=True)
+        print(
+            f"timing {name}: ratio on/off = {t['median_ratio']:.3f}; "
+            f"{t['overhead_us_per_event']:.2f} us/event; variants {t['variant_ratios']}",
+            flush=True,
+        )
 
     # ---- small real snapshots for CPU tests ---------------------------------------------------
     try:
@@ -425,25 +429,49 @@ class Layered:
 
 
 def time_workload(run: Any, graphs: list[torch.cuda.CUDAGraph], repeats: int = 5) -> dict[str, Any]:
+    """Median capture time: off, torch history alone, memest tags alone, memest full."""
     run(None)
     release(graphs)
     off: list[float] = []
     for _ in range(repeats):
         off.append(run(None))
         release(graphs)
-    on: list[float] = []
+    variants: dict[str, list[float]] = {}
+    # torch's own history recording, no memest (context="all" as torch's default).
+    torch.cuda.memory._record_memory_history(
+        enabled="all", context="all", stacks="python", max_entries=1_000_000
+    )
+    variants["torch_history_all"] = []
+    for _ in range(repeats):
+        variants["torch_history_all"].append(run(None))
+        release(graphs)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    # memest tags and graph hooks only (no history).
+    rec = Recorder(history=False).start()
+    variants["memest_tags_only"] = []
+    with rec.phase("capture"):
+        for _ in range(repeats):
+            variants["memest_tags_only"].append(run(rec))
+            release(graphs)
+    rec.stop()
+    # memest full: history (context="alloc") + tags + graph hooks; last, as in a real start.
     rec = Recorder(history=True, max_entries=1_000_000, stacks="python").start()
+    on: list[float] = []
     with rec.phase("capture"):
         for _ in range(repeats):
             on.append(run(rec))
             release(graphs)
     events = len(rec.snapshot()["events"]["action"])
     rec.stop()
+    base = statistics.median(off)
     return {
         "off_s": off,
         "on_s": on,
-        "median_ratio": statistics.median(on) / statistics.median(off),
+        "median_ratio": statistics.median(on) / base,
+        "variant_ratios": {k: statistics.median(v) / base for k, v in variants.items()},
+        "variants_s": variants,
         "events_recorded_on": events,
+        "overhead_us_per_event": (statistics.median(on) - base) * 1e6 / max(1, events / repeats),
     }
 
 
@@ -541,7 +569,8 @@ def render_report(summary: dict[str, Any], bd: Any) -> str:
             f"Capture time, {name} workload, recorder on/off (median of {len(t['on_s'])}): "
             f"{t['median_ratio']:.3f}x; off {statistics.median(t['off_s']) * 1e3:.1f} ms, on "
             f"{statistics.median(t['on_s']) * 1e3:.1f} ms; {t['events_recorded_on']} events "
-            "recorded over the on runs.",
+            f"recorded over the on runs ({t['overhead_us_per_event']:.2f} us per event). "
+            f"Other variants / off: {json.dumps(t['variant_ratios'])}.",
         ]
     lines += ["", "## Breakdown (memest analyze)", "", render_markdown(bd)]
     return "\n".join(lines) + "\n"

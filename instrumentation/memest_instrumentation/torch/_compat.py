@@ -58,9 +58,11 @@ def set_metadata(text: str) -> None:
     _torch().cuda.memory._set_memory_metadata(text)
 
 
-def start_history(*, max_entries: int, stacks: str) -> None:
+def start_history(*, max_entries: int, stacks: str, context: str = "alloc") -> None:
+    # context="alloc": stacks on alloc and segment events only; frees reuse the allocation's
+    # stack, which halves the per-event cost and loses nothing the analysis reads.
     _torch().cuda.memory._record_memory_history(
-        enabled="all", context="all", stacks=stacks, max_entries=max_entries
+        enabled="all", context=context, stacks=stacks, max_entries=max_entries
     )
 
 

@@ -66,6 +66,8 @@ class Recorder:
         device: CUDA device index; default the current device when first needed.
         pool_readings: read reserved bytes per pool at phase edges (an allocator snapshot
             without traces; cheap on torch that supports include_traces=False).
+        context: "alloc" (default) records stacks on allocations and segment events; "all"
+            also on frees (about twice the recording cost; the analysis does not use them).
     """
 
     def __init__(
@@ -76,8 +78,10 @@ class Recorder:
         scrub_paths: bool = True,
         device: int | None = None,
         pool_readings: bool = True,
+        context: Literal["alloc", "all"] = "alloc",
     ) -> None:
         self.history = history
+        self.context = context
         self.max_entries = max_entries
         self.stacks = stacks
         self.scrub_paths = scrub_paths
@@ -135,7 +139,9 @@ class Recorder:
             self._warn("graphs", f"graph-pool hooks not installed: {exc}")
         if self.history:
             try:
-                _compat.start_history(max_entries=self.max_entries, stacks=self.stacks)
+                _compat.start_history(
+                    max_entries=self.max_entries, stacks=self.stacks, context=self.context
+                )
                 self._history_on = True
             except Exception as exc:  # fail open
                 self._warn("history", f"memory history not started: {exc}")

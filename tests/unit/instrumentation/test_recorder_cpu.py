@@ -98,7 +98,7 @@ def _no_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_stages_nest_and_restore_on_exception(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeTorch(monkeypatch)
     rec = Recorder().start()
-    assert fake.history == [{"max_entries": 1_000_000, "stacks": "python"}]
+    assert fake.history == [{"max_entries": 1_000_000, "stacks": "python", "context": "alloc"}]
     with rec.phase("capture"):
         with rec.stage("target.piecewise"):
             with pytest.raises(ValueError), rec.stage(None, capture_size=512):

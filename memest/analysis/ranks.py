@@ -1,0 +1,135 @@
+"""Aggregate the per-rank reports of one run and flag ranks that disagree.
+
+Tensor-parallel ranks of one start should spend nearly the same memory; a rank whose figure
+differs from the median by more than a threshold (default 5 % and at least 64 MiB) is flagged,
+naming the figure. Used by ``memest analyze --run DIR``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from memest.errors import ReportFormatError
+from memest.schema import RunReport
+from memest.units import MiB, fmt_bytes
+
+DEFAULT_REL_THRESHOLD = 0.05
+DEFAULT_ABS_THRESHOLD_BYTES = 64 * MiB
+
+
+def _phase_added(report: RunReport, name: str) -> int | None:
+    for p in report.phases:
+        if p.name == name and p.end.device_used_bytes is not None:
+            return p.end.device_used_bytes - (p.start.device_used_bytes or 0)
+    return None
+
+
+def _final_used(report: RunReport) -> int | None:
+    for p in reversed(report.phases):
+        if p.end.device_used_bytes is not None:
+            return p.end.device_used_bytes
+    return None
+
+
+FIGURES: dict[str, Callable[[RunReport], int | None]] = {
+    "weights_bytes": lambda r: r.vllm.weights_bytes if r.vllm else None,
+    "graph_pool_growth_bytes": lambda r: r.breakdown.graph_pool_growth_bytes
+    if r.breakdown
+    else None,
+    "capture_added_bytes": lambda r: _phase_added(r, "capture"),
+    "kv_blocks": lambda r: r.kv_cache.num_blocks if r.kv_cache else None,
+    "used_end_bytes": _final_used,
+    "vllm_cudagraph_estimate_bytes": lambda r: r.vllm.cudagraph_estimate_bytes if r.vllm else None,
+}
+"""The per-rank figures compared across ranks (name -> reader; None when the report lacks it)."""
+
+
+@dataclass(frozen=True)
+class RankOutlier:
+    """One rank whose figure differs from the median of all ranks by more than the threshold."""
+
+    figure: str
+    rank: int
+    value: int
+    median: float
+    difference: float
+
+    def describe(self) -> str:
+        unit = self.figure.endswith("_bytes")
+        fmt = fmt_bytes if unit else (lambda v: f"{v:.0f}")
+        return (
+            f"rank {self.rank}: {self.figure} {fmt(self.value)} vs median {fmt(self.median)} "
+            f"({self.difference:+.1%})"
+        )
+
+
+@dataclass
+class RankAggregate:
+    """The ranks of one run side by side."""
+
+    run_id: str
+    world_size: int
+    ranks: list[int]
+    missing_ranks: list[int]
+    figures: dict[str, dict[int, int]] = field(default_factory=dict)
+    outliers: list[RankOutlier] = field(default_factory=list)
+    hook_errors: dict[int, list[str]] = field(default_factory=dict)
+
+    @property
+    def consistent(self) -> bool:
+        return not self.outliers and not self.missing_ranks
+
+
+def aggregate_ranks(
+    reports: Sequence[RunReport],
+    *,
+    rel_threshold: float = DEFAULT_REL_THRESHOLD,
+    abs_threshold_bytes: int = DEFAULT_ABS_THRESHOLD_BYTES,
+) -> RankAggregate:
+    """Aggregate one run's per-rank reports and flag ranks that disagree.
+
+    A rank is flagged for a figure when it differs from the median of all ranks by more than
+    ``rel_threshold`` of the median and (for byte figures) by more than ``abs_threshold_bytes``.
+
+    Raises:
+        ReportFormatError: no reports, reports of different runs, or one rank reported twice.
+    """
+    if not reports:
+        raise ReportFormatError("no reports to aggregate")
+    if rel_threshold < 0 or abs_threshold_bytes < 0:
+        raise ReportFormatError(
+            f"thresholds must not be negative (rel={rel_threshold}, abs={abs_threshold_bytes})"
+        )
+    run_ids = sorted({r.run_id for r in reports})
+    if len(run_ids) > 1:
+        raise ReportFormatError(f"reports of several runs given: {', '.join(run_ids)}")
+    by_rank: dict[int, RunReport] = {}
+    for r in reports:
+        if r.rank in by_rank:
+            raise ReportFormatError(f"run {r.run_id}: rank {r.rank} reported twice")
+        by_rank[r.rank] = r
+    world = max(max(r.world_size for r in reports), max(by_rank) + 1)
+    agg = RankAggregate(
+        run_id=run_ids[0],
+        world_size=world,
+        ranks=sorted(by_rank),
+        missing_ranks=[k for k in range(world) if k not in by_rank],
+        hook_errors={k: list(r.hook_errors) for k, r in by_rank.items() if r.hook_errors},
+    )
+    for name, read in FIGURES.items():
+        values = {k: v for k, r in sorted(by_rank.items()) if (v := read(r)) is not None}
+        if not values:
+            continue
+        agg.figures[name] = values
+        if len(values) < 2:
+            continue
+        median = statistics.median(values.values())
+        for rank, value in values.items():
+            diff = value - median
+            rel = diff / median if median else (0.0 if diff == 0 else float("inf"))
+            over_abs = abs(diff) > abs_threshold_bytes if name.endswith("_bytes") else True
+            if abs(rel) > rel_threshold and over_abs:
+                agg.outliers.append(RankOutlier(name, rank, value, median, rel))
+    return agg
