@@ -76,6 +76,10 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("B_llama8b_s32_t2048", "plan"),
         ("C_llama8b_eagle3k3_s64_t4096", "enable"),
     ],
+    "3": [
+        ("D_llama8b_s128_t4096_u070", "plan"),
+        ("A_llama8b_s128_t4096", "fault"),
+    ],
     "smoke": [("B_llama8b_s32_t2048", "enable")],
 }
 
@@ -156,7 +160,9 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
     est = getattr(worker, "cudagraph_memory_estimate", None)
     headroom = None
     if peak is not None:
-        applied = est if os.environ.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1") != "0" else 0
+        applied = (
+            est if os.environ.get("VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "1") != "0" else 0
+        )
         headroom = int(peak) - int(applied or 0)
     cache = worker.cache_config
     specs = worker.get_kv_cache_spec()
@@ -235,7 +241,10 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         with open(log_path, "w") as log:
             try:
                 rc = subprocess.run(
-                    cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                    cmd,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
                     timeout=min(per_start_s, left),
                 ).returncode
             except subprocess.TimeoutExpired:

@@ -6,7 +6,7 @@ allocator, after ``empty_cache``):
 
 - what stays reserved in the throwaway pool (graph pool, by reservation, per stage);
 - default-pool memory the capture keeps live (graph output buffers, workspaces) and memory
-  outside PyTorch it adds (graph objects, library handles);
+  outside PyTorch the captured graphs hold until the profiling teardown;
 - runner buffers that ``initialize_kv_cache`` allocates beside the profiling KV cache;
 - device memory in use now (weights, profiling residue, CUDA context, NCCL);
 - the profile run's transient activation peak, which serving needs again.
@@ -40,8 +40,12 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
     )
     reserved_growth = end.torch_reserved_bytes - start.torch_reserved_bytes
     capture_default = max(reserved_growth - pool_growth, 0)
-    used_growth = (end.device_used_bytes or 0) - (start.device_used_bytes or 0)
-    capture_outside = max(used_growth - reserved_growth, 0)
+    # Outside-PyTorch memory the profiling graphs hold until teardown (graph objects). Growth
+    # over the capture would also count lazily loaded kernels and library handles, which stay
+    # after teardown and are already in the device memory in use now.
+    outside_end = (end.device_used_bytes or 0) - end.torch_reserved_bytes
+    outside_now = (now.device_used_bytes or 0) - now.torch_reserved_bytes
+    capture_outside = max(outside_end - outside_now, 0)
     kv_added = int(gp.get("kv_init_added_bytes", 0))
     runner = max(kv_added - int(st.kv.get("profiling_kv_bytes", 0)), 0)
 
@@ -60,6 +64,9 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
     st.apply_terms.update(
         capture_default_pool_bytes=capture_default,
         capture_outside_torch_bytes=capture_outside,
+        capture_outside_torch_growth_bytes=max(
+            (end.device_used_bytes or 0) - (start.device_used_bytes or 0) - reserved_growth, 0
+        ),
         profiling_runner_buffer_bytes=runner,
         used_before_kv_bytes=now.device_used_bytes,
     )

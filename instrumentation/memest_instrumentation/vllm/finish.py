@@ -38,7 +38,6 @@ def end_of_init(worker: Any) -> RunReport | None:
     measure.settle()
     end = measure.reading()
     st.phases.append(PhaseRecord(name="end", start=end, end=end))
-    usage = pool_usage = None
     pool_usage = guarded("report", measure.pool_usage) or {}
     usage = (end.device_used_bytes or 0) + int(st.figures.get("profile_headroom_bytes", 0))
     st.figures["usage_end_bytes"] = usage
@@ -52,15 +51,16 @@ def end_of_init(worker: Any) -> RunReport | None:
         if result is not None and not result[0]:
             for problem in result[1]:
                 st.fail("push", RuntimeError(problem))
-            report.hook_errors = list(st.hook_errors)
+            report.hook_errors = _errors()
             guarded("report_file", sink.write_report, st.settings, report)
     return report
 
 
-def _capture_plans(config: RunConfig) -> list[CapturePlan]:
+def _capture_plans(config: RunConfig, gpu: GpuInfo | None) -> list[CapturePlan]:
     from memest_instrumentation.vllm import plans
 
-    return plans.capture_plans(config)
+    sm100 = bool(gpu and gpu.compute_capability and gpu.compute_capability.startswith("10."))
+    return plans.capture_plans(config, sm100=sm100, gpu=gpu.name if gpu else "")
 
 
 def _breakdown(end_pool_usage: dict[str, tuple[int, int]]) -> Breakdown:
@@ -119,13 +119,20 @@ def _breakdown(end_pool_usage: dict[str, tuple[int, int]]) -> Breakdown:
             )
         )
     if history is not None:
+        # Stage rows stay the edge readings (reservation of the capture pool at stage edges);
+        # triggers, owners and the retained view come from the allocator history.
         history.phases = history.phases or splits
-        history.warnings.append("stage rows from the allocator history; edge readings in notes")
-        for s in stages:
+        for row in history.stages:
             st.notes.append(
-                f"edge reading: {s.phase}/{s.stage} pool growth {s.pool_growth_bytes} B "
-                f"over {s.graph_count} graphs"
+                f"history stage row: {row.phase}/{row.stage} pool growth "
+                f"{row.pool_growth_bytes} B, default-pool growth {row.default_pool_growth_bytes} B"
             )
+        history.stages = stages
+        history.graph_pool_growth_bytes = pool_growth
+        history.retained = list(history.retained) + retained
+        history.warnings.append(
+            "stages: capture-pool reservation at stage edges; triggers/retained: allocator history"
+        )
         return history
     return Breakdown(
         phases=splits,
@@ -147,7 +154,8 @@ def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> 
     cfg = dict(st.config)
     cfg.setdefault("model", "unknown")
     config = RunConfig(**cfg)
-    plans = guarded("capture_plans", _capture_plans, config) or []
+    gpu = guarded("report", _gpu_info)
+    plans = guarded("capture_plans", _capture_plans, config, gpu) or []
     kv: KVCacheSpec | None = None
     num_blocks = st.figures.get("num_gpu_blocks") or st.kv.get("num_blocks")
     if "block_size" in st.kv:
@@ -182,7 +190,7 @@ def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> 
         world_size=st.world_size,
         model=config.model,
         build=_build_info(),
-        gpu=guarded("report", _gpu_info),
+        gpu=gpu,
         config=config,
         capture_plans=plans,
         kv_cache=kv,
@@ -190,12 +198,20 @@ def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> 
         breakdown=breakdown,
         vllm=figures,
         notes=list(st.notes),
-        hook_errors=list(st.hook_errors),
+        hook_errors=_errors(),
     )
     report.estimate = guarded("estimate", _estimate, report)
     report.notes = list(st.notes)
-    report.hook_errors = list(st.hook_errors)
+    report.hook_errors = _errors()
     return report
+
+
+def _errors() -> list[str]:
+    st = state()
+    return [
+        msg if st.error_counts.get(msg, 1) == 1 else f"{msg} (x{st.error_counts[msg]})"
+        for msg in st.hook_errors
+    ]
 
 
 def _estimate(report: RunReport) -> EstimateComparison:

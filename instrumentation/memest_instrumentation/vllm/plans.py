@@ -5,24 +5,28 @@ from __future__ import annotations
 from memest.schema import CapturePlan, RunConfig
 
 
-def capture_plans(config: RunConfig) -> list[CapturePlan]:
-    """Both plans for the run's config, from memest.plan (empty when it cannot resolve them)."""
-    import memest.plan as plan
+def capture_plans(config: RunConfig, *, sm100: bool = False, gpu: str = "") -> list[CapturePlan]:
+    """Both plans for the run's config from memest.plan: seed sizing first, then vLLM 0.33.0's.
 
-    resolve = getattr(plan, "resolve_plan", None)
-    if resolve is None or config.max_num_seqs is None or config.max_num_batched_tokens is None:
-        return []
-    out: list[CapturePlan] = []
-    for sizing in ("vllm-0.33.0", "seed"):
-        out.append(
-            resolve(
-                sizing=sizing,
-                sm100=False,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                spec_method=config.speculative_method,
-                num_speculative_tokens=config.num_speculative_tokens,
-                cudagraph_mode=config.cudagraph_mode,
-            )
-        )
-    return out
+    Raises:
+        ConfigError: the config has no scheduler limits, or memest.plan rejects it.
+    """
+    from memest.errors import ConfigError
+    from memest.plan import plan_input_from_compilation_config, resolve_both
+
+    if config.max_num_seqs is None or config.max_num_batched_tokens is None:
+        raise ConfigError("config", config.model, "max_num_seqs / max_num_batched_tokens unknown")
+    compilation: dict[str, object] = {}
+    if config.cudagraph_mode:
+        compilation["cudagraph_mode"] = config.cudagraph_mode
+    inp = plan_input_from_compilation_config(
+        compilation,
+        sm100=sm100,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        spec_method=config.speculative_method,
+        num_speculative_tokens=config.num_speculative_tokens,
+        gpu=gpu,
+    )
+    seed, main = resolve_both(inp)
+    return [seed, main]

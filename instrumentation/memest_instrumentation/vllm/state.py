@@ -44,6 +44,7 @@ class RunState:
     open_stage: StageWindow | None = None
     current_phase: str = ""
     hook_errors: list[str] = field(default_factory=list)
+    error_counts: dict[str, int] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
@@ -58,9 +59,14 @@ class RunState:
     recorder: Any = None
 
     def fail(self, hook: str, exc: BaseException) -> None:
-        """Record a hook failure; log a warning once per hook name."""
+        """Record a hook failure; log a warning once per hook name.
+
+        ``hook_errors`` keeps each distinct message once; ``error_counts`` counts repeats.
+        """
         msg = f"{hook}: {type(exc).__name__}: {exc}"
-        self.hook_errors.append(msg)
+        if msg not in self.error_counts:
+            self.hook_errors.append(msg)
+        self.error_counts[msg] = self.error_counts.get(msg, 0) + 1
         if hook not in self.warned:
             self.warned.add(hook)
             logger.warning(

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from memest_instrumentation.vllm.env import ENV_VARS, Settings, derive_run_id, help_text
+
+
+def test_defaults_leave_the_plugin_off() -> None:
+    s = Settings.from_env({})
+    assert s.enabled is False
+    assert s.estimate == "plan"
+    assert s.output_dir == "memest-out"
+    assert s.problems == ()
+
+
+def test_every_setting_is_read_and_documented() -> None:
+    env = {
+        "MEMEST_ENABLE": "1",
+        "MEMEST_OUTPUT_DIR": "/data/reports",
+        "MEMEST_RUN_ID": "run-7",
+        "MEMEST_SERVICE_URL": "http://memest:8080/",
+        "MEMEST_TOKEN": "secret",
+        "MEMEST_PUSH_TIMEOUT_S": "2.5",
+        "MEMEST_PUSH_RETRIES": "5",
+        "MEMEST_STACK_DEPTH": "8",
+        "MEMEST_HISTORY_MAX_ENTRIES": "1000",
+        "MEMEST_RULES": "rules.toml",
+        "MEMEST_ESTIMATE": "APPLY",
+        "MEMEST_MARGIN_BYTES": "1048576",
+        "MEMEST_PLAN_FREE_TOLERANCE_BYTES": "0",
+        "MEMEST_FAULT": "capture, push",
+    }
+    s = Settings.from_env(env)
+    assert (s.enabled, s.output_dir, s.run_id) == (True, "/data/reports", "run-7")
+    assert s.service_url == "http://memest:8080"
+    assert (s.token, s.push_timeout_s, s.push_retries) == ("secret", 2.5, 5)
+    assert (s.stack_depth, s.history_max_entries, s.rules_file) == (8, 1000, "rules.toml")
+    assert (s.estimate, s.margin_bytes, s.plan_free_tolerance_bytes) == ("apply", 1 << 20, 0)
+    assert s.faults == frozenset({"capture", "push"})
+    documented = {v.name for v in ENV_VARS}
+    assert set(env) <= documented
+    text = help_text()
+    for name in documented:
+        assert name in text
+
+
+def test_bad_values_keep_defaults_and_are_named() -> None:
+    s = Settings.from_env(
+        {"MEMEST_ENABLE": "1", "MEMEST_PUSH_RETRIES": "zero", "MEMEST_ESTIMATE": "guess"}
+    )
+    assert s.enabled and s.push_retries == 3 and s.estimate == "plan"
+    assert any("MEMEST_PUSH_RETRIES='zero'" in p for p in s.problems)
+    assert any("MEMEST_ESTIMATE='guess'" in p for p in s.problems)
+
+
+def test_run_id_is_shared_by_ranks_of_one_launch() -> None:
+    env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    a = derive_run_id(env, parent_pid=4242)
+    b = derive_run_id(dict(env), parent_pid=4242)
+    other_launch = derive_run_id({**env, "MASTER_PORT": "29501"}, parent_pid=4242)
+    assert a == b and a.startswith("run-")
+    assert a != other_launch
+    assert derive_run_id({"MEMEST_RUN_ID": "mine"}, parent_pid=1) == "mine"
