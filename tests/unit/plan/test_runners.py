@@ -309,3 +309,42 @@ def test_modes(mode: str) -> None:
         assert ("target.full_mixed" in runners) == (mode == "FULL")
         if mode == "NONE":
             assert plan.total_graphs == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "k", "seed_cap"),
+    [
+        ({**OTHER}, 5, 498),
+        ({**OTHER}, 16, 510),
+        ({**OTHER, "max_cudagraph_capture_size": 1024}, 5, 1008),
+        ({**OTHER, "max_cudagraph_capture_size": 1024}, 16, 1020),
+    ],
+)
+def test_av_cap_rounds_down_to_a_multiple_of_q(
+    fields: dict[str, Any], k: int, seed_cap: int
+) -> None:
+    # Review difference 1: the AV cap is main's request reach × q, so the top of 512 / 1024 is lost
+    (seed, main) = both(
+        "target.av",
+        **fields,
+        spec_method="dspark",
+        num_speculative_tokens=k,
+        adaptive_verification=True,
+    )
+    assert seed[1] == seed_cap
+    assert main[1] in (512, 1024)
+
+
+def test_av_above_1024_tokens() -> None:
+    # Review difference 4: K=5, max_num_seqs=256, max 8192 → AV cap 1536; main steps by 16 (115
+    # graphs); the dense AV grid steps by 128 above 1024 (36 graphs)
+    fields = {**OTHER, "max_num_seqs": 256, "max_cudagraph_capture_size": 8192}
+    seed, main = both(
+        "target.av",
+        **fields,
+        spec_method="dspark",
+        num_speculative_tokens=5,
+        adaptive_verification=True,
+    )
+    assert main == (115, 1536)
+    assert seed == (36, 1536)
