@@ -3,6 +3,7 @@
 From the phase readings of one start (weights, profile_run, graph_profiling, kv_cache_alloc,
 capture, end) and its stage breakdown, each term of ``FullInitTerms`` is read as follows:
 
+- baseline: allocator reservation before the weights (cuBLAS workspaces from device init);
 - weights: allocated bytes added over the ``weights`` phase;
 - profile-run transient peak: allocated peak of ``profile_run`` above what it left allocated
   (vLLM's ``transient_peak_headroom``; serving's first max-size step needs it again);
@@ -181,6 +182,7 @@ def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerm
         runner_buffer_bytes=runner,
         profiling_residue_bytes=residue,
         margin_bytes=margin_bytes,
+        baseline_torch_bytes=weights.start.torch_reserved_bytes,
         source=f"report {report.report_id}",
     )
 
@@ -199,7 +201,8 @@ def non_kv_bytes(terms: FullInitTerms) -> int:
                 f"{terms.graph_pool_bytes}"
             )
     return (
-        terms.weights_bytes
+        terms.baseline_torch_bytes
+        + terms.weights_bytes
         + terms.profile_peak_activation_bytes
         + terms.outside_torch_bytes
         + terms.graph_pool_bytes
@@ -221,6 +224,7 @@ def full_init_kv_budget(terms: FullInitTerms) -> int:
 def terms_components(terms: FullInitTerms) -> dict[str, int]:
     """The terms as the ``components`` mapping of an EstimateComparison (they sum to non-KV)."""
     return {
+        "baseline_torch_bytes": terms.baseline_torch_bytes,
         "weights_bytes": terms.weights_bytes,
         "profile_peak_activation_bytes": terms.profile_peak_activation_bytes,
         "outside_torch_bytes": terms.outside_torch_bytes,

@@ -152,6 +152,16 @@ def measured_plan(report: RunReport) -> CapturePlan:
     return check_plan(report.capture_plans[0], "report.capture_plans")
 
 
+def _retained(report: RunReport) -> dict[tuple[str, str], int]:
+    """Bytes still live at the end of init per (stage, owner), from the breakdown's retained rows."""
+    kept: dict[tuple[str, str], int] = {}
+    if report.breakdown is not None:
+        for r in report.breakdown.retained:
+            if r.phase == "capture":
+                kept[(r.stage, r.owner)] = kept.get((r.stage, r.owner), 0) + r.bytes
+    return kept
+
+
 def _owner_rows(report: RunReport) -> list[tuple[str, str, int]]:
     """(stage, owner, pool growth) of the real capture, summed per stage and owner."""
     bd = report.breakdown
@@ -195,7 +205,7 @@ def _describe(plan: CapturePlan) -> str:
 
 
 def _predict(
-    stage: str, owner: str, measured: int, g: CapturePlan, g2: CapturePlan
+    stage: str, owner: str, measured: int, g: CapturePlan, g2: CapturePlan, retained: int = 0
 ) -> OwnerPrediction:
     law = law_for(owner)
     if law == "constant":
@@ -244,13 +254,20 @@ def _predict(
             note="the law's quantity is 0 under G: kept",
         )
     factor = after / before
+    base, note = measured, ""
+    if law == "sum_piecewise_tokens" and retained > measured:
+        # Under G part of the retained outputs landed in space freed by transient buffers; that
+        # slack is bounded by the widest transient, not by the sum, so scale what stays live.
+        base = retained
+        note = f"scaled from {retained} B retained, not {measured} B of pool growth"
     return OwnerPrediction(
         stage=stage,
         owner=owner,
         law=law,
         measured_bytes=measured,
         factor=factor,
-        predicted_bytes=round(measured * factor),
+        predicted_bytes=round(base * factor),
+        note=note,
     )
 
 
@@ -271,7 +288,8 @@ def what_if(
     g2 = resolve_grid(grid)
     g = measured_plan(report)
     terms = full_init_terms(report, margin_bytes=margin_bytes)
-    predictions = [_predict(s, o, b, g, g2) for s, o, b in _owner_rows(report)]
+    kept = _retained(report)
+    predictions = [_predict(s, o, b, g, g2, kept.get((s, o), 0)) for s, o, b in _owner_rows(report)]
     graph_objects = _graph_object_bytes(report)
     objects = _predict("capture", GRAPH_OBJECTS, graph_objects, g, g2)
 

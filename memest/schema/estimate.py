@@ -55,6 +55,11 @@ class FullInitTerms(MemestModel):
         default=0, description="Allocations that profiling left live before the KV cache"
     )
     margin_bytes: NonNegativeBytes = Field(default=0, description="Safety margin kept free")
+    baseline_torch_bytes: NonNegativeBytes = Field(
+        default=0,
+        description="Allocator reservation before the weights (cuBLAS workspaces from the "
+        "device-init matmul, NCCL buffers through the allocator)",
+    )
     source: str = Field(default="", description="How the terms were obtained, e.g. report, lab")
 
 

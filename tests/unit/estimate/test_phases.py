@@ -114,3 +114,19 @@ def test_other_schema_version_is_refused(make_report: Factory) -> None:
     object.__setattr__(report, "schema_version", "2")
     with pytest.raises(ReportFormatError, match="schema_version '2'"):
         full_init_terms(report)
+
+
+def test_allocator_reservation_before_weights_is_a_term(make_report: Factory) -> None:
+    # cuBLAS workspaces from the device-init matmul: reserved before the weights phase starts.
+    data = make_report()
+    for phase in data["phases"]:
+        for edge in ("start", "end"):
+            phase[edge]["torch_reserved_bytes"] += 32 * MiB
+            phase[edge]["torch_allocated_bytes"] += 32 * MiB
+            phase[edge]["torch_allocated_peak_bytes"] += 32 * MiB
+            phase[edge]["device_used_bytes"] += 32 * MiB
+    terms = full_init_terms(RunReport.model_validate(data))
+    assert terms.baseline_torch_bytes == 32 * MiB
+    assert terms.weights_bytes == 16 * GiB
+    assert terms.outside_torch_bytes == GiB + GiB // 4
+    assert non_kv_bytes(terms) == 22 * GiB + 832 * MiB + 32 * MiB

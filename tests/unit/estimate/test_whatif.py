@@ -103,3 +103,16 @@ def test_report_without_plan_is_named(make_report: Factory) -> None:
     data["capture_plans"] = []
     with pytest.raises(ReportFormatError, match="capture_plans is empty"):
         what_if(RunReport.model_validate(data), PLAN_G2)
+
+
+def test_retained_outputs_scale_from_live_bytes(make_report: Factory) -> None:
+    data = make_report()
+    # 160 MiB of aux outputs stay live; 10 MiB of them fit in space freed by workspaces under G.
+    data["breakdown"]["retained"] = [
+        {"stage": "target.piecewise", "owner": "aux_hidden_states", "bytes": 160 * MiB}
+    ]
+    result = what_if(RunReport.model_validate(data), PLAN_G2)
+    aux = next(p for p in result.owners if p.owner == "aux_hidden_states")
+    assert aux.measured_bytes == 150 * MiB
+    assert aux.predicted_bytes == round(160 * MiB * 31 / 15)
+    assert "retained" in aux.note
