@@ -445,6 +445,7 @@ def run_start(grid_name: str, estimator: str) -> dict[str, Any]:
             runner_buffer_bytes=runner_bytes,
             profiling_residue_bytes=residue,
             margin_bytes=0,
+            baseline_torch_bytes=init["torch_reserved_bytes"],
             source="lab: throwaway capture of every stage",
         )
         memest_terms = terms.model_dump()
@@ -551,6 +552,16 @@ def run_start(grid_name: str, estimator: str) -> dict[str, Any]:
             ],
             "stages": stages,
             "triggers": triggers,
+            "retained": [
+                {
+                    "stage": "target.piecewise",
+                    "owner": "aux_hidden_states",
+                    "capture_size": int(t.shape[0]),
+                    "bytes": t.numel() * t.element_size(),
+                    "count": 1,
+                }
+                for t in retained
+            ],
             "graph_pool_growth_bytes": sum(by_stage.values()),
         },
         "estimate": {
@@ -607,10 +618,58 @@ def _gib(n: float) -> str:
     return f"{n / GiB:+.3f}" if n < 0 else f"{n / GiB:.3f}"
 
 
+def _check_what_if(
+    report_g: Any, report_g2: Any, starts: dict[tuple[str, str], dict[str, Any]]
+) -> dict[str, Any]:
+    """Predict G2 from the run under G, and set each owner beside what G2 measured."""
+    from memest.estimate import what_if
+
+    prediction = what_if(report_g, report_g2.capture_plans[0])
+    measured: dict[tuple[str, str], int] = {}
+    bd = report_g2.breakdown
+    for t in bd.triggers if bd else []:
+        if t.phase == "capture":
+            measured[(t.stage, t.owner)] = measured.get((t.stage, t.owner), 0) + t.bytes
+    objects = [p.outside_torch_bytes for p in bd.phases if p.phase == "capture"] if bd else []
+    measured[("capture", "graph_objects")] = max(objects[0], 0) if objects else 0
+    rows = []
+    for p in prediction.owners:
+        got = measured.get((p.stage, p.owner), 0)
+        rows.append(
+            {
+                "stage": p.stage,
+                "owner": p.owner,
+                "law": p.law,
+                "g_bytes": p.measured_bytes,
+                "factor": p.factor,
+                "predicted_g2_bytes": p.predicted_bytes,
+                "measured_g2_bytes": got,
+                "error": (p.predicted_bytes - got) / got if got else None,
+                "note": p.note,
+            }
+        )
+    pool_measured = sum(v for (s, _), v in measured.items() if s != "capture")
+    memest_g2 = starts.get(("G2", "memest"))
+    return {
+        "from": "G",
+        "to": "G2",
+        "rows": rows,
+        "graph_pool_predicted_bytes": prediction.graph_pool_bytes_to,
+        "graph_pool_measured_bytes": pool_measured,
+        "graph_pool_error": (prediction.graph_pool_bytes_to - pool_measured) / pool_measured
+        if pool_measured
+        else None,
+        "kv_budget_predicted_bytes": prediction.kv_budget_bytes_to,
+        "kv_budget_memest_g2_bytes": memest_g2["lab"]["kv_budget_bytes"] if memest_g2 else None,
+        "dominant_owner": prediction.dominant_owner,
+        "dominant_change_bytes": prediction.dominant_change_bytes,
+    }
+
+
 def summarize(src: Path, dst: Path, command: str) -> dict[str, Any]:
     """Write reports/lab: one record per configuration and estimator, the what-if, markdown."""
-    from memest.estimate import compare, what_if
-    from memest.schema import RunReport
+    from memest.estimate import compare
+    from memest.schema import RetainedRow, RunReport
 
     starts: dict[tuple[str, str], dict[str, Any]] = {}
     for path in sorted(src.glob("start_*.json")):
@@ -650,52 +709,19 @@ def summarize(src: Path, dst: Path, command: str) -> dict[str, Any]:
     if base is not None and target is not None:
         report_g = RunReport.model_validate(base["report"])
         report_g2 = RunReport.model_validate(target["report"])
-        prediction = what_if(report_g, report_g2.capture_plans[0])
-        measured: dict[tuple[str, str], int] = {}
-        for t in report_g2.breakdown.triggers if report_g2.breakdown else []:
-            if t.phase == "capture":
-                measured[(t.stage, t.owner)] = measured.get((t.stage, t.owner), 0) + t.bytes
-        graph_objects = (
-            next(
-                (p.outside_torch_bytes for p in report_g2.breakdown.phases if p.phase == "capture"),
-                0,
-            )
-            if report_g2.breakdown
-            else 0
-        )
-        measured[("capture", "graph_objects")] = max(graph_objects, 0)
-        rows = []
-        for p in prediction.owners:
-            got = measured.get((p.stage, p.owner), 0)
-            err = (p.predicted_bytes - got) / got if got else None
-            rows.append(
-                {
-                    "stage": p.stage,
-                    "owner": p.owner,
-                    "law": p.law,
-                    "g_bytes": p.measured_bytes,
-                    "factor": p.factor,
-                    "predicted_g2_bytes": p.predicted_bytes,
-                    "measured_g2_bytes": got,
-                    "error": err,
-                }
-            )
-        pool_measured = sum(v for (s, _), v in measured.items() if s != "capture")
-        result["what_if"] = {
-            "from": "G",
-            "to": "G2",
-            "rows": rows,
-            "graph_pool_predicted_bytes": prediction.graph_pool_bytes_to,
-            "graph_pool_measured_bytes": pool_measured,
-            "kv_budget_predicted_bytes": prediction.kv_budget_bytes_to,
-            "kv_budget_memest_g2_bytes": (
-                starts[("G2", "memest")]["lab"]["kv_budget_bytes"]
-                if ("G2", "memest") in starts
-                else None
-            ),
-            "dominant_owner": prediction.dominant_owner,
-            "dominant_change_bytes": prediction.dominant_change_bytes,
-        }
+        result["what_if"] = _check_what_if(report_g, report_g2, starts)
+        if report_g.breakdown is not None and not report_g.breakdown.retained:
+            # The engine keeps exactly one aux output per PIECEWISE size alive; what capture
+            # left allocated is therefore the retained aux bytes (measured by the allocator).
+            cap = next(p for p in report_g.phases if p.name == "capture")
+            live = cap.end.torch_allocated_bytes - cap.start.torch_allocated_bytes
+            with_retained = report_g.model_copy(deep=True)
+            assert with_retained.breakdown is not None
+            with_retained.breakdown.retained = [
+                RetainedRow(stage="target.piecewise", owner="aux_hidden_states", bytes=live)
+            ]
+            result["what_if_with_retained"] = _check_what_if(with_retained, report_g2, starts)
+            result["what_if_with_retained"]["retained_g_bytes"] = live
     (dst / "lab-h200.json").write_text(json.dumps(result, indent=1) + "\n")
     (dst / "lab-h200.md").write_text(_markdown(result))
     return result
@@ -726,10 +752,18 @@ def _markdown(result: dict[str, Any]) -> str:
             f"{_gib(r['usage_minus_budget_instance_bytes'])} | "
             f"{_gib(r['vllm_graph_estimate_bytes'])} | {_gib(r['graph_pool_bytes'])} |\n"
         )
-    wi = result.get("what_if")
-    if wi:
+    for key, title in (
+        ("what_if", "What-if: predict G2 from the run under G (pool growth per owner), measure G2"),
+        (
+            "what_if_with_retained",
+            "Same, with the retained aux bytes of G as a retained row (scaled from live bytes)",
+        ),
+    ):
+        wi = result.get(key)
+        if not wi:
+            continue
         out.append(
-            "\n## What-if: predict G2 from the run under G, then measure G2\n\n"
+            f"\n## {title}\n\n"
             "| stage | owner | scales with | G MiB | factor | predicted G2 MiB | measured G2 MiB "
             "| error |\n|---|---|---|---|---|---|---|---|\n"
         )
@@ -740,10 +774,19 @@ def _markdown(result: dict[str, Any]) -> str:
                 f"{r['factor']:.3f} | {r['predicted_g2_bytes'] / MiB:.1f} | "
                 f"{r['measured_g2_bytes'] / MiB:.1f} | {err} |\n"
             )
+        pool_err = wi["graph_pool_error"]
         out.append(
             f"\nGraph pool: predicted {_gib(wi['graph_pool_predicted_bytes'])} GiB, measured "
-            f"{_gib(wi['graph_pool_measured_bytes'])} GiB. Dominant change: {wi['dominant_owner']} "
-            f"({_gib(wi['dominant_change_bytes'])} GiB).\n"
+            f"{_gib(wi['graph_pool_measured_bytes'])} GiB"
+            + (f" ({100 * pool_err:+.1f} %)" if pool_err is not None else "")
+            + f". KV budget predicted for G2: {_gib(wi['kv_budget_predicted_bytes'])} GiB"
+            + (
+                f" (memest measured it at {_gib(wi['kv_budget_memest_g2_bytes'])} GiB in the G2 start)"
+                if wi["kv_budget_memest_g2_bytes"] is not None
+                else ""
+            )
+            + f". Dominant change: {wi['dominant_owner']} ({_gib(wi['dominant_change_bytes'])} GiB)."
+            "\n"
         )
     return "".join(out)
 
