@@ -14,6 +14,8 @@ Usage::
 
 from __future__ import annotations
 
+from memest.plan import grids as _grids
+from memest.plan import vllm033 as _vllm033
 from memest.plan.grids import av_grid, decode_grid, prefill_grid
 from memest.plan.inputs import (
     GPU_PRESETS,
@@ -28,6 +30,19 @@ from memest.plan.resolve import SIZINGS, resolve, resolve_both
 from memest.plan.seed import SeedSizes, resolve_seed
 from memest.plan.vllm033 import MainSizes, capture_sizes, manager_descriptors
 
+
+def clear_caches() -> None:
+    """Forget memoized grids, dynamic-SD runs and vLLM token lists (for cold-start timing)."""
+    for cached in (
+        _grids._prefill_grid,
+        _grids._decode_grid,
+        _grids._av_grid,
+        _vllm033.dynamic_sd_segments,
+        _vllm033._capture_sizes,
+    ):
+        cached.cache_clear()
+
+
 __all__ = [
     "GPU_PRESETS",
     "SERVE_DEFAULTS",
@@ -39,6 +54,7 @@ __all__ = [
     "SeedSizes",
     "av_grid",
     "capture_sizes",
+    "clear_caches",
     "decode_grid",
     "expected_padding",
     "gpu_preset",

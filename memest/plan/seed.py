@@ -80,7 +80,7 @@ class SeedSizes:
         return sorted({n for n in self.decode_source if n <= cap} | {cap})
 
 
-_EMPTY_MAIN = MainSizes([], 0, [])
+_EMPTY_MAIN = MainSizes((), 0, ())
 
 
 def _main_request_counts(main: MainSizes, q: int, max_num_seqs: int) -> list[int]:
@@ -251,7 +251,7 @@ def resolve_seed(inp: PlanInput) -> SeedSizes:
         av_tokens=av,
         recorded_max_tokens=recorded,
         main=main,
-        warnings=warnings + main.warnings,
+        warnings=warnings + list(main.warnings),
     )
 
 

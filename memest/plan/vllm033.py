@@ -150,9 +150,9 @@ def _request_counts(max_reqs: int, ceiling: int) -> list[int]:
 class MainSizes:
     """Resolved ``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size`` and warnings."""
 
-    sizes: list[int]
+    sizes: tuple[int, ...]
     max_size: int
-    warnings: list[str]
+    warnings: tuple[str, ...]
 
 
 def capture_sizes(
@@ -167,7 +167,38 @@ def capture_sizes(
     performance_mode: PerformanceMode = "balanced",
     cudagraph_mode: CudaGraphMode = "FULL_AND_PIECEWISE",
 ) -> MainSizes:
-    """vLLM 0.33.0's ``VllmConfig._set_cudagraph_sizes`` for a CUDA platform.
+    """vLLM 0.33.0's ``VllmConfig._set_cudagraph_sizes`` for a CUDA platform (memoized).
+
+    Raises:
+        ConfigError: where vLLM raises or asserts (empty explicit list, a maximum inconsistent
+            with an explicit list, a capture maximum below 1).
+    """
+    return _capture_sizes(
+        sm100,
+        max_num_seqs,
+        max_num_batched_tokens,
+        num_speculative_tokens,
+        None if dynamic_sd is None else tuple(tuple(r) for r in dynamic_sd),
+        None if cudagraph_capture_sizes is None else tuple(cudagraph_capture_sizes),
+        max_cudagraph_capture_size,
+        performance_mode,
+        "NONE" if cudagraph_mode == "NONE" else "FULL_AND_PIECEWISE",
+    )
+
+
+@lru_cache(maxsize=4096)
+def _capture_sizes(
+    sm100: bool,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    num_speculative_tokens: int,
+    dynamic_sd: DynamicSDSchedule | None,
+    cudagraph_capture_sizes: tuple[int, ...] | None,
+    max_cudagraph_capture_size: int | None,
+    performance_mode: PerformanceMode,
+    cudagraph_mode: CudaGraphMode,
+) -> MainSizes:
+    """``capture_sizes`` on hashable arguments; only mode NONE changes the result.
 
     Raises:
         ConfigError: where vLLM raises or asserts (empty explicit list, a maximum inconsistent
@@ -175,7 +206,7 @@ def capture_sizes(
     """
     warnings: list[str] = []
     if cudagraph_mode == "NONE":
-        return MainSizes([], 0, warnings)
+        return MainSizes((), 0, tuple(warnings))
     max_size = max_cudagraph_capture_size
     uniform_decode_sizes: list[int] = []
     if max_size is None:
@@ -240,7 +271,7 @@ def capture_sizes(
         warnings.append(
             f"cudagraph_capture_sizes entries above max_num_batched_tokens dropped: {dropped}"
         )
-    return MainSizes(sizes, valid_max, warnings)
+    return MainSizes(tuple(sizes), valid_max, tuple(warnings))
 
 
 def decode_query_lens(

@@ -175,7 +175,7 @@ def test_capture_sizes_equal_vllm(vllm_env: types.SimpleNamespace) -> None:
                 performance_mode=perf,  # type: ignore[arg-type]
                 **SIZING[sizing],
             )
-            got: tuple[list[int], int] | str = (ours.sizes, ours.max_size)
+            got: tuple[list[int], int] | str = (list(ours.sizes), ours.max_size)
         except ConfigError:
             got = expected if isinstance(expected, str) else "error: ConfigError"
         compared += 1

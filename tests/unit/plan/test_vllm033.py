@@ -90,7 +90,7 @@ def test_interactivity_and_mnbt_in_mains_list() -> None:
         max_num_batched_tokens=16384,
         performance_mode="interactivity",
     )
-    assert inter.sizes[:32] == list(range(1, 33))
+    assert list(inter.sizes[:32]) == list(range(1, 33))
     assert (
         len(inter.sizes) == 83 - len({1, 2, 4, 8, 16, 24, 32}) + 32
     )  # 1..32 replace 1, 2, 4 and absorb 8..32
