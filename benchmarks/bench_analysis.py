@@ -46,7 +46,7 @@ OWNER_FUNCS = [
 ]
 
 
-def synthesize(n_events: int, seed: int = 0) -> Snapshot:
+def synthesize(n_events: int, seed: int = 0, segment_rate: float = 0.01) -> Snapshot:
     """A memest snapshot whose events look like a vLLM capture: many stacks, tags, pools."""
     rng = random.Random(seed)
     frames: list[list[Any]] = []
@@ -106,7 +106,7 @@ def synthesize(n_events: int, seed: int = 0) -> Snapshot:
                         break
                     stack = rng.randrange(len(stacks))
                     nbytes = rng.choice((512, 4096, 65536, 2 * MiB, 16 * MiB))
-                    if rng.random() < 0.05:
+                    if rng.random() < segment_rate:
                         seg = max(2 * MiB, nbytes)
                         for act, addr, sz in ((3, next_addr, seg), (0, next_addr, nbytes)):
                             a_act(act), a_addr(addr), a_size(sz), a_stream(7), a_time(t)
@@ -217,11 +217,17 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--segment-rate",
+        type=float,
+        default=0.01,
+        help="share of allocations that reserve a new segment (torch's trace() scans segments)",
+    )
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="memest-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    snap = synthesize(args.events)
+    snap = synthesize(args.events, segment_rate=args.segment_rate)
     path_json = work / "synthetic.memest.json"
     path_pickle = work / "synthetic.torch.pickle"
     dump_snapshot(snap, path_json)

@@ -14,12 +14,16 @@ the same facts in columns, with frames, stacks, tags and actions interned once::
                   "time_us": [...], "tag": [...], "stack": [...], "pool": [...]},
       "segments": [{"address", "total_size", "pool", "stream", "segment_type", "is_expandable",
                     "blocks": [{"address", "size", "requested_size", "state", "stack"}]}],
-      "windows": [{"phase", "stage", "capture_size", "pool", "start_us", "end_us"}],
+      "windows": [{"kind": "phase" | "stage" | "capture", "tag", "start_us", "end_us",
+                   "window", "pool"}],
       "phases":  [PhaseRecord as JSON, ...]
     }
 
-``events.stack`` is -1 for an event without frames; ``events.pool`` is optional (torch 2.11
-records no pool per event) and holds an index into ``pools`` or -1.
+Windows are the recorder's own record of each phase, stage and CUDA-graph capture (with the pool
+learnt at capture end); the analysis counts graphs from them and, when events carry no tag,
+assigns events to the innermost window by time. ``events.stack`` is -1 for an event without
+frames; ``events.pool`` is optional (torch 2.11 records no pool per event) and holds an index
+into ``pools`` or -1.
 """
 
 from __future__ import annotations
