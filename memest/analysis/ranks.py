@@ -35,9 +35,9 @@ def _final_used(report: RunReport) -> int | None:
 
 FIGURES: dict[str, Callable[[RunReport], int | None]] = {
     "weights_bytes": lambda r: r.vllm.weights_bytes if r.vllm else None,
-    "graph_pool_growth_bytes": lambda r: r.breakdown.graph_pool_growth_bytes
-    if r.breakdown
-    else None,
+    "graph_pool_growth_bytes": lambda r: (
+        r.breakdown.graph_pool_growth_bytes if r.breakdown else None
+    ),
     "capture_added_bytes": lambda r: _phase_added(r, "capture"),
     "kv_blocks": lambda r: r.kv_cache.num_blocks if r.kv_cache else None,
     "used_end_bytes": _final_used,

@@ -37,14 +37,19 @@ def fingerprint(worker: Any) -> None:
     Taken before initialize_kv_cache can rewrite cudagraph_mode, so it is the fingerprint the
     next start computes when it looks for a plan.
     """
-    from vllm.v1.worker.startup_plan import compute_plan_fingerprint
-
     st = state()
     st.plan["kv_cache_memory_bytes_given"] = _int(
         getattr(worker.cache_config, "kv_cache_memory_bytes", None)
     )
-    st.plan["fingerprint"] = compute_plan_fingerprint(
-        worker.vllm_config, worker.rank, worker.parallel_config.world_size
+    st.plan["fingerprint"] = compute_fingerprint(worker)
+
+
+def compute_fingerprint(worker: Any) -> str:
+    """vLLM's own plan fingerprint for this worker (vllm/v1/worker/startup_plan.py)."""
+    from vllm.v1.worker.startup_plan import compute_plan_fingerprint
+
+    return str(
+        compute_plan_fingerprint(worker.vllm_config, worker.rank, worker.parallel_config.world_size)
     )
 
 

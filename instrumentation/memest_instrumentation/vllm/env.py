@@ -156,7 +156,7 @@ class Settings:
         mode_text = raw("MEMEST_ESTIMATE").lower()
         mode: EstimateMode = "plan"
         if mode_text in ESTIMATE_MODES:
-            mode = mode_text  # type: ignore[assignment]
+            mode = mode_text
         else:
             problems.append(f"MEMEST_ESTIMATE={mode_text!r}: expected one of off, apply, plan")
         faults = frozenset(f.strip() for f in raw("MEMEST_FAULT").split(",") if f.strip())
@@ -188,7 +188,9 @@ _LAUNCH_KEYS = (
 )
 
 
-def derive_run_id(environ: Mapping[str, str] | None = None, *, parent_pid: int | None = None) -> str:
+def derive_run_id(
+    environ: Mapping[str, str] | None = None, *, parent_pid: int | None = None
+) -> str:
     """A run id identical on every rank of one launch.
 
     MEMEST_RUN_ID wins. Otherwise the id hashes launch-wide values that all ranks share

@@ -72,7 +72,8 @@ def _breakdown(end_pool_usage: dict[str, tuple[int, int]]) -> Breakdown:
         PhaseSplit(
             phase=p.name,
             total_added_bytes=(p.end.device_used_bytes or 0) - (p.start.device_used_bytes or 0),
-            graph_pool_bytes=measure.private_pool_bytes(p.end) - measure.private_pool_bytes(p.start),
+            graph_pool_bytes=measure.private_pool_bytes(p.end)
+            - measure.private_pool_bytes(p.start),
             other_torch_bytes=(p.end.torch_reserved_bytes - p.start.torch_reserved_bytes)
             - (measure.private_pool_bytes(p.end) - measure.private_pool_bytes(p.start)),
             outside_torch_bytes=(
@@ -160,7 +161,9 @@ def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> 
     num_blocks = st.figures.get("num_gpu_blocks") or st.kv.get("num_blocks")
     if "block_size" in st.kv:
         kv = KVCacheSpec(
-            kind="full_attention" if st.kv.get("kind") == "FullAttentionSpec" else str(st.kv["kind"]),
+            kind="full_attention"
+            if st.kv.get("kind") == "FullAttentionSpec"
+            else str(st.kv["kind"]),
             num_layers=st.kv["num_layers"],
             num_kv_heads=st.kv["num_kv_heads"],
             head_size=st.kv["head_size"],
@@ -170,7 +173,10 @@ def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> 
             page_size_bytes=st.kv["page_size_bytes"],
             num_blocks=num_blocks,
             kv_tokens=num_blocks * st.kv["block_size"] if num_blocks is not None else None,
-            extra={"kv_buffer_bytes": st.kv.get("kv_buffer_bytes"), "uniform": st.kv.get("uniform")},
+            extra={
+                "kv_buffer_bytes": st.kv.get("kv_buffer_bytes"),
+                "uniform": st.kv.get("uniform"),
+            },
         )
     f = st.figures
     figures = VllmFigures(

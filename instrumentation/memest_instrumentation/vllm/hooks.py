@@ -102,9 +102,9 @@ def _close_stage() -> None:
     growth = measure.private_pool_bytes(end, window.pool) - measure.private_pool_bytes(
         window.start, window.pool
     )
-    default = end.pool_reserved_bytes.get(measure.DEFAULT_POOL, 0) - window.start.pool_reserved_bytes.get(
+    default = end.pool_reserved_bytes.get(
         measure.DEFAULT_POOL, 0
-    )
+    ) - window.start.pool_reserved_bytes.get(measure.DEFAULT_POOL, 0)
     st.stages.append(
         StageGrowth(
             stage=window.stage,
@@ -163,8 +163,10 @@ def stage_of(role: str, desc: Any) -> str:
     mode = getattr(getattr(desc, "cg_mode", None), "name", str(getattr(desc, "cg_mode", "")))
     if mode == "PIECEWISE":
         return f"{role}.piecewise"
-    if role == "target" and getattr(desc, "uniform_token_count", None) is None and getattr(
-        desc, "max_query_len", None
+    if (
+        role == "target"
+        and getattr(desc, "uniform_token_count", None) is None
+        and getattr(desc, "max_query_len", None)
     ):
         return "target.av"
     if role == "draft.steps":
@@ -176,9 +178,7 @@ def wrap_cg_capture(orig: Callable[..., Any]) -> Callable[..., Any]:
     """CudaGraphManager.capture: the single choke point of every MRV2 graph family."""
 
     @functools.wraps(orig)
-    def wrapper(
-        self: Any, create_forward_fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> Any:
+    def wrapper(self: Any, create_forward_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         st = state()
         if not st.settings.enabled:
             return orig(self, create_forward_fn, *args, **kwargs)
@@ -214,9 +214,7 @@ def wrap_v1_warmup_and_capture(orig: Callable[..., Any]) -> Callable[..., Any]:
         if st.settings.enabled:
             mode = getattr(cudagraph_runtime_mode, "name", str(cudagraph_runtime_mode))
             stage = "target.piecewise" if mode == "PIECEWISE" else "target.full"
-            guarded(
-                "capture_stage", enter_stage, stage, None, getattr(desc, "num_tokens", None)
-            )
+            guarded("capture_stage", enter_stage, stage, None, getattr(desc, "num_tokens", None))
         return orig(self, desc, cudagraph_runtime_mode, *args, **kw)
 
     return wrapper
@@ -414,7 +412,9 @@ PATCHES: tuple[Patch, ...] = (
         ("self",),
         phase_wrapper("init_device", "init_device", after=_after_init_device),
     ),
-    Patch("weights", WORKER, "Worker", "load_model", ("self",), phase_wrapper("weights", "weights")),
+    Patch(
+        "weights", WORKER, "Worker", "load_model", ("self",), phase_wrapper("weights", "weights")
+    ),
     Patch(
         "determine_available_memory",
         WORKER,

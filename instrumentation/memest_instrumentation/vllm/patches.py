@@ -56,8 +56,10 @@ def current(patch: Patch) -> Any:
     """The object now at the patch target (raises if the module, class or attribute is gone)."""
     holder = _holder(patch)
     if patch.owner:
-        return holder.__dict__[patch.attr] if patch.attr in holder.__dict__ else getattr(
-            holder, patch.attr
+        return (
+            holder.__dict__[patch.attr]
+            if patch.attr in holder.__dict__
+            else getattr(holder, patch.attr)
         )
     return getattr(holder, patch.attr)
 

@@ -20,7 +20,7 @@ def start() -> None:
         st.notes.append("allocator history off (MEMEST_HISTORY_MAX_ENTRIES=0)")
         return
     try:
-        from memest_instrumentation.torch import Recorder  # type: ignore[attr-defined]
+        from memest_instrumentation.torch import Recorder
     except ImportError as exc:
         st.notes.append(f"allocator history unavailable ({exc}); stage growth from pool readings")
         return
@@ -46,7 +46,7 @@ def analyze_history() -> Breakdown | None:
     rec.stop()
     for warning in getattr(rec, "warnings", []) or []:
         st.notes.append(f"recorder: {warning}")
-    from memest.analysis import OwnerRules, analyze  # type: ignore[attr-defined]
+    from memest.analysis import OwnerRules, analyze
 
     rules = (
         OwnerRules.from_file(st.settings.rules_file)

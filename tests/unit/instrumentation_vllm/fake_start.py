@@ -15,7 +15,7 @@ from typing import Any
 from memest_instrumentation.vllm.hooks import PATCHES
 from memest_instrumentation.vllm.patches import Patch
 
-RETURNS = {
+RETURNS: dict[str, Any] = {
     "determine_available_memory": 123 << 20,
     "profile_cudagraph_memory": 7 << 20,
     "capture_model": 5 << 20,
@@ -62,7 +62,7 @@ def build_start() -> tuple[Any, dict[str, Callable[..., Any]]]:
         calls.append(f"capture_model:{profile_only}")
         cg_capture(mgr, forward_factory, "Capturing CUDA graphs")
         cg_capture(mgr, forward_factory, "Capturing prefill CUDA graphs")
-        return RETURNS["capture_model"]
+        return int(RETURNS["capture_model"])
 
     def initialize_kv_cache(self: Any, kv_cache_config: Any, is_profiling: bool = False) -> None:
         calls.append(f"initialize_kv_cache:{is_profiling}")
@@ -79,13 +79,26 @@ def build_start() -> tuple[Any, dict[str, Callable[..., Any]]]:
     def profile_cudagraph_memory(self: Any) -> int:
         self.initialize_kv_cache(SimpleNamespace(kv_cache_tensors=[]), is_profiling=True)
         self.capture_model(profile_only=True)
-        return RETURNS["profile_cudagraph_memory"]
+        return int(RETURNS["profile_cudagraph_memory"])
 
     runner.profile_run = wrapper_for("profile_run", "v2", profile_run).__get__(runner)
     runner.profile_cudagraph_memory = wrapper_for(
         "graph_profiling", "v2", profile_cudagraph_memory
     ).__get__(runner)
 
+    vllm_config = SimpleNamespace(
+        compilation_config=SimpleNamespace(
+            cudagraph_capture_sizes=[4, 8],
+            max_cudagraph_capture_size=8,
+            cudagraph_mode=SimpleNamespace(name="FULL_AND_PIECEWISE"),
+            mode=3,
+        ),
+        scheduler_config=SimpleNamespace(max_num_seqs=4, max_num_batched_tokens=64),
+        speculative_config=None,
+        model_config=SimpleNamespace(served_model_name="fake-llama", max_model_len=128),
+        cache_config=None,
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
+    )
     block = SimpleNamespace(page_size_bytes=2 << 20, block_size=16, num_kv_heads=8, head_size=128)
     worker = SimpleNamespace(
         rank=0,
@@ -93,6 +106,8 @@ def build_start() -> tuple[Any, dict[str, Callable[..., Any]]]:
         init_snapshot=SimpleNamespace(free_memory=100 << 30, total_memory=141 << 30),
         requested_memory=120 << 30,
         model_runner=runner,
+        vllm_config=vllm_config,
+        use_v2_model_runner=True,
         cache_config=SimpleNamespace(
             kv_cache_memory_bytes=None, gpu_memory_utilization=0.85, num_gpu_blocks=None
         ),
@@ -112,7 +127,7 @@ def build_start() -> tuple[Any, dict[str, Callable[..., Any]]]:
     def determine_available_memory(self: Any) -> int:
         self.model_runner.profile_run()
         self.model_runner.profile_cudagraph_memory()
-        return RETURNS["determine_available_memory"]
+        return int(RETURNS["determine_available_memory"])
 
     def initialize_from_config(self: Any, kv_cache_config: Any) -> None:
         self.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
@@ -128,13 +143,14 @@ def build_start() -> tuple[Any, dict[str, Callable[..., Any]]]:
         "determine_available_memory": wrapper_for(
             "determine_available_memory", "both", determine_available_memory
         ).__get__(worker),
-        "initialize_from_config": wrapper_for(
-            "kv_config", "both", initialize_from_config
-        ).__get__(worker),
+        "initialize_from_config": wrapper_for("kv_config", "both", initialize_from_config).__get__(
+            worker
+        ),
         "compile_or_warm_up_model": wrapper_for(
             "end_of_init", "both", compile_or_warm_up_model
         ).__get__(worker),
     }
+    vllm_config.cache_config = worker.cache_config
     worker.calls = calls
     return worker, methods
 

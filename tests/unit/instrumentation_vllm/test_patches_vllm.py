@@ -6,10 +6,9 @@ import importlib
 from collections.abc import Iterator
 from typing import Any
 
+import memest_instrumentation.vllm as plugin
 import pytest
 from conftest import vllm_or_skip
-
-import memest_instrumentation.vllm as plugin
 from memest_instrumentation.vllm.patches import (
     ORIGINAL_ATTR,
     Patch,
@@ -64,7 +63,9 @@ def test_instrument_then_uninstrument_leaves_every_class_as_it_was() -> None:
     during = _state(holders)
     for p in plugin.patches():
         assert hasattr(current(p), ORIGINAL_ATTR), p.target
-        assert during[f"{p.module}.{p.owner}"][p.attr] is not before[f"{p.module}.{p.owner}"][p.attr]
+        assert (
+            during[f"{p.module}.{p.owner}"][p.attr] is not before[f"{p.module}.{p.owner}"][p.attr]
+        )
     plugin.uninstrument()
     after = _state(holders)
     assert after.keys() == before.keys()
@@ -111,5 +112,5 @@ def test_vllm_load_general_plugins_finds_and_runs_the_entry_point(
     found = vp.load_plugins_by_group(vp.DEFAULT_PLUGINS_GROUP)
     assert "memest" in found
     assert original(found["memest"]) is plugin.register
-    vp.load_general_plugins()
+    vp.load_general_plugins()  # type: ignore[no-untyped-call]
     assert all(hasattr(current(p), ORIGINAL_ATTR) for p in plugin.patches())

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import pytest
+
+from memest.analysis.ranks import aggregate_ranks
+from memest.errors import ReportFormatError
+from memest.schema import KVCacheSpec, RunConfig, RunReport, VllmFigures
+
+GiB = 1 << 30
+
+
+def _rep(rank: int, weights: int, blocks: int, run: str = "run-1", world: int = 4) -> RunReport:
+    return RunReport(
+        run_id=run,
+        rank=rank,
+        world_size=world,
+        model="m",
+        config=RunConfig(model="m"),
+        vllm=VllmFigures(weights_bytes=weights),
+        kv_cache=KVCacheSpec(num_layers=32, block_size=16, num_blocks=blocks),
+    )
+
+
+def test_agreeing_ranks_are_consistent() -> None:
+    agg = aggregate_ranks([_rep(r, 4 * GiB, 1000) for r in range(4)])
+    assert agg.consistent and agg.ranks == [0, 1, 2, 3]
+    assert agg.figures["weights_bytes"] == {r: 4 * GiB for r in range(4)}
+
+
+def test_a_rank_off_by_more_than_the_threshold_is_flagged() -> None:
+    reps = [
+        _rep(0, 4 * GiB, 1000),
+        _rep(1, 4 * GiB, 1000),
+        _rep(2, 4 * GiB, 880),
+        _rep(3, 4 * GiB, 1010),
+    ]
+    agg = aggregate_ranks(reps)
+    assert [(o.figure, o.rank) for o in agg.outliers] == [("kv_blocks", 2)]
+    assert "rank 2: kv_blocks 880 vs median 1000 (-12.0%)" == agg.outliers[0].describe()
+
+
+def test_small_byte_differences_are_not_flagged() -> None:
+    reps = [_rep(0, 100 * (1 << 20), 1), _rep(1, 140 * (1 << 20), 1)]
+    # 40 % apart but under the 64 MiB absolute floor
+    assert aggregate_ranks(reps, abs_threshold_bytes=64 << 20).outliers == []
+
+
+def test_missing_ranks_are_named() -> None:
+    agg = aggregate_ranks([_rep(0, GiB, 10), _rep(2, GiB, 10)])
+    assert agg.missing_ranks == [1, 3] and not agg.consistent
+
+
+def test_bad_input_is_named() -> None:
+    with pytest.raises(ReportFormatError, match="no reports"):
+        aggregate_ranks([])
+    with pytest.raises(ReportFormatError, match="several runs given: a, b"):
+        aggregate_ranks([_rep(0, GiB, 1, run="a"), _rep(1, GiB, 1, run="b")])
+    with pytest.raises(ReportFormatError, match="rank 0 reported twice"):
+        aggregate_ranks([_rep(0, GiB, 1), _rep(0, GiB, 1)])
