@@ -96,8 +96,9 @@ def compare(report: RunReport, *, margin_bytes: int = 0) -> EstimateComparison:
         kv_cache_bytes=memest_kv,
         kv_tokens=kv_tokens(spec, memest_kv),
         usage_minus_budget_bytes=retained_non_kv + _allocated(spec, memest_kv) - requested,
-        note="full initialization: requested - (weights + activation peak + outside torch + "
-        "graph pools by reservation + runner buffers + profiling residue + margin)",
+        note="full initialization: requested - (torch baseline + weights + activation peak + "
+        "outside torch + graph pools by reservation + runner buffers + profiling residue + "
+        "margin)",
     )
     measured = EstimateRecord(
         estimator="measured",
