@@ -348,3 +348,11 @@ def test_av_above_1024_tokens() -> None:
     )
     assert main == (115, 1536)
     assert seed == (36, 1536)
+
+
+def test_interactivity_decode_dense_only_to_6_main_to_32() -> None:
+    seed, main = resolve_both(PlanInput(**GB200, performance_mode="interactivity"))
+    seed_full = next(r for r in seed.runners if r.runner == "target.full")
+    main_full = next(r for r in main.runners if r.runner == "target.full")
+    assert seed_full.sizes[:7] == [1, 2, 3, 4, 5, 6, 8]
+    assert main_full.sizes[:33] == [*range(1, 33), 40]
