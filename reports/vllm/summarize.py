@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Turn the H200 start records (raw/results.call*.jsonl) into validation.json.
+
+One record per configuration and estimator, each with usage_minus_budget_bytes and kv_tokens.
+usage = device memory in use at the end of init (total - cudaMemGetInfo free after gc +
+empty_cache) + the profile run's activation peak (vLLM's transient_peak_headroom; a plan start
+skips profiling, so it takes the alone start's of the same configuration).
+
+The "memest-apply-replayed" rows are not starts: they recompute the apply-mode budget of the
+same apply start with the corrected outside-PyTorch term (what the profiling graphs hold until
+teardown instead of the growth over the profiling capture), from that start's own readings
+(raw/<config>.apply.report.rank0.json), and shift its measured usage by the whole KV blocks the
+corrected budget adds.
+
+    python3 reports/vllm/summarize.py      # writes reports/vllm/validation.json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).parent
+RAW = HERE / "raw"
+GiB = 1 << 30
+ESTIMATOR = {"alone": "vllm", "apply": "memest-apply", "plan": "memest-plan"}
+
+
+def load() -> list[dict]:
+    rows = []
+    for path in sorted(RAW.glob("results.call*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def main() -> None:
+    rows = load()
+    headroom = {r["config"]: r["headroom_bytes"] for r in rows if r["mode"] == "alone"}
+    out = []
+    for r in rows:
+        if r["mode"] not in ESTIMATOR or "persistent_used_bytes" not in r:
+            continue
+        h = r.get("headroom_bytes")
+        source = "this start"
+        if h is None:
+            h, source = headroom[r["config"]], "alone start of the same configuration"
+        budget = r["requested_bytes"]  # vLLM's ceil(gpu_memory_utilization x total)
+        usage = r["persistent_used_bytes"] + h
+        rec = {
+            "configuration": r["config"],
+            "estimator": ESTIMATOR[r["mode"]],
+            "usage_minus_budget_bytes": usage - budget,
+            "usage_minus_budget_gib": round((usage - budget) / GiB, 3),
+            "kv_tokens": r["kv_tokens"],
+            "kv_bytes": r["kv_bytes"],
+            "budget_bytes": budget,
+            "in_use_end_of_init_bytes": r["persistent_used_bytes"],
+            "activation_peak_bytes": h,
+            "activation_peak_from": source,
+            "start_s": r["start_s"],
+            "vllm_cudagraph_estimate_bytes": r.get("vllm_cudagraph_estimate_bytes"),
+            "kv_cache_memory_bytes_given": r.get("kv_cache_memory_bytes_given"),
+            "kind": "start",
+        }
+        out.append(rec)
+        if r["mode"] == "apply":
+            out.append(replay(r, rec))
+    (HERE / "validation.json").write_text(json.dumps(out, indent=1) + "\n")
+    for rec in out:
+        print(
+            f"{rec['configuration']:32s} {rec['estimator']:22s} "
+            f"{rec['usage_minus_budget_gib']:+.3f} GiB  kv_tokens {rec['kv_tokens']:,}"
+        )
+
+
+def replay(r: dict, rec: dict) -> dict:
+    report = json.loads((RAW / f"{r['config']}.apply.report.rank0.json").read_text())
+    comps = report["estimate"]["components"]
+    phases = {p["name"]: p for p in report["phases"]}
+    gp_end = phases["graph_profiling"]["end"]
+    now = phases["determine_available_memory"]["end"]
+    held = max(
+        (gp_end["device_used_bytes"] - gp_end["torch_reserved_bytes"])
+        - (now["device_used_bytes"] - now["torch_reserved_bytes"]),
+        0,
+    )
+    growth = comps["capture_outside_torch_bytes"]  # what that start subtracted
+    kv_fixed = comps["memest_kv_bytes"] + growth - held
+    page = r["kv_page_bytes_all_layers"]
+    blocks = kv_fixed // page
+    delta = (blocks - r["num_gpu_blocks"]) * page
+    return {
+        **rec,
+        "estimator": "memest-apply-replayed",
+        "usage_minus_budget_bytes": rec["usage_minus_budget_bytes"] + delta,
+        "usage_minus_budget_gib": round((rec["usage_minus_budget_bytes"] + delta) / GiB, 3),
+        "kv_tokens": blocks * r["block_size"],
+        "kv_bytes": blocks * page,
+        "kind": "replayed from the apply start's readings with the corrected outside-PyTorch "
+        f"term ({growth} B growth over the profiling capture replaced by {held} B held until "
+        "teardown); not a new start",
+    }
+
+
+if __name__ == "__main__":
+    main()
