@@ -39,9 +39,42 @@ SPEC_METHODS: dict[str, DrafterKind] = {
     "dflash2": "block",
     "lilicorr": "block",
     "ngram": "none",
+    "ngram_gpu": "none",
+    "suffix": "none",
     "draft_model": "none",
     "extract_hidden_states": "none",
 }
+#: vLLM 0.33.0's model-specific MTP method names; vLLM runs them as "mtp" (single module unless
+#: the draft has several nextn layers: pass "multi_module_mtp" for that).
+MTP_ALIASES = (
+    "deepseek_mtp",
+    "dots3_note_mtp",
+    "mimo_mtp",
+    "mimo_v2_mtp",
+    "glm4_moe_mtp",
+    "glm4_moe_lite_mtp",
+    "glm_ocr_mtp",
+    "ernie_mtp",
+    "nemotron_h_mtp",
+    "exaone_moe_mtp",
+    "exaone4_5_mtp",
+    "qwen3_next_mtp",
+    "qwen4_exp_mtp",
+    "qwen3_5_mtp",
+    "longcat_flash_mtp",
+    "bailing_hybrid_v3_mtp",
+    "minimax_m3_mtp",
+    "bailing_hybrid_mtp",
+    "kimi_k3_mtp",
+    "pangu_ultra_moe_mtp",
+    "step3p5_mtp",
+    "step5_mtp",
+    "hy_v3_mtp",
+    "hy_v4_mtp",
+    "inkling_mtp",
+    "glm5_next_mtp",
+)
+SPEC_METHODS.update(dict.fromkeys(MTP_ALIASES, "target_dependent_ar"))
 
 LEGACY_FIELDS = ("cudagraph_capture_sizes", "max_cudagraph_capture_size")
 SEED_FIELDS = (
