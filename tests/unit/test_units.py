@@ -8,7 +8,13 @@ from memest.units import GiB, MiB, fmt_bytes, fmt_gib, parse_bytes
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("6GiB", 6 * GiB), ("0.25 GiB", GiB // 4), ("512MiB", 512 * MiB), ("1024", 1024), ("1gb", 10**9)],
+    [
+        ("6GiB", 6 * GiB),
+        ("0.25 GiB", GiB // 4),
+        ("512MiB", 512 * MiB),
+        ("1024", 1024),
+        ("1gb", 10**9),
+    ],
 )
 def test_parse_bytes(text: str, expected: int) -> None:
     assert parse_bytes(text) == expected
