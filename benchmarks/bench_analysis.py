@@ -4,8 +4,10 @@ Prints (never asserts) wall time and peak RSS of:
   1. load_snapshot(memest JSON) + analyze()            target <= 10 s, <= 2 GiB peak RSS
   2. analyze() alone
   3. restricted unpickle + conversion of the same history as a torch pickle
-  4. torch's own torch.cuda._memory_viz processing of the same history (trace(), segsum(),
-     trace_plot()), for a ratio; needs torch (CPU build is enough).
+  4. torch's own torch.cuda._memory_viz processing of the same history, for a ratio: trace()
+     (a Python replay of every event, the closest counterpart) and trace_plot() (embeds the
+     pickle in an HTML page; the browser does the processing). Needs torch (a CPU build is
+     enough).
 
 Each case runs in a fresh subprocess so peak RSS is its own.
 
@@ -167,11 +169,6 @@ _CASES = {
         "data = pickle.load(open(PATH_PICKLE, 'rb'))\nt0 = time.perf_counter()\n"
         "result = len(mv.trace(data))\n"
     ),
-    "torch_memory_viz_segsum": (
-        "import pickle, torch.cuda._memory_viz as mv\n"
-        "data = pickle.load(open(PATH_PICKLE, 'rb'))\nt0 = time.perf_counter()\n"
-        "result = len(mv.segsum(data))\n"
-    ),
     "torch_memory_viz_trace_plot": (
         "import pickle, torch.cuda._memory_viz as mv\n"
         "data = pickle.load(open(PATH_PICKLE, 'rb'))\nt0 = time.perf_counter()\n"
@@ -232,8 +229,10 @@ def main() -> int:
     path_pickle = work / "synthetic.torch.pickle"
     dump_snapshot(snap, path_json)
     path_pickle.write_bytes(pickle.dumps(to_torch(snap), protocol=4))
+    n_seg = snap["events"]["action"].count(3)
     print(
-        f"synthetic history: {args.events} events, {len(snap['stacks'])} stacks, "
+        f"synthetic history: {args.events} events ({n_seg} segment_alloc), "
+        f"{len(snap['stacks'])} stacks, "
         f"{len(snap['tags'])} tags; memest JSON {path_json.stat().st_size / MiB:.0f} MiB, "
         f"torch pickle {path_pickle.stat().st_size / MiB:.0f} MiB "
         f"(built in {time.perf_counter() - t0:.1f} s)"
@@ -252,11 +251,7 @@ def main() -> int:
             )
     base = results.get("memest_analyze_only", {}).get("seconds")
     if base:
-        for name in (
-            "torch_memory_viz_trace",
-            "torch_memory_viz_segsum",
-            "torch_memory_viz_trace_plot",
-        ):
+        for name in ("torch_memory_viz_trace", "torch_memory_viz_trace_plot"):
             other = results.get(name, {}).get("seconds")
             if other:
                 print(f"ratio {name} / memest_analyze_only = {other / base:.2f}")
