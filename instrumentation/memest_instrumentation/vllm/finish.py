@@ -345,13 +345,8 @@ def _build_info() -> BuildInfo:
 
 
 def _gpu_info() -> GpuInfo | None:
-    if not measure.cuda_ready():
+    props = measure.gpu_properties()
+    if props is None:
         return None
-    import torch
-
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return GpuInfo(
-        name=str(props.name),
-        total_bytes=int(props.total_memory),
-        compute_capability=f"{props.major}.{props.minor}",
-    )
+    name, total, capability = props
+    return GpuInfo(name=name, total_bytes=total, compute_capability=capability)

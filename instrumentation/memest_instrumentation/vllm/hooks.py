@@ -220,6 +220,32 @@ def wrap_v1_warmup_and_capture(orig: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def wrap_av_batches(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """AdaptiveVerificationManager.batches_to_profile: the post-capture AV profiling runs.
+
+    They run eagerly after the graphs are captured (real capture only); their allocations land
+    in the default pool, and what they leave cached is what vLLM's "actual" wrongly counts as
+    graph memory, so they get a stage of their own.
+    """
+
+    @functools.wraps(orig)
+    def wrapper(self: Any, capture_sizes: list[int], *args: Any, **kwargs: Any) -> Any:
+        batches = orig(self, capture_sizes, *args, **kwargs)
+        if not state().settings.enabled:
+            return batches
+
+        def tagged() -> Any:
+            guarded("capture_stage", enter_stage, "target.av.profiling", None, None)
+            try:
+                yield from batches
+            finally:
+                guarded("capture_stage", _close_stage)
+
+        return tagged()
+
+    return wrapper
+
+
 # --------------------------------------------------------------------------- worker hooks
 def _after_init_device(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
     from memest_instrumentation.vllm import collect
@@ -256,10 +282,7 @@ def _after_graph_profiling(self: Any, args: Any, kwargs: Any, result: Any, recor
 
 def _before_profile_run(self: Any, args: Any, kwargs: Any) -> None:
     # Peak stats start here, as inside vLLM's memory_profiling (also when a plan skipped it).
-    import torch
-
-    if measure.cuda_ready():
-        torch.cuda.reset_peak_memory_stats()
+    measure.reset_peak()
 
 
 def _after_profile_run(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
@@ -500,6 +523,15 @@ PATCHES: tuple[Patch, ...] = (
         "capture",
         ("self", "create_forward_fn", "progress_bar_desc"),
         wrap_cg_capture,
+        runner="v2",
+    ),
+    Patch(
+        "av_profiling",
+        "vllm.v1.worker.gpu.spec_decode.adaptive_verification",
+        "AdaptiveVerificationManager",
+        "batches_to_profile",
+        ("self", "capture_sizes"),
+        wrap_av_batches,
         runner="v2",
     ),
     Patch(

@@ -78,6 +78,21 @@ def reading(*, pools: bool = True, sync: bool = True) -> MemoryReading:
     )
 
 
+def gpu_properties() -> tuple[str, int, str] | None:
+    """(name, total bytes, compute capability) of the current device, None without CUDA."""
+    if not cuda_ready():
+        return None
+    torch = _torch()
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return str(props.name), int(props.total_memory), f"{props.major}.{props.minor}"
+
+
+def reset_peak() -> None:
+    """Start the allocator's peak statistics here (as vLLM's memory_profiling does)."""
+    if cuda_ready():
+        _torch().cuda.reset_peak_memory_stats()
+
+
 def settle() -> None:
     """gc + empty_cache, so a reading holds only live and pool memory."""
     import gc

@@ -15,6 +15,7 @@ from typing import Any
 from memest_instrumentation.vllm.hooks import PATCHES
 from memest_instrumentation.vllm.patches import Patch
 
+PAGE_ALL = 8 << 20  # KV bytes per block, all 4 layers
 RETURNS: dict[str, Any] = {
     "determine_available_memory": 123 << 20,
     "profile_cudagraph_memory": 7 << 20,
@@ -48,9 +49,98 @@ class FakeManager:
             fwd()
 
 
-def build_start() -> tuple[Any, dict[str, Callable[..., Any]]]:
-    """(worker, calls): the worker and the wrapped methods in vLLM's order."""
+class FakeDevice:
+    """Device memory a start spends, in vLLM's order, with known sizes (bytes).
+
+    ``measure`` functions of the plugin are pointed at it (``install``), so the plugin's
+    readings see exactly these numbers. Outside-PyTorch memory that the profiling graphs hold
+    (``graph_objects``) goes away at teardown; lazily loaded kernels (``lazy``) stay.
+    """
+
+    MiB = 1 << 20
+
+    def __init__(self) -> None:
+        m = self.MiB
+        self.total = 140 * 1024 * m
+        self.outside = 0
+        self.pools: dict[str, list[int]] = {"0,0": [0, 0]}  # reserved, allocated
+        self.peak = 0
+        self.sizes = {
+            "context": 800 * m,
+            "weights": 15_000 * m,
+            "activation": 400 * m,
+            "profile_residue": 30 * m,
+            "runner": 4 * m,
+            "pool": 62 * m,
+            "outputs": 48 * m,
+            "graph_objects": 20 * m,
+            "lazy": 160 * m,
+        }
+        self.profiling_kv = 250 * m
+        self.private = "0,2"
+
+    def alloc(self, pool: str, n: int) -> None:
+        r = self.pools.setdefault(pool, [0, 0])
+        r[0] += n
+        r[1] += n
+        self.peak = max(
+            self.peak, self.pools["0,0"][1] + sum(v[1] for k, v in self.pools.items() if k != "0,0")
+        )
+
+    def free(self, pool: str, n: int) -> None:
+        self.pools[pool][0] -= n
+        self.pools[pool][1] -= n
+
+    @property
+    def allocated(self) -> int:
+        return sum(v[1] for v in self.pools.values())
+
+    @property
+    def reserved(self) -> int:
+        return sum(v[0] for v in self.pools.values())
+
+    def reading(self, *, pools: bool = True, sync: bool = True) -> Any:
+        from memest.schema import MemoryReading
+
+        return MemoryReading(
+            time_ns=0,
+            device_used_bytes=self.outside + self.reserved,
+            device_total_bytes=self.total,
+            device_source="cudaMemGetInfo",
+            torch_reserved_bytes=self.reserved,
+            torch_allocated_bytes=self.allocated,
+            torch_reserved_peak_bytes=self.reserved,
+            torch_allocated_peak_bytes=self.peak,
+            pool_reserved_bytes={k: v[0] for k, v in self.pools.items() if v[0] or k == "0,0"},
+        )
+
+    def reset_peak(self) -> None:
+        self.peak = self.allocated
+
+    def install(self, monkeypatch: Any) -> None:
+        from memest_instrumentation.vllm import hooks, measure
+
+        monkeypatch.setattr(measure, "reading", self.reading)
+        monkeypatch.setattr(measure, "settle", lambda: None)
+        monkeypatch.setattr(measure, "reset_peak", self.reset_peak)
+        monkeypatch.setattr(measure, "cuda_ready", lambda: True)
+        monkeypatch.setattr(measure, "gpu_properties", lambda: ("Fake H200", self.total, "9.0"))
+        monkeypatch.setattr(
+            measure, "pool_usage", lambda: {k: (v[0], v[1]) for k, v in self.pools.items()}
+        )
+        monkeypatch.setattr(hooks, "_global_pool_key", lambda: self.private)
+
+    def used(self) -> int:
+        return self.outside + self.reserved
+
+
+def build_start(dev: FakeDevice | None = None) -> tuple[Any, dict[str, Callable[..., Any]]]:
+    """(worker, calls): the worker and the wrapped methods in vLLM's order.
+
+    With ``dev``, every stand-in spends device memory on it as vLLM would.
+    """
     calls: list[str] = []
+    z = dev.sizes if dev is not None else {}
     mgr = FakeManager()
     cg_capture = wrapper_for("capture_stage", "v2", FakeManager.capture)
 
@@ -60,14 +150,35 @@ def build_start() -> tuple[Any, dict[str, Callable[..., Any]]]:
 
     def capture_model(self: Any, *, profile_only: bool = False) -> int:
         calls.append(f"capture_model:{profile_only}")
+        if dev is not None:
+            mgr.pool = tuple(int(x) for x in dev.private.split(","))
+
+            def spend(desc: Any, warmup: bool) -> Callable[[], str]:
+                fwd = forward_factory(desc, warmup)
+                if desc.cg_mode.name == "PIECEWISE" and desc.num_tokens == 8:
+                    dev.alloc(dev.private, z["pool"])  # widest piecewise graph grows the pool
+                return fwd
+
+            dev.alloc("0,0", z["outputs"])
+            dev.outside += z["graph_objects"]
+            if profile_only:
+                dev.outside += z["lazy"]
+            cg_capture(mgr, spend, "Capturing CUDA graphs")
+            return int(RETURNS["capture_model"])
         cg_capture(mgr, forward_factory, "Capturing CUDA graphs")
         cg_capture(mgr, forward_factory, "Capturing prefill CUDA graphs")
         return int(RETURNS["capture_model"])
 
     def initialize_kv_cache(self: Any, kv_cache_config: Any, is_profiling: bool = False) -> None:
         calls.append(f"initialize_kv_cache:{is_profiling}")
+        if dev is not None:
+            dev.alloc("0,0", z["runner"])
+            kv = dev.profiling_kv if is_profiling else kv_cache_config.num_blocks * PAGE_ALL
+            dev.alloc("0,0", kv)
+            alloc_kv(SimpleNamespace(kv_cache_tensors=[SimpleNamespace(size=kv)]), None)
 
-    runner = SimpleNamespace(model_memory_usage=16 << 30)
+    alloc_kv = wrapper_for("allocate_kv_cache", "v2", lambda cfg, device: {})
+    runner = SimpleNamespace(model_memory_usage=z.get("weights", 16 << 30))
     runner.capture_model = wrapper_for("capture", "v2", capture_model).__get__(runner)
     runner.initialize_kv_cache = wrapper_for("kv_cache_alloc", "v2", initialize_kv_cache).__get__(
         runner
@@ -75,10 +186,19 @@ def build_start() -> tuple[Any, dict[str, Callable[..., Any]]]:
 
     def profile_run(self: Any, randomize_inputs: bool = False) -> None:
         calls.append("profile_run")
+        if dev is not None:
+            dev.alloc("0,0", z["profile_residue"])
+            dev.alloc("0,0", z["activation"])
+            dev.free("0,0", z["activation"])
 
     def profile_cudagraph_memory(self: Any) -> int:
         self.initialize_kv_cache(SimpleNamespace(kv_cache_tensors=[]), is_profiling=True)
         self.capture_model(profile_only=True)
+        if dev is not None:  # teardown: everything but lazily loaded kernels goes
+            dev.free("0,0", dev.profiling_kv + z["runner"] + z["outputs"])
+            dev.pools.pop(dev.private)
+            dev.outside -= z["graph_objects"]
+            dev.private = "0,1"
         return int(RETURNS["profile_cudagraph_memory"])
 
     runner.profile_run = wrapper_for("profile_run", "v2", profile_run).__get__(runner)
@@ -99,12 +219,14 @@ def build_start() -> tuple[Any, dict[str, Callable[..., Any]]]:
         cache_config=None,
         parallel_config=SimpleNamespace(tensor_parallel_size=1),
     )
-    block = SimpleNamespace(page_size_bytes=2 << 20, block_size=16, num_kv_heads=8, head_size=128)
+    block = SimpleNamespace(
+        page_size_bytes=PAGE_ALL // 4, block_size=16, num_kv_heads=8, head_size=128
+    )
     worker = SimpleNamespace(
         rank=0,
         parallel_config=SimpleNamespace(world_size=1, tensor_parallel_size=1),
         init_snapshot=SimpleNamespace(free_memory=100 << 30, total_memory=141 << 30),
-        requested_memory=120 << 30,
+        requested_memory=int((140 << 30) * 0.85),
         model_runner=runner,
         vllm_config=vllm_config,
         use_v2_model_runner=True,
@@ -120,9 +242,13 @@ def build_start() -> tuple[Any, dict[str, Callable[..., Any]]]:
 
     def init_device(self: Any) -> None:
         calls.append("init_device")
+        if dev is not None:
+            dev.outside += z["context"]
 
     def load_model(self: Any) -> None:
         calls.append("load_model")
+        if dev is not None:
+            dev.alloc("0,0", z["weights"])
 
     def determine_available_memory(self: Any) -> int:
         self.model_runner.profile_run()

@@ -1,0 +1,57 @@
+"""MEMEST_ESTIMATE=apply through the wrappers, on a device whose every term is known."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import fake_start
+import pytest
+from memest_instrumentation.vllm import collect
+from memest_instrumentation.vllm.state import reset_state, state
+
+
+def _start(monkeypatch: pytest.MonkeyPatch, mode: str) -> tuple[fake_start.FakeDevice, int, int]:
+    monkeypatch.setattr(collect, "compute_fingerprint", lambda worker: "0123456789abcdef")
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    monkeypatch.setenv("MEMEST_ESTIMATE", mode)
+    monkeypatch.setenv("MEMEST_RUN_ID", f"apply-{mode}")
+    reset_state()
+    dev = fake_start.FakeDevice()
+    dev.install(monkeypatch)
+    worker, methods = fake_start.build_start(dev)
+    methods["init_device"]()
+    methods["load_model"]()
+    budget = methods["determine_available_memory"]()
+    blocks = budget // fake_start.PAGE_ALL
+    methods["initialize_from_config"](SimpleNamespace(num_blocks=blocks, kv_cache_tensors=[]))
+    methods["compile_or_warm_up_model"]()
+    return dev, budget, worker.requested_memory
+
+
+def test_apply_sizes_the_kv_cache_to_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    dev, kv_budget, requested = _start(monkeypatch, "apply")
+    assert state().hook_errors == []
+    z = dev.sizes
+    # in use at the end + the activation peak serving needs again
+    usage = dev.used() + z["activation"]
+    assert -fake_start.PAGE_ALL < usage - requested <= 0
+    terms = state().apply_terms["terms"]
+    assert terms.graph_pool_bytes == z["pool"]
+    assert terms.runner_buffer_bytes == z["runner"] + z["outputs"]
+    assert terms.profile_peak_activation_bytes == z["activation"]
+    # lazily loaded kernels stay after teardown: counted once, in the memory in use
+    assert terms.outside_torch_bytes == z["context"] + z["lazy"] + z["graph_objects"]
+    assert kv_budget != fake_start.RETURNS["determine_available_memory"]
+
+
+def test_plan_mode_keeps_vllms_budget_and_writes_a_plan_that_fits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    dev, kv_budget, requested = _start(monkeypatch, "plan")
+    assert kv_budget == fake_start.RETURNS["determine_available_memory"]
+    plan_kv = state().plan["kv_cache_memory_bytes"]
+    usage = dev.used() + dev.sizes["activation"]
+    kv_now = (kv_budget // fake_start.PAGE_ALL) * fake_start.PAGE_ALL
+    # the next start with that KV size: same non-KV memory, plan_kv of KV
+    assert -fake_start.PAGE_ALL < usage - kv_now + plan_kv - requested <= 0
+    assert plan_kv % fake_start.PAGE_ALL == 0
