@@ -156,24 +156,42 @@ def from_torch(
     a_action, a_addr, a_size = cols["action"].append, cols["addr"].append, cols["size"].append
     a_stream, a_time, a_tag = cols["stream"].append, cols["time_us"].append, cols["tag"].append
     a_stack = cols["stack"].append
+    action_ids, tag_ids = interner.action_ids, interner.tag_ids
+    stack_of = interner.stack
+    a_pool = pool_col.append
     for i, entry in enumerate(traces or []):
-        if not isinstance(entry, dict) or "action" not in entry:
-            raise SnapshotFormatError(f"{source}: device_traces[{dev}][{i}] has no 'action'")
-        a_action(interner.intern(interner.actions, interner.action_ids, str(entry["action"])))
-        a_addr(int(entry.get("addr", 0)))
-        a_size(int(entry.get("size", 0)))
-        a_stream(int(entry.get("stream", 0)))
-        a_time(int(entry.get("time_us", 0)))
-        a_tag(
-            interner.intern(interner.tags, interner.tag_ids, str(entry.get("user_metadata") or ""))
+        try:
+            action = entry["action"]
+            addr, size = entry.get("addr", 0), entry.get("size", 0)
+            stream, t_us = entry.get("stream", 0), entry.get("time_us", 0)
+            user_meta = entry.get("user_metadata") or ""
+        except (TypeError, KeyError, AttributeError):
+            raise SnapshotFormatError(
+                f"{source}: device_traces[{dev}][{i}] is not an event with an 'action'"
+            ) from None
+        if type(addr) is not int or type(size) is not int or type(t_us) is not int:
+            addr, size, t_us = _as_int(addr, size, t_us, where=f"{source}: event {i}")
+        a_action(
+            action_ids[action]
+            if action in action_ids
+            else interner.intern(interner.actions, action_ids, str(action))
         )
-        a_stack(interner.stack(entry.get("frames")))
+        a_addr(addr)
+        a_size(size)
+        a_stream(stream if type(stream) is int else int(stream))
+        a_time(t_us)
+        a_tag(
+            tag_ids[user_meta]
+            if user_meta in tag_ids
+            else interner.intern(interner.tags, tag_ids, str(user_meta))
+        )
+        a_stack(stack_of(entry.get("frames")))
         pid = entry.get("pool_id")
         if pid is not None:
             any_pool = True
-            pool_col.append(interner.intern(interner.pools, interner.pool_ids, pool_key(pid)))
+            a_pool(interner.intern(interner.pools, interner.pool_ids, pool_key(pid)))
         else:
-            pool_col.append(-1)
+            a_pool(-1)
     segments: list[dict[str, Any]] = []
     for j, seg in enumerate(raw["segments"]):
         if not isinstance(seg, dict):
@@ -230,6 +248,13 @@ def from_torch(
     if isinstance(settings, dict):
         out["allocator_settings"] = {str(k): v for k, v in settings.items() if _jsonable(v)}
     return out
+
+
+def _as_int(*values: object, where: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in values)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise SnapshotFormatError(f"{where}: addr / size / time_us must be integers") from None
 
 
 def _jsonable(value: object) -> bool:

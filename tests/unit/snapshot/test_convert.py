@@ -120,3 +120,16 @@ def test_round_trip_through_torch_form() -> None:
     assert again["tags"] == snap["tags"]
     assert again["frames"] == snap["frames"]
     assert [s["pool"] for s in again["segments"]] == ["0,2"]
+
+
+def test_event_without_action_named() -> None:
+    import pytest
+
+    from memest.errors import SnapshotFormatError
+
+    raw = {"segments": [], "device_traces": [[{"addr": 1, "size": 2}]]}
+    with pytest.raises(SnapshotFormatError, match=r"device_traces\[0\]\[0\]"):
+        from_torch(raw)
+    raw = {"segments": [], "device_traces": [[{"action": "alloc", "addr": "x", "size": 2}]]}
+    with pytest.raises(SnapshotFormatError, match="must be integers"):
+        from_torch(raw)
