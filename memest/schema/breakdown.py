@@ -21,12 +21,15 @@ class MemoryReading(MemestModel):
     torch_reserved_peak_bytes: NonNegativeBytes = 0
     torch_allocated_peak_bytes: NonNegativeBytes = 0
     pool_reserved_bytes: dict[str, NonNegativeBytes] = Field(
-        default_factory=dict, description="Reserved bytes per allocator pool id, e.g. '0,0' or '0,1'"
+        default_factory=dict,
+        description="Reserved bytes per allocator pool id, e.g. '0,0' or '0,1'",
     )
 
 
 class PhaseRecord(MemestModel):
-    name: str = Field(description="weights, profile_run, graph_profiling, kv_cache_alloc, capture, end")
+    name: str = Field(
+        description="weights, profile_run, graph_profiling, kv_cache_alloc, capture, end"
+    )
     start: MemoryReading
     end: MemoryReading
 
