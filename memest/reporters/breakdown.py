@@ -73,7 +73,11 @@ def tables(bd: Breakdown, unit: str = "GiB") -> list[tuple[str, list[str], list[
             [
                 "Total graph pool",
                 "",
-                str(sum(s.graph_count or 0 for s in bd.stages)),
+                (
+                    str(sum(s.graph_count or 0 for s in bd.stages))
+                    if any(s.graph_count is not None for s in bd.stages)
+                    else ""
+                ),
                 f(bd.graph_pool_growth_bytes),
                 f(sum(s.default_pool_growth_bytes for s in bd.stages)),
             ]
@@ -134,6 +138,24 @@ def tables(bd: Breakdown, unit: str = "GiB") -> list[tuple[str, list[str], list[
         ]
         out.append(
             ("Unattributed bytes by top frame", ["Stage", "View", "Top frame", u, "Count"], rows)
+        )
+    if bd.pools:
+        rows = [
+            [
+                p.pool,
+                "graph (private)" if p.private else "default",
+                f(p.growth_bytes),
+                f(p.released_bytes),
+                "" if p.reserved_end_bytes is None else f(p.reserved_end_bytes),
+            ]
+            for p in bd.pools
+        ]
+        out.append(
+            (
+                "Allocator pools: replayed segment events and the final snapshot",
+                ["Pool", "Kind", f"Grown {u}", f"Released {u}", f"Reserved at snapshot {u}"],
+                rows,
+            )
         )
     return out
 
