@@ -25,10 +25,9 @@ def baseline(worker: Any) -> None:
     st.figures["init_free_bytes"] = _int(getattr(snap, "free_memory", None))
     st.figures["total_bytes"] = _int(getattr(snap, "total_memory", None))
     st.figures["requested_memory_bytes"] = _int(getattr(worker, "requested_memory", None))
-    if st.recorder is None:
-        from memest_instrumentation.vllm import recorder
+    from memest_instrumentation.vllm import recorder
 
-        guarded("recorder", recorder.start)
+    guarded("recorder", recorder.ensure_started, "init")
 
 
 def fingerprint(worker: Any) -> None:

@@ -62,6 +62,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "Allocator history entries kept (0 turns history, the trigger table and the retained "
         "view off; phase and pool readings remain).",
     ),
+    EnvVar(
+        "MEMEST_HISTORY_FROM",
+        "graph_profiling",
+        "When allocator history starts: graph_profiling (the capture windows the trigger table "
+        "and retained view need) or init (every event from init_device on; slower start).",
+    ),
     EnvVar("MEMEST_RULES", "", "Owner-rules file for the analysis (default rules when empty)."),
     EnvVar(
         "MEMEST_ESTIMATE",
@@ -115,6 +121,7 @@ class Settings:
     push_retries: int = 3
     stack_depth: int = 16
     history_max_entries: int = 2_000_000
+    history_from: str = "graph_profiling"
     rules_file: str = ""
     estimate: EstimateMode = "plan"
     margin_bytes: int = 0
@@ -159,6 +166,12 @@ class Settings:
             mode = mode_text
         else:
             problems.append(f"MEMEST_ESTIMATE={mode_text!r}: expected one of off, apply, plan")
+        history_from = raw("MEMEST_HISTORY_FROM").lower()
+        if history_from not in ("graph_profiling", "init"):
+            problems.append(
+                f"MEMEST_HISTORY_FROM={history_from!r}: expected graph_profiling or init"
+            )
+            history_from = "graph_profiling"
         faults = frozenset(f.strip() for f in raw("MEMEST_FAULT").split(",") if f.strip())
         return cls(
             enabled=raw("MEMEST_ENABLE") == "1",
@@ -170,6 +183,7 @@ class Settings:
             push_retries=integer("MEMEST_PUSH_RETRIES", 1),
             stack_depth=integer("MEMEST_STACK_DEPTH", 0),
             history_max_entries=integer("MEMEST_HISTORY_MAX_ENTRIES", 0),
+            history_from=history_from,
             rules_file=raw("MEMEST_RULES"),
             estimate=mode,
             margin_bytes=integer("MEMEST_MARGIN_BYTES", 0),

@@ -270,8 +270,17 @@ def _after_determine(self: Any, args: Any, kwargs: Any, result: Any, record: Any
 
 
 def _before_graph_profiling(self: Any, args: Any, kwargs: Any) -> None:
+    from memest_instrumentation.vllm import recorder
+
     st = state()
     st.graph_profile["lift_full_limit"] = st.settings.estimate == "apply"
+    guarded("recorder", recorder.ensure_started, "graph_profiling")
+
+
+def _before_v1_capture(self: Any, args: Any, kwargs: Any) -> None:
+    from memest_instrumentation.vllm import recorder
+
+    recorder.ensure_started("capture")
 
 
 def _after_graph_profiling(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
@@ -322,6 +331,9 @@ def wrap_capture_model(orig: Callable[..., Any]) -> Callable[..., Any]:
             st.capture_pool = guarded("graph_profiling", _global_pool_key)
             token = guarded("graph_profiling", _begin_phase, "graph_profiling")
         else:
+            from memest_instrumentation.vllm import recorder
+
+            guarded("recorder", recorder.ensure_started, "capture")
             token = guarded("capture", _begin_phase, "capture")
         result = orig(self, *args, **kwargs)
         if token is not None:
@@ -578,6 +590,7 @@ PATCHES: tuple[Patch, ...] = (
             "graph_profiling",
             "graph_profiling",
             settle_end=True,
+            before=_before_graph_profiling,
             after=_after_graph_profiling,
         ),
         runner="v1",
@@ -597,7 +610,7 @@ PATCHES: tuple[Patch, ...] = (
         "GPUModelRunner",
         "capture_model",
         ("self",),
-        phase_wrapper("capture", "capture"),
+        phase_wrapper("capture", "capture", before=_before_v1_capture),
         runner="v1",
     ),
     Patch(

@@ -13,6 +13,21 @@ from memest.schema import Breakdown
 from memest_instrumentation.vllm.state import state
 
 
+def ensure_started(where: str) -> None:
+    """Start the history at ``where`` ("init", "graph_profiling" or "capture") if due and not on.
+
+    With MEMEST_HISTORY_FROM=graph_profiling the history starts at graph-memory profiling, or at
+    the real capture when a given KV size made vLLM skip profiling.
+    """
+    st = state()
+    if st.recorder is not None or st.history_tried:
+        return
+    if where == "init" and st.settings.history_from != "init":
+        return
+    st.history_tried = True
+    start()
+
+
 def start() -> None:
     """Start recording allocator history when the recorder exists and history is wanted."""
     st = state()

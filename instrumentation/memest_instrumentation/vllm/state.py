@@ -57,6 +57,7 @@ class RunState:
     profiling_kv: bool = False
     finalized: bool = False
     recorder: Any = None
+    history_tried: bool = False
 
     def fail(self, hook: str, exc: BaseException) -> None:
         """Record a hook failure; log a warning once per hook name.

@@ -39,7 +39,7 @@ class Desc:
 
 class FakeManager:
     def __init__(self) -> None:
-        self.pool = (0, 1)
+        self.pool: tuple[int, ...] = (0, 1)
         self._max_full_descs_to_capture: int | None = None
         self.descs = [Desc("PIECEWISE", 8), Desc("PIECEWISE", 4), Desc("FULL", 4, 1)]
 

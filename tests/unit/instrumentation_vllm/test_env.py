@@ -23,6 +23,7 @@ def test_every_setting_is_read_and_documented() -> None:
         "MEMEST_STACK_DEPTH": "8",
         "MEMEST_HISTORY_MAX_ENTRIES": "1000",
         "MEMEST_RULES": "rules.toml",
+        "MEMEST_HISTORY_FROM": "init",
         "MEMEST_ESTIMATE": "APPLY",
         "MEMEST_MARGIN_BYTES": "1048576",
         "MEMEST_PLAN_FREE_TOLERANCE_BYTES": "0",
@@ -35,6 +36,7 @@ def test_every_setting_is_read_and_documented() -> None:
     assert (s.stack_depth, s.history_max_entries, s.rules_file) == (8, 1000, "rules.toml")
     assert (s.estimate, s.margin_bytes, s.plan_free_tolerance_bytes) == ("apply", 1 << 20, 0)
     assert s.faults == frozenset({"capture", "push"})
+    assert s.history_from == "init"
     documented = {v.name for v in ENV_VARS}
     assert set(env) <= documented
     text = help_text()
