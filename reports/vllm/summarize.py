@@ -67,7 +67,7 @@ def main() -> None:
             out.append(replay(r, rec))
     (HERE / "validation.json").write_text(json.dumps(out, indent=1) + "\n")
     for rec in out:
-        print(
+        print(  # noqa: T201
             f"{rec['configuration']:32s} {rec['estimator']:22s} "
             f"{rec['usage_minus_budget_gib']:+.3f} GiB  kv_tokens {rec['kv_tokens']:,}"
         )
