@@ -207,6 +207,7 @@ def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> 
         hook_errors=_errors(),
     )
     report.estimate = guarded("estimate", _estimate, report)
+    guarded("report", _explain_graph_figures, report)
     report.notes = list(st.notes)
     report.hook_errors = _errors()
     return report
@@ -218,6 +219,31 @@ def _errors() -> list[str]:
         msg if st.error_counts.get(msg, 1) == 1 else f"{msg} (x{st.error_counts[msg]})"
         for msg in st.hook_errors
     ]
+
+
+def _explain_graph_figures(report: RunReport) -> None:
+    """One note putting vLLM's graph estimate and "actual" beside memest's pool reading."""
+    st = state()
+    f = st.figures
+    capture = [p for p in report.phases if p.name == "capture"]
+    if not capture or report.breakdown is None:
+        return
+    start, end = capture[-1].start, capture[-1].end
+    pool = report.breakdown.graph_pool_growth_bytes
+    live = max(end.torch_allocated_bytes - start.torch_allocated_bytes - pool, 0)
+    st.notes.append(
+        "graph memory: vLLM estimate {est} B (profiling pass, {n} FULL samples extrapolated); "
+        "vLLM actual {act} B (free-memory delta of capture_model: pool, allocations the "
+        "capture keeps, allocator cache and memory outside PyTorch); memest: graph pool "
+        "{pool} B by reservation, plus {live} B of default-pool allocations made during the "
+        "capture and still live".format(
+            est=f.get("cudagraph_estimate_bytes"),
+            n=len(st.graph_profile.get("samples", [])),
+            act=f.get("cudagraph_actual_bytes"),
+            pool=pool,
+            live=live,
+        )
+    )
 
 
 def _estimate(report: RunReport) -> EstimateComparison:

@@ -55,3 +55,22 @@ def test_plan_mode_keeps_vllms_budget_and_writes_a_plan_that_fits(
     # the next start with that KV size: same non-KV memory, plan_kv of KV
     assert -fake_start.PAGE_ALL < usage - kv_now + plan_kv - requested <= 0
     assert plan_kv % fake_start.PAGE_ALL == 0
+
+
+def test_stage_growth_sums_to_the_pools_reserved_growth(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    import json
+    import os
+    from pathlib import Path
+
+    from memest.schema import RunReport
+
+    dev, _, _ = _start(monkeypatch, "plan")
+    path = Path(os.environ["MEMEST_OUTPUT_DIR"]) / "apply-plan" / "report.rank0.json"
+    report = RunReport.model_validate(json.loads(path.read_text()))
+    assert report.breakdown is not None
+    capture = [s for s in report.breakdown.stages if s.phase == "capture"]
+    assert sum(s.pool_growth_bytes for s in capture) == report.breakdown.graph_pool_growth_bytes
+    assert report.breakdown.graph_pool_growth_bytes == dev.sizes["pool"]
+    assert {s.stage: s.graph_count for s in capture} == {"target.piecewise": 2, "target.full": 1}

@@ -85,6 +85,9 @@ def test_without_faults_a_report_is_written(
     assert ("capture", "target.full") in stages
     assert ("capture", "draft.step0.piecewise") in stages
     assert report.kv_cache is not None and report.kv_cache.num_blocks == 1000
+    assert [p.sizing for p in report.capture_plans] == ["seed", "vllm-0.33.0"]
+    assert report.config.max_num_seqs == 4 and report.config.cudagraph_capture_sizes == [4, 8]
+    assert any(n.startswith("graph memory: vLLM estimate") for n in report.notes)
 
 
 @pytest.mark.parametrize("hook", HOOKS)
