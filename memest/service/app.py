@@ -94,12 +94,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description=DESCRIPTION,
         lifespan=lifespan,
         generate_unique_id_function=_unique_id,
+        # Swagger UI and ReDoc load from a CDN; /docs is a server-rendered page instead.
+        docs_url=None,
+        redoc_url=None,
     )
     engine = db.make_engine(settings.database_url)
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = db.make_sessionmaker(engine)
     app.state.report_cache = store.ReportCache(settings.report_cache_size)
+    app.state.response_cache = store.ResponseCache(settings.report_cache_size)
 
     def latest() -> list[RunReport]:
         with app.state.sessionmaker() as session:

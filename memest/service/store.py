@@ -164,6 +164,30 @@ class ReportCache:
         return parsed
 
 
+class ResponseCache:
+    """Rendered response bodies by key, for answers that can no longer change (bounded LRU)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[object, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: object) -> bytes | None:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+            return hit
+
+    def put(self, key: object, body: bytes) -> None:
+        if not self._size:
+            return
+        with self._lock:
+            self._items[key] = body
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+
 @dataclass(frozen=True)
 class RunFilter:
     model: str | None = None

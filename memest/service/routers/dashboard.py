@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 from typing import Annotated, Any
 
@@ -168,3 +169,38 @@ def history_page(
         hist=hist,
         svgs=plots.history_svgs(hist),
     )
+
+
+@router.get("/docs", response_class=HTMLResponse, responses=_HTML)
+def api_docs(request: Request) -> HTMLResponse:
+    """API reference rendered from the OpenAPI document (works offline; JSON at /openapi.json)."""
+    spec = request.app.openapi()
+    ops = []
+    for path, methods in spec.get("paths", {}).items():
+        for method, op in methods.items():
+            example = None
+            for status in ("200", "201"):
+                content = op.get("responses", {}).get(status, {}).get("content", {})
+                for media in content.values():
+                    if "example" in media:
+                        example = media["example"]
+                        break
+                if example is not None:
+                    break
+            text = json.dumps(example, indent=2) if not isinstance(example, str) else example
+            if text and len(text) > 2400:
+                text = text[:2400] + "\n…"
+            ops.append(
+                {
+                    "method": method.upper(),
+                    "path": path,
+                    "tag": (op.get("tags") or [""])[0],
+                    "summary": op.get("summary", ""),
+                    "description": op.get("description", ""),
+                    "parameters": op.get("parameters", []),
+                    "body": "requestBody" in op,
+                    "responses": {k: v.get("description", "") for k, v in op["responses"].items()},
+                    "example": text if example is not None else None,
+                }
+            )
+    return _page(request, "docs.html", title="API · memest", ops=ops, info=spec["info"])

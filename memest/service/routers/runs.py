@@ -5,16 +5,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session, sessionmaker
 
 from memest.reporters.views import rank_check, run_facts, runner_counts, stage_bars
 from memest.schema import RunReport
 from memest.service import examples, store
-from memest.service.deps import CacheDep, ReadAuth, SessionDep
+from memest.service.deps import CacheDep, FactoryDep, ReadAuth, ResponseCacheDep, SessionDep
 from memest.service.errors import NotFound
 from memest.service.estimates import compare_report, estimate_available
 from memest.service.models import Run
 from memest.service.schemas import BreakdownResponse, RankFacts, RunDetail, RunList, RunSummary
+from memest.service.store import ReportCache
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[ReadAuth])
 
@@ -133,25 +136,42 @@ def read_run(run_id: RunIdPath, session: SessionDep, cache: CacheDep) -> RunDeta
     response_model=BreakdownResponse,
     responses={**examples.json_example(examples.BREAKDOWN), 404: {"description": "No such run"}},
 )
-def read_breakdown(
+async def read_breakdown(
     run_id: RunIdPath,
-    session: SessionDep,
+    factory: FactoryDep,
     cache: CacheDep,
+    responses: ResponseCacheDep,
     rank: Annotated[
         int | None,
         Query(ge=0, le=65535, description="Rank (default: the lowest stored)", examples=[0]),
     ] = None,
-) -> BreakdownResponse:
+) -> Response:
     """One rank's breakdown of a run: phase split, stage growth, owners, peaks, retained rows."""
-    rows = store.run_reports(session, run_id)
-    if not rows:
-        raise NotFound(f"no run {run_id!r}", field="run_id")
-    if rank is not None:
-        rows = [r for r in rows if r.rank == rank]
+    key = (run_id, rank)
+    hit = responses.get(key)
+    if hit is not None:
+        return Response(content=hit, media_type="application/json")
+    body, lead_rank = await run_in_threadpool(_breakdown_body, factory, cache, run_id, rank)
+    # Stored reports never change, so the body for an explicit rank is final; the default
+    # (lowest) rank is final once rank 0 is stored.
+    if rank is not None or lead_rank == 0:
+        responses.put(key, body)
+    return Response(content=body, media_type="application/json")
+
+
+def _breakdown_body(
+    factory: sessionmaker[Session], cache: ReportCache, run_id: str, rank: int | None
+) -> tuple[bytes, int]:
+    with factory() as session:
+        rows = store.run_reports(session, run_id)
         if not rows:
-            raise NotFound(f"run {run_id!r} has no rank {rank}", field="rank")
-    rep = cache.get(rows[0])
-    return BreakdownResponse(
+            raise NotFound(f"no run {run_id!r}", field="run_id")
+        if rank is not None:
+            rows = [r for r in rows if r.rank == rank]
+            if not rows:
+                raise NotFound(f"run {run_id!r} has no rank {rank}", field="rank")
+        rep = cache.get(rows[0])
+    out = BreakdownResponse(
         run_id=rep.run_id,
         rank=rep.rank,
         model=rep.model,
@@ -159,6 +179,7 @@ def read_breakdown(
         breakdown=rep.breakdown,
         stages=stage_bars(rep),
     )
+    return out.model_dump_json().encode(), rep.rank
 
 
 @router.get(
