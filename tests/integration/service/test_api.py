@@ -347,3 +347,18 @@ def test_openapi_documents_every_route(client: TestClient) -> None:
             ok = op["responses"].get("200") or op["responses"].get("201")
             content = ok.get("content", {})
             assert any("example" in v or "examples" in v for v in content.values()), (method, path)
+
+
+def test_grafana_dashboard_queries_exported_series(demo_client: TestClient) -> None:
+    import re
+    from importlib import resources
+
+    path = resources.files("memest.service") / "grafana" / "memest-dashboard.json"
+    dash = json.loads(path.read_text())
+    exported = set(re.findall(r"^# TYPE (\w+) (\w+)", demo_client.get("/metrics").text, re.M))
+    names = {n for n, _ in exported} | {f"{n}_total" for n, kind in exported if kind == "counter"}
+    queried = set()
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            queried |= set(re.findall(r"\b(memest_\w+)", target["expr"]))
+    assert queried and queried <= names, queried - names
