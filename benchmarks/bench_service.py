@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from memest.demo import demo_report, demo_reports
+from memest.demo import demo_report
 
 TOKEN = "bench-token"
 RUN = "demo-deepseek-v4-flash-dspark-k7-pr"
@@ -113,7 +113,9 @@ class _Conn:
             self.writer.close()
 
 
-async def read_load(base: str, rate: float, duration_s: float, connections: int) -> dict[str, float]:
+async def read_load(
+    base: str, rate: float, duration_s: float, connections: int
+) -> dict[str, float]:
     host, port = base.removeprefix("http://").split(":")
     path = f"/api/v1/runs/{RUN}/breakdown"
     total = int(rate * duration_s)
@@ -217,9 +219,11 @@ async def write_load(base: str, writers: int, n_reports: int) -> dict[str, float
                     params={"model": "bench/model", "limit": 500, "offset": offset},
                 )
             ).json()
-            stored += sum(len(r["ranks"]) for r in page["data"] if r["run_id"].startswith(
-                json.loads(bodies[0])["run_id"].rsplit("-", 1)[0] + "-"
-            ))
+            stored += sum(
+                len(r["ranks"])
+                for r in page["data"]
+                if r["run_id"].startswith(json.loads(bodies[0])["run_id"].rsplit("-", 1)[0] + "-")
+            )
             offset += 500
             if offset >= page["count"]:
                 break
@@ -239,7 +243,9 @@ async def write_load(base: str, writers: int, n_reports: int) -> dict[str, float
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--database", choices=["sqlite", "postgres"], default="sqlite")
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--duration", type=float, default=30.0)
