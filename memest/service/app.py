@@ -17,7 +17,7 @@ from memest._version import __version__
 from memest.schema import RunReport
 from memest.service import db, store
 from memest.service.config import Settings, get_settings
-from memest.service.errors import install_handlers
+from memest.service.errors import Conflict, install_handlers
 from memest.service.metrics import ServiceMetrics
 from memest.service.routers import calculators, compare, dashboard, health, models, reports, runs
 from memest.service.routers.calculators import WhatIfRequest
@@ -45,8 +45,12 @@ def load_demo(app: FastAPI) -> int:
 
     created = 0
     for report in demo_reports():
-        if store.ingest(app.state.sessionmaker, report).status == "created":
-            created += 1
+        try:
+            if store.ingest(app.state.sessionmaker, report).status == "created":
+                created += 1
+        except Conflict as exc:
+            # A database filled by another memest version: keep what is stored, say so once.
+            log.warning("demo report %s not loaded: %s", report.report_id, exc.message)
     return created
 
 

@@ -225,6 +225,21 @@ def list_runs(
     return list(rows), total
 
 
+def ranks_by_run(session: Session, run_ids: list[str]) -> dict[str, list[int]]:
+    """Stored ranks of each run, in one query."""
+    out: dict[str, list[int]] = {r: [] for r in run_ids}
+    if not run_ids:
+        return out
+    rows = session.execute(
+        select(Report.run_id, Report.rank)
+        .where(Report.run_id.in_(run_ids))
+        .order_by(Report.run_id, Report.rank)
+    ).all()
+    for run_id, rank in rows:
+        out[run_id].append(rank)
+    return out
+
+
 def get_run(session: Session, run_id: str) -> Run:
     run = session.get(Run, run_id)
     if run is None:

@@ -87,7 +87,8 @@ def list_runs(
         model=model, build=build, commit=commit, gpu=gpu, since=since, until=until, source=source
     )
     runs, total = store.list_runs(session, flt, limit=limit, offset=offset)
-    data = [summary(r, [rep.rank for rep in store.run_reports(session, r.run_id)]) for r in runs]
+    ranks = store.ranks_by_run(session, [r.run_id for r in runs])
+    data = [summary(r, ranks[r.run_id]) for r in runs]
     return RunList(data=data, count=total)
 
 

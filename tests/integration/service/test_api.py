@@ -362,3 +362,15 @@ def test_grafana_dashboard_queries_exported_series(demo_client: TestClient) -> N
         for target in panel["targets"]:
             queried |= set(re.findall(r"\b(memest_\w+)", target["expr"]))
     assert queried and queried <= names, queried - names
+
+
+def test_demo_load_keeps_a_differing_stored_report(make_client: MakeClient) -> None:
+    # GIVEN a database holding a demo report id with other content
+    first = make_client()
+    changed = demo_report("minimax-m3-eagle3-k3", "PR").model_copy(update={"notes": ["older"]})
+    assert _post(first, changed.model_dump_json()).status_code == 201  # type: ignore[attr-defined]
+    # WHEN the demo is loaded into it, THEN the service starts and keeps the stored report
+    second = make_client(demo=True)
+    assert second.get("/api/v1/runs").json()["count"] == 4
+    kept = second.get(f"/api/v1/reports/{MM_PR}-rank0").json()
+    assert kept["notes"] == ["older"]
