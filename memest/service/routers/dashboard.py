@@ -11,7 +11,14 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from memest.reporters import plots
-from memest.reporters.views import compare, history, run_facts, runner_counts, stage_bars
+from memest.reporters.views import (
+    compare,
+    history,
+    rank_check,
+    run_facts,
+    runner_counts,
+    stage_bars,
+)
 from memest.service import store
 from memest.service.deps import CacheDep, ReadAuth, SessionDep
 from memest.service.errors import NotFound
@@ -85,7 +92,8 @@ def model_page(
     if chosen is None:
         raise NotFound(f"model {model!r} has no run {run!r}", field="run")
     rows = store.run_reports(session, chosen.run_id)
-    rep = cache.get(rows[0])
+    all_ranks = [cache.get(r) for r in rows]
+    rep = all_ranks[0]
     bars = stage_bars(rep)
     pairs = [(a, b) for a, b in zip(runs, runs[1:], strict=False)]
     return _page(
@@ -98,6 +106,7 @@ def model_page(
         pairs=pairs,
         report=rep,
         ranks=[r.rank for r in rows],
+        rank_check=rank_check(all_ranks),
         bars=bars,
         runners=runner_counts(rep),
         facts=run_facts(rep),

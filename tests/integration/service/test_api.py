@@ -186,6 +186,10 @@ def test_run_detail_shows_all_ranks_and_their_agreement(client: TestClient) -> N
     assert check["agree"] is False
     assert check["disagreeing_stages"] == ["target.full"]
     assert check["ranks_missing"] == [2, 3]
+    page = client.get("/models/nvidia/MiniMax-M3-NVFP4", params={"run": "run-test-2"}).text
+    assert "ranks disagree</span> on target.full" in page and "missing ranks 2, 3" in page
+    page = client.get("/models/nvidia/MiniMax-M3-NVFP4", params={"run": "run-test-1"}).text
+    assert "ranks 0, 1, 2, 3 agree" in page
 
 
 def test_run_filters(demo_client: TestClient) -> None:
