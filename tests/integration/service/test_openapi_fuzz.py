@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("fastapi")
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, settings  # noqa: E402
 

@@ -46,6 +46,22 @@ def test_migrations_upgrade_idempotently_and_downgrade(db_url: str) -> None:
         engine.dispose()
 
 
+def test_migrations_match_the_models(db_url: str) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from memest.service.models import Base
+
+    engine = db.make_engine(db_url)
+    try:
+        db.upgrade(engine)
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        assert diff == []
+    finally:
+        engine.dispose()
+
+
 def test_sqlite_runs_in_wal_mode(sqlite_url: str) -> None:
     engine = db.make_engine(sqlite_url)
     try:
