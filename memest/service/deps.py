@@ -72,14 +72,21 @@ def _matches(creds: HTTPAuthorizationCredentials | None, *tokens: SecretStr | No
     )
 
 
-async def require_write(settings: SettingsDep, creds: CredentialsDep) -> None:
+async def require_write(request: Request, settings: SettingsDep, creds: CredentialsDep) -> None:
     """Writes need ``Authorization: Bearer $MEMEST_WRITE_TOKEN``; with no token set, none pass."""
+    error: Forbidden | Unauthorized | None = None
     if settings.write_token is None:
-        raise Forbidden("writes are disabled: the server has no MEMEST_WRITE_TOKEN", field="token")
-    if creds is None:
-        raise Unauthorized("missing bearer token (Authorization: Bearer ...)", field="token")
-    if not _matches(creds, settings.write_token):
-        raise Unauthorized("wrong bearer token", field="token")
+        error = Forbidden(
+            "writes are disabled: the server has no MEMEST_WRITE_TOKEN", field="token"
+        )
+    elif creds is None:
+        error = Unauthorized("missing bearer token (Authorization: Bearer ...)", field="token")
+    elif not _matches(creds, settings.write_token):
+        error = Unauthorized("wrong bearer token", field="token")
+    if error is not None:
+        metrics: ServiceMetrics = request.app.state.metrics
+        metrics.ingested.labels(outcome="unauthorized").inc()
+        raise error
 
 
 async def require_read(settings: SettingsDep, creds: CredentialsDep) -> None:

@@ -327,6 +327,9 @@ def test_metrics_export_stored_series_and_ingest_counters(demo_client: TestClien
     assert 'memest_estimator_error_bytes{build="PR",estimator="vllm",' in text
     assert 'memest_ingest_reports_total{outcome="created"} 1.0' in text
     assert 'memest_ingest_reports_total{outcome="rejected"} 1.0' in text
+    _post(demo_client, b"{}", headers={})
+    text = demo_client.get("/metrics").text
+    assert 'memest_ingest_reports_total{outcome="unauthorized"} 1.0' in text
 
 
 def test_dashboard_pages_render(demo_client: TestClient) -> None:
