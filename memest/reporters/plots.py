@@ -197,8 +197,8 @@ def series_svg(
     raw: Sequence[int | None],
 ) -> str:
     """One history series: a line over builds; regressed builds are red rings."""
-    width, height = 400, 220
-    left, right, top, bottom = 64, 16, 32, 50
+    width, height = 400, 240
+    left, right, top, bottom = 64, 16, 32, 70
     plot_w, plot_h = width - left - right, height - top - bottom
     present = [v for v in values if v is not None]
     lo = min(min(present, default=0.0), 0.0)
@@ -238,11 +238,15 @@ def series_svg(
     if len(pts) > 1:
         path = " ".join(f"{px:.1f},{py:.1f}" for px, py in pts)
         out.append(f'<polyline points="{path}" fill="none" stroke="{_B_COLOR}" stroke-width="2"/>')
+    last_label = -1e9
     for i, (x, val) in enumerate(zip(xs, values, strict=True)):
-        out.append(
-            f'<text x="{x:.1f}" y="{top + plot_h + 16}" text-anchor="middle">'
-            f"{escape(labels[i])}</text>"
-        )
+        if x - last_label >= 28:  # skip labels that would overlap their neighbour
+            last_label = x
+            ly = top + plot_h + 12
+            out.append(
+                f'<text x="{x:.1f}" y="{ly}" text-anchor="end" font-size="10" '
+                f'transform="rotate(-35 {x:.1f} {ly})">{escape(labels[i][:16])}</text>'
+            )
         if val is None:
             continue
         color = _BAD if bad[i] else _B_COLOR
