@@ -80,6 +80,15 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("D_llama8b_s128_t4096_u070", "plan"),
         ("A_llama8b_s128_t4096", "fault"),
     ],
+    "4": [
+        ("C_llama8b_eagle3k3_s64_t4096", "alone"),
+        ("C_llama8b_eagle3k3_s64_t4096", "apply"),
+        ("C_llama8b_eagle3k3_s64_t4096", "enable"),
+        ("C_llama8b_eagle3k3_s64_t4096", "plan"),
+        ("A_llama8b_s128_t4096", "apply"),
+        ("A_llama8b_s128_t4096", "enable"),
+        ("A_llama8b_s128_t4096", "alone"),
+    ],
     "smoke": [("B_llama8b_s32_t2048", "enable")],
 }
 
@@ -226,6 +235,8 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         if mode in ("enable", "apply", "fault"):
             env["MEMEST_ENABLE"] = "1"
             env["MEMEST_ESTIMATE"] = "apply" if mode == "apply" else "plan"
+        if mode == "enable":
+            env["MEMEST_KEEP_SNAPSHOT"] = "1"
         if mode == "fault":
             env["MEMEST_FAULT"] = "capture_stage"
             env["MEMEST_SERVICE_URL"] = "http://127.0.0.1:9"

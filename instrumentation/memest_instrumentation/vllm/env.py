@@ -70,6 +70,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
     ),
     EnvVar("MEMEST_RULES", "", "Owner-rules file for the analysis (default rules when empty)."),
     EnvVar(
+        "MEMEST_KEEP_SNAPSHOT",
+        "0",
+        "1 also writes the allocator history (memest JSON, gzip) beside each report as "
+        "snapshot.rank<N>.json.gz, so `memest analyze` can rerun the breakdown offline.",
+    ),
+    EnvVar(
         "MEMEST_ESTIMATE",
         "plan",
         "off: measure only. plan: at the end of init, write a vLLM startup plan and the "
@@ -123,6 +129,7 @@ class Settings:
     history_max_entries: int = 2_000_000
     history_from: str = "graph_profiling"
     rules_file: str = ""
+    keep_snapshot: bool = False
     estimate: EstimateMode = "plan"
     margin_bytes: int = 0
     plan_free_tolerance_bytes: int = 256 << 20
@@ -185,6 +192,7 @@ class Settings:
             history_max_entries=integer("MEMEST_HISTORY_MAX_ENTRIES", 0),
             history_from=history_from,
             rules_file=raw("MEMEST_RULES"),
+            keep_snapshot=raw("MEMEST_KEEP_SNAPSHOT") == "1",
             estimate=mode,
             margin_bytes=integer("MEMEST_MARGIN_BYTES", 0),
             plan_free_tolerance_bytes=integer("MEMEST_PLAN_FREE_TOLERANCE_BYTES", 0),

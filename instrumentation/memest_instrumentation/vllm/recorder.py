@@ -49,6 +49,22 @@ def start() -> None:
     st.recorder = rec
 
 
+def _keep(snapshot: Any) -> None:
+    """Write the history beside the report (MEMEST_KEEP_SNAPSHOT=1); a failure is a note."""
+    st = state()
+    from pathlib import Path
+
+    from memest.snapshot import dump_snapshot
+
+    path = Path(st.settings.output_dir) / (st.run_id or "run") / f"snapshot.rank{st.rank}.json.gz"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        dump_snapshot(snapshot, path)
+        st.notes.append(f"allocator history kept at {path}")
+    except OSError as exc:
+        st.notes.append(f"allocator history not kept ({exc})")
+
+
 def analyze_history() -> Breakdown | None:
     """Stop the recorder and analyze its snapshot into a breakdown (None without a recorder)."""
     st = state()
@@ -59,6 +75,8 @@ def analyze_history() -> Breakdown | None:
     snapshot = rec.snapshot()
     phases = rec.phases
     rec.stop()
+    if st.settings.keep_snapshot:
+        _keep(snapshot)
     for warning in getattr(rec, "warnings", []) or []:
         st.notes.append(f"recorder: {warning}")
     from memest.analysis import OwnerRules, analyze
