@@ -26,6 +26,10 @@ from memest.errors import ConfigError
 
 UNATTRIBUTED = "unattributed"
 NO_STACK = "<no stack>"
+COMPILED_PIECE = "compiled_piece"
+# Inductor's generated modules (<cache>/<2 chars>/c<hash>.py, entry point ``call``): under
+# VLLM_COMPILE the model's own frames are gone, and the hash names nothing a reader can act on.
+_INDUCTOR_FILE = re.compile(r"(^|/)[a-z0-9]{2}/c[a-z0-9]{40,}\.py$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +227,8 @@ class OwnerRules:
             if not stack:
                 return f"{UNATTRIBUTED}:{NO_STACK}", NO_STACK
             top = frames[stack[0]]
+        if str(top[2]) == "call" and _INDUCTOR_FILE.search(str(top[0])):
+            return COMPILED_PIECE, _fmt_frame(top)
         return f"{UNATTRIBUTED}:{top[2]} ({top[0]})", _fmt_frame(top)
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from memest.schema.breakdown import Breakdown
+from memest.analysis.replay import NO_STAGE
+from memest.schema.breakdown import Breakdown, StageGrowth
 from memest.units import GiB, MiB
 
 _UNITS = {"GiB": (GiB, 3), "MiB": (MiB, 1)}
@@ -51,37 +52,41 @@ def tables(bd: Breakdown, unit: str = "GiB") -> list[tuple[str, list[str], list[
             ],
         ]
         out.append(("Added GPU memory per phase", header, rows))
-    if bd.stages:
+    # Eager phases have no capture stage; their growth is already in the phase table.
+    staged = [s for s in bd.stages if s.stage != NO_STAGE or s.pool_growth_bytes]
+    if staged:
         header = [
             "Capture stage",
             "Widest",
-            "Graph count",
+            "CUDA graphs captured",
             f"Added pool memory ({u})",
             f"Warm-up / eager growth ({u})",
         ]
-        rows = [
-            [
-                _stage_label(s.phase, s.stage),
-                s.widest or "",
-                "" if s.graph_count is None else str(s.graph_count),
-                f(s.pool_growth_bytes),
-                f(s.default_pool_growth_bytes),
+        rows = []
+        by_phase: dict[str, list[StageGrowth]] = defaultdict(list)
+        for s in staged:
+            by_phase[s.phase].append(s)
+        for phase, group in by_phase.items():
+            rows += [
+                [
+                    _stage_label(s.phase, s.stage),
+                    s.widest or "",
+                    "" if s.graph_count is None else str(s.graph_count),
+                    f(s.pool_growth_bytes),
+                    f(s.default_pool_growth_bytes),
+                ]
+                for s in group
             ]
-            for s in bd.stages
-        ]
-        rows.append(
-            [
-                "Total graph pool",
-                "",
-                (
-                    str(sum(s.graph_count or 0 for s in bd.stages))
-                    if any(s.graph_count is not None for s in bd.stages)
-                    else ""
-                ),
-                f(bd.graph_pool_growth_bytes),
-                f(sum(s.default_pool_growth_bytes for s in bd.stages)),
-            ]
-        )
+            counted = [s.graph_count for s in group if s.graph_count is not None]
+            rows.append(
+                [
+                    _stage_label(phase, "Total graph pool"),
+                    "",
+                    str(sum(counted)) if counted else "",
+                    f(sum(s.pool_growth_bytes for s in group)),
+                    f(sum(s.default_pool_growth_bytes for s in group)),
+                ]
+            )
         out.append(("Measured graph counts and capture-stage memory", header, rows))
     by_stage: dict[tuple[str, str], list[list[str]]] = defaultdict(list)
     totals: dict[tuple[str, str], int] = defaultdict(int)

@@ -129,3 +129,24 @@ def test_to_data_round_trip() -> None:
     rules = OwnerRules.default()
     again = OwnerRules.from_data(rules.to_data())
     assert again.rules == rules.rules
+
+
+def test_inductor_generated_frame_is_a_compiled_piece() -> None:
+    # GIVEN a stack whose innermost non-torch frame is Inductor's generated `call` (as seen on the
+    # H200 under VLLM_COMPILE, paths scrubbed), with only unowned vLLM frames above it
+    rules = OwnerRules.default()
+    stack = [
+        ["torch/_ops.py", 10, "__call__"],
+        ["oi/coib3vgu23kuxl5qdpiygkff23j2iuhckvu4ocfhk3gkjwbulfbp.py", 956, "call"],
+        ["vllm/compilation/cuda_graph.py", 300, "__call__"],
+    ]
+    # WHEN classified THEN the owner is compiled_piece and the frame is kept for the reader
+    owner, frame = rules.classify(stack)
+    assert owner == "compiled_piece"
+    assert frame == "call (oi/coib3vgu23kuxl5qdpiygkff23j2iuhckvu4ocfhk3gkjwbulfbp.py:956)"
+
+
+def test_a_plain_call_function_stays_unattributed() -> None:
+    rules = OwnerRules.default()
+    owner, _ = rules.classify([["mypkg/model.py", 3, "call"]])
+    assert owner == "unattributed:call (mypkg/model.py)"
