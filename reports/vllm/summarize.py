@@ -3,8 +3,13 @@
 
 One record per configuration and estimator, each with usage_minus_budget_bytes and kv_tokens.
 usage = device memory in use at the end of init (total - cudaMemGetInfo free after gc +
-empty_cache) + the profile run's activation peak (vLLM's transient_peak_headroom; a plan start
-skips profiling, so it takes the alone start's of the same configuration).
+empty_cache) + the profile run's activation peak (vLLM's transient_peak_headroom), which vLLM
+keeps inside the budget for serving's transients. A plan start skips profiling, so it takes the
+smallest peak measured for the same configuration (same call when it has one): the warm peak, without the
+torch.compile transients of a call's first start, which serving never needs again.
+
+"enable" starts (MEMEST_ENABLE=1, MEMEST_ESTIMATE=plan) are sized by vLLM's own estimator, so
+they count as vLLM records measured with memest on ("vllm+memest-measuring").
 
 The "memest-apply-replayed" rows are not starts: they recompute the apply-mode budget of the
 same apply start with the corrected outside-PyTorch term (what the profiling graphs hold until
@@ -23,19 +28,34 @@ from pathlib import Path
 HERE = Path(__file__).parent
 RAW = HERE / "raw"
 GiB = 1 << 30
-ESTIMATOR = {"alone": "vllm", "apply": "memest-apply", "plan": "memest-plan"}
+ESTIMATOR = {
+    "alone": "vllm",
+    "enable": "vllm+memest-measuring",
+    "apply": "memest-apply",
+    "plan": "memest-plan",
+}
+# Calls whose apply starts ran before the outside-PyTorch term was corrected.
+REPLAYED_CALLS = ("call1", "call2")
 
 
 def load() -> list[dict]:
     rows = []
     for path in sorted(RAW.glob("results.call*.jsonl")):
-        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        call = path.stem.split(".")[-1]
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rows.append({**json.loads(line), "call": call})
     return rows
 
 
 def main() -> None:
     rows = load()
-    headroom = {r["config"]: r["headroom_bytes"] for r in rows if r["mode"] == "alone"}
+    warm: dict[tuple[str, str], int] = {}
+    for r in rows:
+        h = r.get("headroom_bytes")
+        if h is not None:
+            key = (r["call"], r["config"])
+            warm[key] = min(warm.get(key, h), h)
     out = []
     for r in rows:
         if r["mode"] not in ESTIMATOR or "persistent_used_bytes" not in r:
@@ -43,11 +63,17 @@ def main() -> None:
         h = r.get("headroom_bytes")
         source = "this start"
         if h is None:
-            h, source = headroom[r["config"]], "alone start of the same configuration"
+            same_call = warm.get((r["call"], r["config"]))
+            if same_call is not None:
+                h, source = same_call, "smallest (warm) peak of the configuration, same call"
+            else:
+                h = min(v for (_, cfg), v in warm.items() if cfg == r["config"])
+                source = "smallest (warm) peak of the configuration, earlier call"
         budget = r["requested_bytes"]  # vLLM's ceil(gpu_memory_utilization x total)
         usage = r["persistent_used_bytes"] + h
         rec = {
             "configuration": r["config"],
+            "call": r["call"],
             "estimator": ESTIMATOR[r["mode"]],
             "usage_minus_budget_bytes": usage - budget,
             "usage_minus_budget_gib": round((usage - budget) / GiB, 3),
@@ -63,12 +89,12 @@ def main() -> None:
             "kind": "start",
         }
         out.append(rec)
-        if r["mode"] == "apply":
+        if r["mode"] == "apply" and r["call"] in REPLAYED_CALLS:
             out.append(replay(r, rec))
     (HERE / "validation.json").write_text(json.dumps(out, indent=1) + "\n")
     for rec in out:
         print(  # noqa: T201
-            f"{rec['configuration']:32s} {rec['estimator']:22s} "
+            f"{rec['call']} {rec['configuration']:30s} {rec['estimator']:22s} "
             f"{rec['usage_minus_budget_gib']:+.3f} GiB  kv_tokens {rec['kv_tokens']:,}"
         )
 
