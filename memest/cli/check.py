@@ -17,7 +17,7 @@ from pathlib import Path
 
 from memest.cli._reports import load_report
 from memest.errors import CommandError
-from memest.reporters.views import estimator_error, run_facts
+from memest.reporters.views import capture_stages, estimator_error, run_facts
 from memest.schema import RunReport
 from memest.units import fmt_bytes, parse_bytes
 
@@ -148,9 +148,7 @@ def evaluate(
         out.append(
             Outcome("KV tokens", v >= args.min_kv_tokens, f"{v:,} (floor {args.min_kv_tokens:,})")
         )
-    stages = (
-        {s.stage: s.pool_growth_bytes for s in report.breakdown.stages} if report.breakdown else {}
-    )
+    stages = {s.stage: s.pool_growth_bytes for s in capture_stages(report)}
     for stage, limit in args.max_stage:
         if stage not in stages:
             raise CommandError(

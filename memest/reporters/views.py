@@ -11,7 +11,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from memest.schema import RunReport
+from memest.schema import RunReport, StageGrowth
 from memest.units import GiB
 
 #: Owner shown for the part of a stage's pool growth no trigger row claims.
@@ -72,6 +72,19 @@ class RunFacts(BaseModel):
     total_graphs: int | None = None
 
 
+def capture_stages(report: RunReport) -> list[StageGrowth]:
+    """The stages of the real capture (phase "capture"); all stages when no row names that phase.
+
+    A start also records the graph-memory profiling pass (phase "graph_profiling"), whose pool
+    is thrown away: counting both would double the graphs and the pool.
+    """
+    if report.breakdown is None:
+        return []
+    stages = report.breakdown.stages
+    real = [s for s in stages if s.phase == "capture"]
+    return real or list(stages)
+
+
 def kv_tokens(report: RunReport) -> int | None:
     """KV capacity in tokens: the KV spec, else the 'measured' estimate record."""
     if report.kv_cache is not None and report.kv_cache.kv_tokens is not None:
@@ -91,7 +104,7 @@ def graph_pool_bytes(report: RunReport) -> int | None:
     if bd.graph_pool_growth_bytes:
         return bd.graph_pool_growth_bytes
     if bd.stages:
-        return sum(s.pool_growth_bytes for s in bd.stages)
+        return sum(s.pool_growth_bytes for s in capture_stages(report))
     for ph in bd.phases:
         if ph.phase == "capture":
             return ph.graph_pool_bytes
@@ -145,7 +158,7 @@ def stage_bars(report: RunReport) -> list[StageBar]:
     if bd is None:
         return []
     bars: list[StageBar] = []
-    for st in bd.stages:
+    for st in capture_stages(report):
         owners: dict[str, OwnerSegment] = {}
         for t in bd.triggers:
             if t.stage == st.stage and t.phase == st.phase:
@@ -209,7 +222,7 @@ def runner_counts(report: RunReport) -> list[RunnerCount]:
             widest=s.widest,
             source="breakdown",
         )
-        for s in report.breakdown.stages
+        for s in capture_stages(report)
         if s.graph_count is not None
     ]
 
@@ -237,7 +250,7 @@ def rank_check(reports: Sequence[RunReport]) -> RankCheck:
         return RankCheck(world_size=world, ranks_present=present, ranks_missing=missing, agree=None)
     per_stage: dict[str, list[int]] = {}
     for r in reports:
-        for st in r.breakdown.stages if r.breakdown else []:
+        for st in capture_stages(r):
             per_stage.setdefault(st.stage, []).append(st.pool_growth_bytes)
         per_stage.setdefault("(graph pool total)", []).append(graph_pool_bytes(r) or 0)
     spread = 0
@@ -344,8 +357,8 @@ def compare(a: RunReport, b: RunReport) -> Comparison:
         _delta(k, v, pa.get(k), pb.get(k)) for k, v in _PHASE_LABELS.items() if k in pa or k in pb
     ]
 
-    sa = {s.stage: s for s in (a.breakdown.stages if a.breakdown else [])}
-    sb = {s.stage: s for s in (b.breakdown.stages if b.breakdown else [])}
+    sa = {s.stage: s for s in capture_stages(a)}
+    sb = {s.stage: s for s in capture_stages(b)}
     order = list(sa) + [s for s in sb if s not in sa]
     stages = []
     counts = []

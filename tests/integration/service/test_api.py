@@ -381,3 +381,21 @@ def test_demo_load_keeps_a_differing_stored_report(make_client: MakeClient) -> N
     assert second.get("/api/v1/runs").json()["count"] == 4
     kept = second.get(f"/api/v1/reports/{MM_PR}-rank0").json()
     assert kept["notes"] == ["older"]
+
+
+def test_profiling_pass_stages_are_not_counted_twice(client: TestClient) -> None:
+    # GIVEN a start that also records the graph-memory profiling pass (a throwaway pool)
+    data = json.loads(_report().model_dump_json())
+    capture = data["breakdown"]["stages"]
+    profiling = [{**s, "phase": "graph_profiling", "pool_growth_bytes": 7 * GiB} for s in capture]
+    data["breakdown"]["stages"] = profiling + capture
+    assert _post(client, json.dumps(data)).status_code == 201  # type: ignore[attr-defined]
+    # WHEN the run is shown and compared with itself
+    d = client.get("/api/v1/runs/run-test-1").json()
+    cmp = client.get("/api/v1/compare", params={"a": "run-test-1", "b": "run-test-1"}).json()
+    # THEN only the capture phase counts: MiniMax PR's 270 graphs and 6.127 GiB (published)
+    assert [s["stage"] for s in d["stages"]] == [s["stage"] for s in capture]
+    assert {s["phase"] for s in d["stages"]} == {"capture"}
+    totals = {x["key"]: x["a"] for x in cmp["stage_graph_counts"]}
+    assert totals["total"] == 270
+    assert _gib(next(x["a"] for x in cmp["stages"] if x["key"] == "total")) == "6.127"
