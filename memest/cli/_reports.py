@@ -1,7 +1,8 @@
-"""Reading RunReport files for the report, check and push commands."""
+"""Reading RunReport files for the CLI commands."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -14,24 +15,28 @@ def load_report(path: Path) -> RunReport:
     """Read one RunReport JSON file.
 
     Raises:
-        ReportFormatError: unreadable, not JSON, another schema version, or an invalid field (named).
+        ReportFormatError: unreadable, not JSON, another schema version, or an invalid field
+            (the first failing field is named).
     """
     try:
-        text = path.read_text()
+        data = json.loads(path.read_text())
     except OSError as exc:
         raise ReportFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ReportFormatError(f"{path}: invalid JSON at line {exc.lineno}") from None
+    if not isinstance(data, dict):
+        raise ReportFormatError(f"{path}: expected a RunReport JSON object")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ReportFormatError(
+            f"{path}: schema_version {version!r}, memest reads {SCHEMA_VERSION!r}"
+        )
     try:
-        return RunReport.model_validate_json(text)
+        return RunReport.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_input=False)
-        first = errors[0] if errors else None
-        if first is not None and tuple(first["loc"]) == ("schema_version",):
-            raise ReportFormatError(
-                f"{path}: schema_version is not {SCHEMA_VERSION!r} ({first['msg']})"
-            ) from None
-        where = ".".join(str(p) for p in first["loc"]) if first else "?"
-        what = first["msg"] if first else str(exc)
-        raise ReportFormatError(f"{path}: {where}: {what}") from None
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ReportFormatError(f"{path}: field {where}: {first['msg']}") from None
 
 
 def report_files(paths: list[Path]) -> list[Path]:

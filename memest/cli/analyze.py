@@ -1,6 +1,7 @@
 """Break an allocator snapshot down by phase, capture stage and owner.
 
 memest analyze SNAPSHOT [--phases FILE] [--rules FILE] [--json | --md] [--unit GiB|MiB]
+memest analyze --run DIR [--rel-threshold F] [--abs-threshold SIZE] [--json]
 
 SNAPSHOT is memest's JSON snapshot (as the recorder writes it), or torch's pickle from
 torch.cuda.memory._dump_snapshot (read with a restricted unpickler: only builtin containers and
@@ -9,6 +10,12 @@ scalars; any other global is refused), either optionally gzip-compressed.
 --phases takes a JSON list of phase records, or a RunReport (its "phases"); without it the
 snapshot's own phases are used. --rules adds owner rules from a JSON file
 ({"rules": [{"owner": ..., "function": glob, "file": glob}]}) ahead of the vLLM 0.33.0 defaults.
+
+--run DIR reads the per-rank reports of one run (DIR/report.rank<N>.json, as the vLLM plugin
+writes them), puts each rank's figures side by side and flags a rank whose figure differs from the
+median of all ranks by more than --rel-threshold (default 0.05) and, for byte figures, by more
+than --abs-threshold (default 64MiB); missing ranks are flagged too. Exit 1 when a rank is
+flagged, so a CI job can gate on it.
 """
 
 from __future__ import annotations
@@ -21,10 +28,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from memest.analysis import OwnerRules, analyze
+from memest.analysis.ranks import DEFAULT_REL_THRESHOLD, RankAggregate, aggregate_ranks
+from memest.cli._reports import load_report
 from memest.errors import CommandError
 from memest.reporters.breakdown import render_markdown, render_text
 from memest.schema.breakdown import PhaseRecord
 from memest.snapshot import load_snapshot
+from memest.units import fmt_bytes, parse_bytes
 
 
 def _load_phases(path: Path) -> list[PhaseRecord]:
@@ -53,7 +63,21 @@ class AnalyzeCommand:
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
-            "snapshot", type=Path, help="snapshot file (memest JSON or torch pickle)"
+            "snapshot", type=Path, nargs="?", help="snapshot file (memest JSON or torch pickle)"
+        )
+        parser.add_argument(
+            "--run", type=Path, metavar="DIR", help="aggregate the report.rank<N>.json of one run"
+        )
+        parser.add_argument(
+            "--rel-threshold",
+            type=float,
+            default=DEFAULT_REL_THRESHOLD,
+            help="--run: relative difference from the rank median that flags a rank",
+        )
+        parser.add_argument(
+            "--abs-threshold",
+            default="64MiB",
+            help="--run: byte difference a byte figure must also exceed to flag a rank",
         )
         parser.add_argument("--phases", type=Path, help="phase records (JSON list or RunReport)")
         parser.add_argument("--rules", type=Path, help="owner rules JSON, tried before defaults")
@@ -63,6 +87,12 @@ class AnalyzeCommand:
         parser.add_argument("--unit", choices=("GiB", "MiB"), default="GiB", help="table unit")
 
     def run(self, args: argparse.Namespace) -> int:
+        if args.run is not None:
+            if args.snapshot is not None:
+                raise CommandError("give a SNAPSHOT or --run DIR, not both")
+            return _run_ranks(args)
+        if args.snapshot is None:
+            raise CommandError("a SNAPSHOT file or --run DIR is required")
         snapshot = load_snapshot(args.snapshot)
         phases = _load_phases(args.phases) if args.phases else None
         rules = OwnerRules.from_file(args.rules) if args.rules else OwnerRules.default()
@@ -74,6 +104,61 @@ class AnalyzeCommand:
         else:
             sys.stdout.write(render_text(breakdown, args.unit))
         return 0
+
+
+def _run_ranks(args: argparse.Namespace) -> int:
+    folder: Path = args.run
+    if not folder.is_dir():
+        raise CommandError(f"--run {folder}: not a folder")
+    paths = sorted(folder.glob("report.rank*.json"))
+    if not paths:
+        raise CommandError(f"--run {folder}: no report.rank<N>.json files")
+    agg = aggregate_ranks(
+        [load_report(p) for p in paths],
+        rel_threshold=args.rel_threshold,
+        abs_threshold_bytes=parse_bytes(args.abs_threshold, field="--abs-threshold"),
+    )
+    if args.json:
+        doc = {
+            "run_id": agg.run_id,
+            "world_size": agg.world_size,
+            "ranks": agg.ranks,
+            "missing_ranks": agg.missing_ranks,
+            "consistent": agg.consistent,
+            "figures": {k: {str(r): v for r, v in vals.items()} for k, vals in agg.figures.items()},
+            "outliers": [o.describe() for o in agg.outliers],
+            "hook_errors": {str(k): v for k, v in agg.hook_errors.items()},
+        }
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_ranks(agg))
+    return 0 if agg.consistent else 1
+
+
+def render_ranks(agg: RankAggregate) -> str:
+    """The ranks of one run side by side, then the flags."""
+    lines = [f"run {agg.run_id}: ranks {agg.ranks} of world size {agg.world_size}", ""]
+    header = ["figure", *[f"rank {r}" for r in agg.ranks]]
+    lines.append("| " + " | ".join(header) + " |")
+    lines.append("|" + "---|" * len(header))
+    for name, values in agg.figures.items():
+        cells = [
+            (fmt_bytes(values[r]) if name.endswith("_bytes") else str(values[r]))
+            if r in values
+            else ""
+            for r in agg.ranks
+        ]
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    lines.append("")
+    if agg.missing_ranks:
+        lines.append(f"FLAG missing ranks: {agg.missing_ranks}")
+    for outlier in agg.outliers:
+        lines.append(f"FLAG {outlier.describe()}")
+    for rank, errors in sorted(agg.hook_errors.items()):
+        lines.append(f"note rank {rank}: {len(errors)} hook error(s): {errors[0]}")
+    if agg.consistent:
+        lines.append("ranks agree within the thresholds")
+    return "\n".join(lines) + "\n"
 
 
 COMMAND = AnalyzeCommand()

@@ -21,9 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from memest.errors import CommandError, ConfigError, ReportFormatError
+from memest.cli._reports import load_report
+from memest.errors import CommandError, ConfigError
 from memest.estimate import (
     compare,
     record,
@@ -32,34 +31,7 @@ from memest.estimate import (
     write_startup_plan,
 )
 from memest.reporters.estimate import render_comparison, render_what_if
-from memest.schema import SCHEMA_VERSION, RunReport
 from memest.units import parse_bytes
-
-
-def load_report(path: Path) -> RunReport:
-    """Read a RunReport JSON file.
-
-    Raises:
-        ReportFormatError: the file is not JSON, has another schema version, or fails validation
-            (the first failing field is named).
-    """
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ReportFormatError(f"{path}: invalid JSON at line {exc.lineno}") from None
-    if not isinstance(data, dict):
-        raise ReportFormatError(f"{path}: expected a RunReport JSON object")
-    version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise ReportFormatError(
-            f"{path}: schema_version {version!r}, memest reads {SCHEMA_VERSION!r}"
-        )
-    try:
-        return RunReport.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ReportFormatError(f"{path}: field {where}: {first['msg']}") from None
 
 
 def load_grid(text: str) -> dict[str, Any]:
