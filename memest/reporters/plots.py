@@ -28,6 +28,8 @@ _PALETTE = {
     "weights": "#34495e",
 }
 _FALLBACK = ["#1abc9c", "#3498db", "#9b59b6", "#f1c40f", "#e74c3c", "#95a5a6", "#f39c12"]
+#: Unattributed owners are shades of grey, so that named owners stand out.
+_GREYS = ["#bdc3c7", "#a6acaf", "#d5d8dc", "#909497", "#ccd1d1", "#b3b6b7"]
 _A_COLOR = "#7f8c8d"
 _B_COLOR = "#2471a3"
 _BAD = "#c0392b"
@@ -37,16 +39,41 @@ def owner_color(owner: str) -> str:
     """A fixed colour per owner: known owners get theirs, unattributed ones grey shades."""
     if owner in _PALETTE:
         return _PALETTE[owner]
-    if owner.startswith("unattributed"):
-        return "#bdc3c7"
     digest = int(hashlib.sha256(owner.encode()).hexdigest()[:8], 16)
+    if owner.startswith("unattributed"):
+        return _GREYS[digest % len(_GREYS)]
     return _FALLBACK[digest % len(_FALLBACK)]
+
+
+def _short(label: str, limit: int = 34) -> str:
+    return label if len(label) <= limit else label[: limit - 1] + "…"
 
 
 def _nice_max(value: float) -> float:
     if value <= 0:
         return 1.0
-    for step in (0.25, 0.5, 1, 2, 2.5, 5, 10, 20, 25, 50, 100, 200, 500, 1000):
+    for step in (
+        0.0025,
+        0.005,
+        0.01,
+        0.025,
+        0.05,
+        0.1,
+        0.25,
+        0.5,
+        1,
+        2,
+        2.5,
+        5,
+        10,
+        20,
+        25,
+        50,
+        100,
+        200,
+        500,
+        1000,
+    ):
         if value <= step * 4:
             return step * 4
     return value * 1.1
@@ -115,7 +142,8 @@ def stage_owner_svg(bars: Sequence[StageBar], title: str = "Added graph-pool mem
         yy = ly + j * 16
         out.append(
             f'<rect x="{lx}" y="{yy}" width="10" height="10" fill="{owner_color(owner)}"/>'
-            f'<text x="{lx + 14}" y="{yy + 9}">{escape(owner)}</text>'
+            f'<text x="{lx + 14}" y="{yy + 9}">{escape(_short(owner))}'
+            f"<title>{escape(owner)}</title></text>"
         )
     out.append("</svg>")
     return "".join(out)

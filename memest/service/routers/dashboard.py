@@ -49,6 +49,9 @@ templates.env.filters.update(
     gib=_gib, sgib=_sgib, count=_count, ratio=_ratio, owner_color=plots.owner_color
 )
 
+#: Live-peak and retained rows shown on the model page (largest first); the API has them all.
+TOP_ROWS = 15
+
 _HTML: dict[int | str, dict[str, Any]] = {
     200: {"description": "HTML page", "content": {"text/html": {"example": "<!doctype html>"}}}
 }
@@ -94,6 +97,7 @@ def model_page(
     rows = store.run_reports(session, chosen.run_id)
     all_ranks = [cache.get(r) for r in rows]
     rep = all_ranks[0]
+    bd = rep.breakdown
     bars = stage_bars(rep)
     pairs = [(a, b) for a, b in zip(runs, runs[1:], strict=False)]
     return _page(
@@ -107,6 +111,9 @@ def model_page(
         report=rep,
         ranks=[r.rank for r in rows],
         rank_check=rank_check(all_ranks),
+        peaks=sorted(bd.live_peaks, key=lambda r: -r.peak_bytes)[:TOP_ROWS] if bd else [],
+        retained=sorted(bd.retained, key=lambda r: -r.bytes)[:TOP_ROWS] if bd else [],
+        hidden_rows=(len(bd.live_peaks) + len(bd.retained)) if bd else 0,
         bars=bars,
         runners=runner_counts(rep),
         facts=run_facts(rep),
