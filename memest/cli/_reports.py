@@ -26,7 +26,7 @@ def load_report(path: Path) -> RunReport:
         raise ReportFormatError(f"{path}: invalid JSON at line {exc.lineno}") from None
     if not isinstance(data, dict):
         raise ReportFormatError(f"{path}: expected a RunReport JSON object")
-    version = data.get("schema_version")
+    version = data.get("schema_version", SCHEMA_VERSION)  # absent: the model default
     if version != SCHEMA_VERSION:
         raise ReportFormatError(
             f"{path}: schema_version {version!r}, memest reads {SCHEMA_VERSION!r}"
