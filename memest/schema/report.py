@@ -29,14 +29,18 @@ class GpuInfo(MemestModel):
 
 
 class KVCacheSpec(MemestModel):
-    kind: str = Field(default="full_attention", description="full_attention, mla, sliding_window, ...")
+    kind: str = Field(
+        default="full_attention", description="full_attention, mla, sliding_window, ..."
+    )
     num_layers: int = Field(ge=0)
     num_kv_heads: int = Field(default=0, ge=0)
     head_size: int = Field(default=0, ge=0)
     dtype: str = "bfloat16"
     dtype_bytes: int = Field(default=2, ge=1)
     block_size: int = Field(ge=1)
-    page_size_bytes: NonNegativeBytes | None = Field(default=None, description="Bytes per block, all layers")
+    page_size_bytes: NonNegativeBytes | None = Field(
+        default=None, description="Bytes per block, all layers"
+    )
     num_blocks: int | None = Field(default=None, ge=0)
     kv_tokens: int | None = Field(default=None, ge=0)
     extra: dict[str, Any] = Field(default_factory=dict, description="MLA latent / indexer caches")
