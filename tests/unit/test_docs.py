@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from memest_instrumentation.vllm.env import ENV_VARS
 
 from memest.cli import _commands
-from memest_instrumentation.vllm.env import ENV_VARS
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
