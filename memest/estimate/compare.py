@@ -72,6 +72,11 @@ def compare(report: RunReport, *, margin_bytes: int = 0) -> EstimateComparison:
     had with that estimator's KV cache: the measured non-KV memory plus its whole KV blocks,
     minus the budget. For the estimator that sized this start it equals the measured value.
 
+    Usage counts the profile run's activation peak, which serving's first full-size batch needs
+    again, beyond what the allocator already holds cached at the final reading: a reading taken
+    after ``empty_cache()`` (as the vLLM plugin's is) adds the whole peak, a reading taken after a
+    full-size step adds nothing.
+
     Args:
         report: one complete start (see ``full_init_terms`` for what it must hold).
         margin_bytes: safety margin memest keeps free.
@@ -84,7 +89,10 @@ def compare(report: RunReport, *, margin_bytes: int = 0) -> EstimateComparison:
     spec = report.kv_cache
     assert spec is not None
     requested = terms.requested_bytes
-    usage_end = device_used(final_reading(report), report, "the final reading")
+    end = final_reading(report)
+    cached = max(end.torch_reserved_bytes - end.torch_allocated_bytes, 0)
+    transient = max(terms.profile_peak_activation_bytes - cached, 0)
+    usage_end = device_used(end, report, "the final reading") + transient
     kv_measured = measured_kv_bytes(report)
     retained_non_kv = usage_end - kv_measured
 
@@ -106,7 +114,8 @@ def compare(report: RunReport, *, margin_bytes: int = 0) -> EstimateComparison:
         kv_cache_bytes=kv_measured,
         kv_tokens=kv_tokens(spec, kv_measured),
         usage_minus_budget_bytes=usage_end - requested,
-        note="end of initialization: device memory in use minus the budget",
+        note="end of initialization: device memory in use (plus the activation peak not yet "
+        "cached) minus the budget",
     )
     previous = report.estimate
     return EstimateComparison(
