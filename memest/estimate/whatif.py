@@ -208,51 +208,32 @@ def _predict(
     stage: str, owner: str, measured: int, g: CapturePlan, g2: CapturePlan, retained: int = 0
 ) -> OwnerPrediction:
     law = law_for(owner)
-    if law == "constant":
+
+    def made(factor: float, predicted_bytes: int, note: str = "") -> OwnerPrediction:
         return OwnerPrediction(
             stage=stage,
             owner=owner,
             law=law,
             measured_bytes=measured,
-            factor=1.0,
-            predicted_bytes=measured,
+            factor=factor,
+            predicted_bytes=predicted_bytes,
+            note=note,
         )
+
+    if law == "constant":
+        return made(1.0, measured)
     if law == "graph_count":
         before, after = g.total_graphs, g2.total_graphs
     else:
         row_g = {r.runner: r for r in g.runners}.get(stage)
         row_g2 = {r.runner: r for r in g2.runners}.get(stage)
         if row_g is None:
-            return OwnerPrediction(
-                stage=stage,
-                owner=owner,
-                law=law,
-                measured_bytes=measured,
-                factor=1.0,
-                predicted_bytes=measured,
-                note=f"stage {stage} is not a runner of grid G: kept",
-            )
+            return made(1.0, measured, f"stage {stage} is not a runner of grid G: kept")
         if row_g2 is None:
-            return OwnerPrediction(
-                stage=stage,
-                owner=owner,
-                law=law,
-                measured_bytes=measured,
-                factor=0.0,
-                predicted_bytes=0,
-                note=f"grid G' captures no {stage} graphs",
-            )
+            return made(0.0, 0, f"grid G' captures no {stage} graphs")
         before, after = _quantity(row_g, law), _quantity(row_g2, law)
     if before == 0:
-        return OwnerPrediction(
-            stage=stage,
-            owner=owner,
-            law=law,
-            measured_bytes=measured,
-            factor=1.0,
-            predicted_bytes=measured,
-            note="the law's quantity is 0 under G: kept",
-        )
+        return made(1.0, measured, "the law's quantity is 0 under G: kept")
     factor = after / before
     base, note = measured, ""
     if law == "sum_piecewise_tokens" and retained > measured:
@@ -260,15 +241,7 @@ def _predict(
         # slack is bounded by the widest transient, not by the sum, so scale what stays live.
         base = retained
         note = f"scaled from {retained} B retained, not {measured} B of pool growth"
-    return OwnerPrediction(
-        stage=stage,
-        owner=owner,
-        law=law,
-        measured_bytes=measured,
-        factor=factor,
-        predicted_bytes=round(base * factor),
-        note=note,
-    )
+    return made(factor, round(base * factor), note)
 
 
 def what_if(
