@@ -8,7 +8,7 @@ checked against the API.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from html import escape
 from pathlib import Path
 
@@ -291,36 +291,40 @@ def series_svg(
 def history_svgs(hist: History) -> dict[str, str]:
     """The history page's three series: KV tokens, graph-pool GiB, estimator error GiB."""
     labels = [p.build or p.run_id[:10] for p in hist.points]
-    kv = [p.kv_tokens for p in hist.points]
-    pool = [p.graph_pool_bytes for p in hist.points]
-    err = [p.estimator_error_bytes for p in hist.points]
+
+    def one(
+        metric: str, raw: list[int | None], to_unit: Callable[[int], float], title: str, unit: str
+    ) -> str:
+        return series_svg(
+            labels,
+            [to_unit(v) if v is not None else None for v in raw],
+            [metric in p.regressions for p in hist.points],
+            title=title,
+            unit=unit,
+            metric=metric,
+            raw=raw,
+        )
+
+    def gib(v: int) -> float:
+        return v / GiB
+
     return {
-        "kv_tokens": series_svg(
-            labels,
-            [float(v) if v is not None else None for v in kv],
-            ["kv_tokens" in p.regressions for p in hist.points],
-            title="KV capacity",
-            unit="tokens",
-            metric="kv_tokens",
-            raw=kv,
+        "kv_tokens": one(
+            "kv_tokens", [p.kv_tokens for p in hist.points], float, "KV capacity", "tokens"
         ),
-        "graph_pool_bytes": series_svg(
-            labels,
-            [v / GiB if v is not None else None for v in pool],
-            ["graph_pool_bytes" in p.regressions for p in hist.points],
-            title="Graph-pool growth",
-            unit="GiB",
-            metric="graph_pool_bytes",
-            raw=pool,
+        "graph_pool_bytes": one(
+            "graph_pool_bytes",
+            [p.graph_pool_bytes for p in hist.points],
+            gib,
+            "Graph-pool growth",
+            "GiB",
         ),
-        "estimator_error_bytes": series_svg(
-            labels,
-            [v / GiB if v is not None else None for v in err],
-            ["estimator_error_bytes" in p.regressions for p in hist.points],
-            title="Usage minus budget (vLLM estimate)",
-            unit="GiB",
-            metric="estimator_error_bytes",
-            raw=err,
+        "estimator_error_bytes": one(
+            "estimator_error_bytes",
+            [p.estimator_error_bytes for p in hist.points],
+            gib,
+            "Usage minus budget (vLLM estimate)",
+            "GiB",
         ),
     }
 
