@@ -438,6 +438,25 @@ def wrap_extrapolate(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # --------------------------------------------------------------------------- patch list
+def _profile_run_patch(module: str, runner: str) -> Patch:
+    """The profile_run phase, hooked the same way on either model runner's class."""
+    return Patch(
+        "profile_run",
+        module,
+        "GPUModelRunner",
+        "profile_run",
+        ("self", "randomize_inputs"),
+        phase_wrapper(
+            "profile_run",
+            "profile_run",
+            settle_end=True,
+            before=_before_profile_run,
+            after=_after_profile_run,
+        ),
+        runner=runner,
+    )
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         "init_device",
@@ -480,21 +499,7 @@ PATCHES: tuple[Patch, ...] = (
         ("self",),
         phase_wrapper("compile_or_warm_up_model", "end_of_init", after=_after_compile),
     ),
-    Patch(
-        "profile_run",
-        W2,
-        "GPUModelRunner",
-        "profile_run",
-        ("self", "randomize_inputs"),
-        phase_wrapper(
-            "profile_run",
-            "profile_run",
-            settle_end=True,
-            before=_before_profile_run,
-            after=_after_profile_run,
-        ),
-        runner="v2",
-    ),
+    _profile_run_patch(W2, "v2"),
     Patch(
         "graph_profiling",
         W2,
@@ -565,21 +570,7 @@ PATCHES: tuple[Patch, ...] = (
         runner="v2",
     ),
     # Model Runner V1 where it differs.
-    Patch(
-        "profile_run",
-        W1,
-        "GPUModelRunner",
-        "profile_run",
-        ("self", "randomize_inputs"),
-        phase_wrapper(
-            "profile_run",
-            "profile_run",
-            settle_end=True,
-            before=_before_profile_run,
-            after=_after_profile_run,
-        ),
-        runner="v1",
-    ),
+    _profile_run_patch(W1, "v1"),
     Patch(
         "graph_profiling",
         W1,
