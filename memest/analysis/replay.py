@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from memest.analysis.owners import UNATTRIBUTED, OwnerRules
 from memest.analysis.tags import DEFAULT_POOL, StageTag, parse_tag
@@ -386,6 +386,10 @@ def analyze(
             row[0] += r.bytes
             row[1] += r.count
 
+    by_view: tuple[tuple[Literal["trigger", "retained"], dict[tuple[int, str], list[int]]], ...] = (
+        ("trigger", unattr),
+        ("retained", ret_unattr),
+    )
     unattributed = [
         UnattributedRow.model_construct(
             phase=ctx_list[ctx][0],
@@ -393,19 +397,10 @@ def analyze(
             top_frame=top,
             bytes=v[0],
             count=v[1],
-            view="trigger",
+            view=view,
         )
-        for (ctx, top), v in sorted(unattr.items(), key=lambda kv: -kv[1][0])
-    ] + [
-        UnattributedRow.model_construct(
-            phase=ctx_list[ctx][0],
-            stage=ctx_list[ctx][1],
-            top_frame=top,
-            bytes=v[0],
-            count=v[1],
-            view="retained",
-        )
-        for (ctx, top), v in sorted(ret_unattr.items(), key=lambda kv: -kv[1][0])
+        for view, rows in by_view
+        for (ctx, top), v in sorted(rows.items(), key=lambda kv: -kv[1][0])
     ]
 
     end_reserved: dict[str, int] = defaultdict(int)
