@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import require_or_skip
+from tests.live_server import serve
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 
@@ -31,7 +29,7 @@ def _chromium() -> str | None:
 @pytest.fixture(scope="module")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
 
         from memest.service import create_app
         from memest.service.config import Settings
@@ -39,22 +37,9 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         require_or_skip("MEMEST_REQUIRE_BROWSER", f"service extra missing: {exc}")
         raise
     db = tmp_path_factory.mktemp("browser") / "memest.db"
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
     app = create_app(Settings(database_url=f"sqlite:///{db}", demo=True, write_token="t"))  # type: ignore[arg-type]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve(app, start_timeout_s=20) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

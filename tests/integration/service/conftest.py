@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from memest.service import create_app  # noqa: E402
 from memest.service.config import Settings  # noqa: E402
 from tests.conftest import require_or_skip  # noqa: E402
+from tests.live_server import serve  # noqa: E402
 
 TOKEN = "test-write-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -92,25 +93,6 @@ def demo_client(make_client: MakeClient) -> TestClient:
 @pytest.fixture
 def live_server(sqlite_url: str) -> Iterator[str]:
     """A real uvicorn on 127.0.0.1 (a free port) in a thread; yields its base URL."""
-    import socket
-    import threading
-    import time
-
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
     app = create_app(Settings(database_url=sqlite_url, write_token=TOKEN))  # type: ignore[arg-type]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serve(app, start_timeout_s=15) as url:
+        yield url
