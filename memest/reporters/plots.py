@@ -79,12 +79,17 @@ def _nice_max(value: float) -> float:
     return value * 1.1
 
 
-def stage_owner_svg(bars: Sequence[StageBar], title: str = "Added graph-pool memory") -> str:
-    """Stacked bars: one per capture stage, one segment per owner, heights in GiB."""
-    width, height = 620, 330
-    left, right, top, bottom = 50, 215, 36, 66
-    plot_w, plot_h = width - left - right, height - top - bottom
-    max_gib = _nice_max(max((b.pool_growth_bytes / GiB for b in bars), default=0))
+def _gib_frame(
+    title: str,
+    width: int,
+    height: int,
+    left: int,
+    top: int,
+    plot_w: int,
+    plot_h: int,
+    max_gib: float,
+) -> list[str]:
+    """The opening of a GiB bar chart: the svg element, its title and five grid lines to max_gib."""
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="memest-plot" role="img" '
         f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
@@ -99,13 +104,23 @@ def stage_owner_svg(bars: Sequence[StageBar], title: str = "Added graph-pool mem
             f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>'
             f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>'
         )
+    return out
+
+
+def stage_owner_svg(bars: Sequence[StageBar], title: str = "Added graph-pool memory") -> str:
+    """Stacked bars: one per capture stage, one segment per owner, heights in GiB."""
+    width, height = 620, 330
+    left, right, top, bottom = 50, 215, 36, 66
+    plot_w, plot_h = width - left - right, height - top - bottom
+    max_gib = _nice_max(max((b.pool_growth_bytes / GiB for b in bars), default=0))
+    out = _gib_frame(title, width, height, left, top, plot_w, plot_h, max_gib)
     n = max(len(bars), 1)
     slot = plot_w / n
     bar_w = min(60.0, slot * 0.6)
     owners_seen: list[str] = []
     for i, bar in enumerate(bars):
         x = left + slot * i + (slot - bar_w) / 2
-        y = top + plot_h
+        y: float = top + plot_h
         out.append(
             f'<g class="stage-bar" data-stage="{escape(bar.stage)}" '
             f'data-bytes="{bar.pool_growth_bytes}">'
@@ -156,20 +171,7 @@ def compare_svg(cmp: Comparison, title: str = "Graph-pool growth per stage") -> 
     left, right, top, bottom = 60, 120, 36, 70
     plot_w, plot_h = width - left - right, height - top - bottom
     max_gib = _nice_max(max(((max(d.a or 0, d.b or 0)) / GiB for d in rows), default=0))
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="memest-plot" role="img" '
-        f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-        f'font-family="sans-serif" font-size="11">',
-        f"<title>{escape(title)}</title>",
-        f'<text x="{left}" y="20" font-size="13" font-weight="bold">{escape(title)} (GiB)</text>',
-    ]
-    for i in range(5):
-        v = max_gib * i / 4
-        y = top + plot_h - plot_h * i / 4
-        out.append(
-            f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>'
-            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>'
-        )
+    out = _gib_frame(title, width, height, left, top, plot_w, plot_h, max_gib)
     slot = plot_w / max(len(rows), 1)
     bw = min(28.0, slot * 0.35)
     for i, d in enumerate(rows):
