@@ -10,11 +10,15 @@ returns data. Each start is one configuration started one way:
 - enable: MEMEST_ENABLE=1 (report + startup plan; vLLM's estimate still sizes the KV cache);
 - apply:  MEMEST_ENABLE=1 MEMEST_ESTIMATE=apply (memest's full-init measurement sizes it);
 - plan:   vLLM alone with VLLM_ENABLE_STARTUP_PLAN=1, reading the plan memest wrote;
+- plandiag: the same plan start with MEMEST_ENABLE=1 MEMEST_ESTIMATE=off and the allocator
+          history from init_device on, to see where a plan start's non-KV memory goes;
 - fault:  MEMEST_ENABLE=1 with a hook made to raise and an unreachable service.
 
 Usage at the end of init = device memory in use (total - cudaMemGetInfo free, after gc and
 empty_cache) + the profile run's activation peak (vLLM's transient_peak_headroom, which serving's
-first full-size batch needs again; for plan starts, which skip profiling, the alone start's).
+first full-size batch needs again). Every start also measures that peak itself around the model
+runner's profile_run (``own_headroom_bytes``: allocated peak minus allocated after): a plan start
+still runs profile_run (to compile) but outside vLLM's memory_profiling, so vLLM reports none.
 usage_minus_budget_bytes = usage - ceil(gpu_memory_utilization x total).
 
 Run on the device from the repo root (carry [".vllm_h200"]):
@@ -89,6 +93,16 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("A_llama8b_s128_t4096", "enable"),
         ("A_llama8b_s128_t4096", "alone"),
     ],
+    "5": [
+        ("C_llama8b_eagle3k3_s64_t4096", "enable"),
+        ("C_llama8b_eagle3k3_s64_t4096", "plan"),
+        ("C_llama8b_eagle3k3_s64_t4096", "plandiag"),
+        ("B_llama8b_s32_t2048", "alone"),
+        ("B_llama8b_s32_t2048", "apply"),
+        ("B_llama8b_s32_t2048", "enable"),
+        ("B_llama8b_s32_t2048", "plan"),
+        ("C_llama8b_eagle3k3_s64_t4096", "alone"),
+    ],
     "smoke": [("B_llama8b_s32_t2048", "enable")],
 }
 
@@ -122,6 +136,37 @@ def _worker(llm: Any) -> Any:
     return getattr(wrapper, "worker", wrapper)
 
 
+_OWN: dict[str, int] = {}
+
+
+def _measure_profile_run() -> None:
+    """Wrap the model runners' profile_run to read its transient peak, whoever calls it."""
+    import torch
+
+    for modname in ("vllm.v1.worker.gpu.model_runner", "vllm.v1.worker.gpu_model_runner"):
+        try:
+            mod = importlib.import_module(modname)
+        except Exception:
+            continue
+        for obj in vars(mod).values():
+            if not (isinstance(obj, type) and "profile_run" in vars(obj)):
+                continue
+            orig = obj.profile_run
+
+            def wrapped(self: Any, *a: Any, __orig: Any = orig, **k: Any) -> Any:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                out = __orig(self, *a, **k)
+                torch.cuda.synchronize()
+                _OWN["own_headroom_bytes"] = int(
+                    torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+                )
+                _OWN["profile_runs"] = _OWN.get("profile_runs", 0) + 1
+                return out
+
+            obj.profile_run = wrapped
+
+
 def child(cfg_name: str, mode: str, result_path: Path) -> None:
     cfg = CONFIGS[cfg_name]
     launcher = _launcher()
@@ -131,6 +176,8 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
 
     launcher.ensure_torchvision()
     from vllm import LLM
+
+    _measure_profile_run()
 
     native = ["native"]
     kw: dict[str, Any] = dict(
@@ -204,6 +251,7 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         "memest_plan": {k: v for k, v in st.plan.items() if isinstance(v, (int, str, type(None)))},
         "memest_figures": {k: v for k, v in st.figures.items() if isinstance(v, (int, float, str))},
         "cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode),
+        **_OWN,
     }
     result_path.write_text(json.dumps(result, indent=1))
     print(f"RESULT {json.dumps(result)}", flush=True)
@@ -220,7 +268,6 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         [str(ROOT), str(ROOT / "instrumentation"), str(site), os.environ.get("PYTHONPATH", "")]
     )
     t_begin = time.monotonic()
-    headroom: dict[str, int] = {}
     for cfg_name, mode in GROUPS[group]:
         left = budget_s - (time.monotonic() - t_begin)
         if left < 45:
@@ -232,11 +279,15 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         env["MEMEST_RUN_ID"] = f"{cfg_name}.{mode}"
         env["PYTHONUNBUFFERED"] = "1"
         env.pop("MEMEST_ENABLE", None)
-        if mode in ("enable", "apply", "fault"):
+        if mode in ("enable", "apply", "fault", "plandiag"):
             env["MEMEST_ENABLE"] = "1"
             env["MEMEST_ESTIMATE"] = "apply" if mode == "apply" else "plan"
-        if mode == "enable":
+        if mode in ("enable", "plandiag"):
             env["MEMEST_KEEP_SNAPSHOT"] = "1"
+        if mode == "plandiag":
+            env["MEMEST_ESTIMATE"] = "off"
+            env["MEMEST_HISTORY_FROM"] = "init"
+            env["VLLM_ENABLE_STARTUP_PLAN"] = "1"
         if mode == "fault":
             env["MEMEST_FAULT"] = "capture_stage"
             env["MEMEST_SERVICE_URL"] = "http://127.0.0.1:9"
@@ -265,11 +316,9 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         if res_path.exists():
             rec.update(json.loads(res_path.read_text()))
             h = rec.get("headroom_bytes")
-            if h is not None and mode in ("alone",):
-                headroom[cfg_name] = int(h)
             if h is None:
-                h = headroom.get(cfg_name)
-                rec["headroom_from"] = "alone start" if h is not None else None
+                h = rec.get("own_headroom_bytes")
+                rec["headroom_from"] = "this start's profile_run" if h is not None else None
             if h is not None:
                 usage = rec["persistent_used_bytes"] + int(h)
                 rec["usage_end_bytes"] = usage
