@@ -28,6 +28,7 @@ Run on the device from the repo root (carry [".vllm_h200"]):
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import math
@@ -103,6 +104,18 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("B_llama8b_s32_t2048", "plan"),
         ("C_llama8b_eagle3k3_s64_t4096", "alone"),
     ],
+    "6": [
+        ("C_llama8b_eagle3k3_s64_t4096", "enable"),
+        ("C_llama8b_eagle3k3_s64_t4096", "plan"),
+        ("C_llama8b_eagle3k3_s64_t4096", "apply"),
+        ("B_llama8b_s32_t2048", "enable"),
+        ("B_llama8b_s32_t2048", "plan"),
+        ("B_llama8b_s32_t2048", "apply"),
+        ("D_llama8b_s128_t4096_u070", "apply"),
+        ("D_llama8b_s128_t4096_u070", "plan"),
+        ("C_llama8b_eagle3k3_s64_t4096", "alone"),
+        ("B_llama8b_s32_t2048", "alone"),
+    ],
     "smoke": [("B_llama8b_s32_t2048", "enable")],
 }
 
@@ -153,6 +166,8 @@ def _measure_profile_run() -> None:
                 continue
             orig = obj.profile_run
 
+            # functools.wraps keeps vLLM's signature visible: memest checks it before patching.
+            @functools.wraps(orig)
             def wrapped(self: Any, *a: Any, __orig: Any = orig, **k: Any) -> Any:
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -165,6 +180,40 @@ def _measure_profile_run() -> None:
                 return out
 
             obj.profile_run = wrapped
+
+
+def _first_full_step(llm: Any, cfg: dict[str, Any], used_end: int) -> dict[str, Any]:
+    """Serve one request of max_num_batched_tokens prompt tokens and read the device peak.
+
+    That prefill is serving's first full-size step: the memory it needs beyond the end of init
+    is the reservation the allocator adds (its cached free blocks are reused first) plus any
+    memory outside PyTorch it adds. usage = in use at the end of init + that growth.
+    """
+    import torch
+    from vllm import SamplingParams
+
+    n = min(int(cfg["mbt"]), 4096 - 1)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    reserved0 = torch.cuda.memory_reserved()
+    free0, total = torch.cuda.mem_get_info()
+    outside0 = (total - free0) - reserved0
+    try:
+        sp = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
+        llm.generate([{"prompt_token_ids": [(7 * i) % 30000 + 10 for i in range(n)]}], sp)
+    except Exception as exc:  # the figure is optional; the start's record is not
+        return {"step_error": f"{type(exc).__name__}: {exc}"[:300]}
+    torch.cuda.synchronize()
+    free1, _ = torch.cuda.mem_get_info()
+    reserved1 = torch.cuda.memory_reserved()
+    growth = int(torch.cuda.max_memory_reserved() - reserved0)
+    outside = max(int((total - free1) - reserved1 - outside0), 0)
+    return {
+        "step_tokens": n,
+        "step_reserved_growth_bytes": growth,
+        "step_outside_growth_bytes": outside,
+        "step_usage_bytes": used_end + growth + outside,
+    }
 
 
 def child(cfg_name: str, mode: str, result_path: Path) -> None:
@@ -212,6 +261,11 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
+    end_torch = {
+        "end_reserved_bytes": int(torch.cuda.memory_reserved()),
+        "end_allocated_bytes": int(torch.cuda.memory_allocated()),
+    }
+    step = _first_full_step(llm, cfg, int(total - free))
     peak = getattr(worker, "peak_activation_memory", None)
     est = getattr(worker, "cudagraph_memory_estimate", None)
     headroom = None
@@ -252,6 +306,8 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         "memest_figures": {k: v for k, v in st.figures.items() if isinstance(v, (int, float, str))},
         "cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode),
         **_OWN,
+        **end_torch,
+        **step,
     }
     result_path.write_text(json.dumps(result, indent=1))
     print(f"RESULT {json.dumps(result)}", flush=True)
@@ -319,11 +375,13 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
             if h is None:
                 h = rec.get("own_headroom_bytes")
                 rec["headroom_from"] = "this start's profile_run" if h is not None else None
+            rec["budget_bytes"] = math.ceil(rec["total_bytes"] * CONFIGS[cfg_name]["util"])
             if h is not None:
                 usage = rec["persistent_used_bytes"] + int(h)
                 rec["usage_end_bytes"] = usage
-                rec["budget_bytes"] = math.ceil(rec["total_bytes"] * CONFIGS[cfg_name]["util"])
                 rec["usage_minus_budget_bytes"] = usage - rec["budget_bytes"]
+            if rec.get("step_usage_bytes") is not None:
+                rec["step_usage_minus_budget_bytes"] = rec["step_usage_bytes"] - rec["budget_bytes"]
         else:
             rec["log_tail"] = log_path.read_text()[-3000:]
             if cfg_name == GROUPS[group][0][0] and mode == GROUPS[group][0][1]:
@@ -335,7 +393,8 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
             fh.write(json.dumps(rec) + "\n")
         print(
             f"DONE {cfg_name}/{mode} rc={rc} wall={wall:.0f}s "
-            f"umb={rec.get('usage_minus_budget_bytes')} kv_tokens={rec.get('kv_tokens')}",
+            f"umb={rec.get('usage_minus_budget_bytes')} "
+            f"step_umb={rec.get('step_usage_minus_budget_bytes')} kv_tokens={rec.get('kv_tokens')}",
             flush=True,
         )
     # startup plans memest wrote, for the record

@@ -34,6 +34,9 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
     requested = st.figures.get("requested_memory_bytes")
     if start is None or end is None or requested is None or now.device_used_bytes is None:
         return None
+    if "profile_headroom_bytes" not in st.figures:
+        st.notes.append("apply: the profile run's activation peak was not measured")
+        return None
     pool = gp.get("pool")
     pool_growth = max(
         measure.private_pool_bytes(end, pool) - measure.private_pool_bytes(start, pool), 0
@@ -93,7 +96,7 @@ def applied_budget(worker: Any, vllm_result: Any) -> int | None:
     now = measure.reading()
     terms = measured_terms(worker, now)
     if terms is None:
-        st.notes.append("apply: graph-memory profiling did not run; vLLM's budget kept")
+        st.notes.append("apply: a full-initialization term is unmeasured; vLLM's budget kept")
         return None
     memest_kv = full_init_kv_budget(terms)
     vllm_available = int(getattr(worker, "available_kv_cache_memory_bytes", vllm_result))

@@ -79,12 +79,60 @@ def read_config(worker: Any) -> None:
     )
 
 
+_COMPILE_COUNTERS = (
+    "num_inductor_compiles",
+    "num_eager_compiles",
+    "num_aot_compiles",
+    "num_compiled_artifacts_saved",
+)
+
+
+def compile_count() -> int | None:
+    """vLLM's count of compilations so far (None when vLLM's counter is not importable)."""
+    try:
+        from vllm.compilation.counter import compilation_counter
+    except Exception:
+        return None
+    return sum(int(getattr(compilation_counter, name, 0) or 0) for name in _COMPILE_COUNTERS)
+
+
+def vllm_headroom(worker: Any) -> int | None:
+    """vLLM's own transient_peak_headroom, recovered from the worker after profiling.
+
+    ``peak_activation_memory`` is that headroom plus the graph estimate when
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS applies it (the default).
+    """
+    peak = _int(getattr(worker, "peak_activation_memory", None))
+    if peak is None:
+        return None
+    applied = 0
+    try:
+        import vllm.envs as envs
+
+        if envs.VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS:
+            applied = _int(getattr(worker, "cudagraph_memory_estimate", None)) or 0
+    except Exception:
+        applied = _int(getattr(worker, "cudagraph_memory_estimate", None)) or 0
+    return max(peak - applied, 0)
+
+
 def vllm_budget(worker: Any, result: Any) -> None:
     """After determine_available_memory: vLLM's non-KV memory, graph estimate, KV bytes."""
     st = state()
     consumed = _int(getattr(worker, "total_consumed", None))
     peak = _int(getattr(worker, "peak_activation_memory", None))
     estimate = _int(getattr(worker, "cudagraph_memory_estimate", None))
+    if "profile_headroom_bytes" not in st.figures:
+        # memest's profile_run hook did not run (its target was missing or wrapped by another
+        # plugin); vLLM's own figure is the same quantity, so the estimate keeps its term.
+        headroom = vllm_headroom(worker)
+        if headroom is not None:
+            st.figures["profile_headroom_bytes"] = headroom
+            st.figures["profile_headroom_source"] = "vllm"
+            st.notes.append(
+                f"profile-run activation peak taken from vLLM's own profiling ({headroom} B): "
+                "memest's profile_run hook did not measure it"
+            )
     applied = peak - st.figures.get("profile_headroom_bytes", 0) if peak is not None else None
     st.figures.update(
         weights_bytes=_int(getattr(worker.model_runner, "model_memory_usage", None)),

@@ -315,9 +315,14 @@ def write_plan(report: RunReport) -> None:
     if not fp or usage is None or requested is None or spec is None or not spec.num_blocks:
         st.notes.append("startup plan not written: fingerprint or end state missing")
         return
+    if "profile_headroom_bytes" not in st.figures:
+        st.notes.append("startup plan not written: the profile run's activation peak is unknown")
+        return
     page = int(spec.page_size_bytes or 0)
     kv_now = int(spec.num_blocks) * page
-    over = int(usage) - int(requested) + st.settings.margin_bytes
+    # A plan start skips graph-memory profiling, so what that pass left allocated is not there.
+    skipped = 0 if st.plan.get("kv_cache_memory_bytes_given") else graph_profiling_kept(report)
+    over = int(usage) - skipped - int(requested) + st.settings.margin_bytes
     kv_plan = ((kv_now - over) // page) * page
     from memest.estimate import startup_plan_dir, startup_plan_document, write_startup_plan
 
@@ -337,11 +342,27 @@ def write_plan(report: RunReport) -> None:
                 estimator="memest-plan",
                 kv_cache_bytes=kv_plan,
                 kv_tokens=(kv_plan // page) * spec.block_size if page else None,
-                usage_minus_budget_bytes=int(usage) - kv_now + kv_plan - int(requested),
-                note=f"--kv-cache-memory-bytes {kv_plan} (startup plan {path.name})",
+                usage_minus_budget_bytes=int(usage) - skipped - kv_now + kv_plan - int(requested),
+                note=f"--kv-cache-memory-bytes {kv_plan} (startup plan {path.name}); "
+                f"{skipped} B that graph-memory profiling left allocated are not in a plan start",
             )
         )
     report.notes = list(st.notes)
+
+
+def graph_profiling_kept(report: RunReport) -> int:
+    """Bytes allocated during graph-memory profiling and still live at the end of init.
+
+    From the allocator history's retained view when it was recorded (Inductor output buffers
+    of the profiling capture, for instance); else the allocated growth over the profiling pass.
+    """
+    bd = report.breakdown
+    if bd is not None and bd.event_count and any(s.phase == "graph_profiling" for s in bd.stages):
+        return sum(r.bytes for r in bd.retained if r.phase == "graph_profiling")
+    gp = [p for p in report.phases if p.name == "graph_profiling.total"]
+    if not gp:
+        return 0
+    return max(gp[-1].end.torch_allocated_bytes - gp[-1].start.torch_allocated_bytes, 0)
 
 
 def _vllm_cache_root() -> str:
