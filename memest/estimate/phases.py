@@ -5,8 +5,9 @@ capture, end) and its stage breakdown, each term of ``FullInitTerms`` is read as
 
 - baseline: allocator reservation before the weights (cuBLAS workspaces from device init);
 - weights: allocated bytes added over the ``weights`` phase;
-- profile-run transient peak: allocated peak of ``profile_run`` above what it left allocated
-  (vLLM's ``transient_peak_headroom``; serving's first max-size step needs it again);
+- activation headroom: the reservation a second, warm profile pass adds from an empty cache
+  (phase ``profile_run.warm``), else the allocated peak of ``profile_run`` above what it left
+  allocated (vLLM's ``transient_peak_headroom``); serving's first max-size step needs it again;
 - outside PyTorch: device memory in use minus allocator reservation at the last reading
   (CUDA context, library handles, NCCL, graph objects);
 - graph pools: reserved growth per capture stage (breakdown), or private-pool readings;
@@ -143,6 +144,27 @@ def graph_pool_by_stage(report: RunReport) -> dict[str, int]:
     return {}
 
 
+def warm_pass_headroom(start: MemoryReading, end: MemoryReading) -> int:
+    """Reservation a profile pass adds from an empty cache (at least its allocated transient)."""
+    reserved = end.torch_reserved_peak_bytes - start.torch_reserved_bytes
+    allocated = end.torch_allocated_peak_bytes - end.torch_allocated_bytes
+    return max(reserved, allocated, 0)
+
+
+def activation_headroom(report: RunReport, profile: PhaseRecord) -> int:
+    """What serving's first full-size step needs beyond the memory in use at the end of init.
+
+    The vLLM plugin runs a second, warm profile pass (phase ``profile_run.warm``) from an empty
+    allocator cache and reads the reservation it adds: no torch.compile transients, and block
+    rounding and segment sizes included. Without it, vLLM's own quantity: the allocated peak of
+    the profile run above what it left allocated.
+    """
+    warm = phase(report, "profile_run.warm")
+    if warm is not None:
+        return warm_pass_headroom(warm.start, warm.end)
+    return max(profile.end.torch_allocated_peak_bytes - profile.end.torch_allocated_bytes, 0)
+
+
 def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerms:
     """Read the full-initialization terms of one complete start.
 
@@ -164,8 +186,7 @@ def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerm
     used_end = device_used(final, report, "the final reading")
 
     weights_bytes = max(weights.end.torch_allocated_bytes - weights.start.torch_allocated_bytes, 0)
-    peak = profile.end.torch_allocated_peak_bytes
-    activation = max(peak - profile.end.torch_allocated_bytes, 0)
+    activation = activation_headroom(report, profile)
     outside = max(used_end - final.torch_reserved_bytes, 0)
     by_stage = graph_pool_by_stage(report)
     kv_bytes = measured_kv_bytes(report)

@@ -116,6 +116,15 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("C_llama8b_eagle3k3_s64_t4096", "alone"),
         ("B_llama8b_s32_t2048", "alone"),
     ],
+    "7": [
+        ("C_llama8b_eagle3k3_s64_t4096", "apply"),
+        ("C_llama8b_eagle3k3_s64_t4096", "plan"),
+        ("D_llama8b_s128_t4096_u070", "apply"),
+        ("D_llama8b_s128_t4096_u070", "plan"),
+        ("B_llama8b_s32_t2048", "apply"),
+        ("B_llama8b_s32_t2048", "plan"),
+        ("D_llama8b_s128_t4096_u070", "alone"),
+    ],
     "smoke": [("B_llama8b_s32_t2048", "enable")],
 }
 

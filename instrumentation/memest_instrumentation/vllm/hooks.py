@@ -11,6 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from memest.estimate.phases import warm_pass_headroom
 from memest.schema import PhaseRecord, StageGrowth
 from memest_instrumentation.vllm import measure
 from memest_instrumentation.vllm.patches import Patch
@@ -264,8 +265,8 @@ def _after_determine(self: Any, args: Any, kwargs: Any, result: Any, record: Any
     from memest_instrumentation.vllm import apply, collect
 
     collect.vllm_budget(self, result)
-    if state().settings.estimate != "off":
-        guarded("profile_run", warm_profile_peak, self)
+    if state().settings.estimate != "off" and "profile_headroom_bytes" in state().figures:
+        guarded("warm_profile", warm_profile_peak, self)
     if state().settings.estimate == "apply":
         return apply.applied_budget(self, result)
     return None
@@ -315,20 +316,21 @@ def _after_profile_run(self: Any, args: Any, kwargs: Any, result: Any, record: A
 
 
 def warm_profile_peak(worker: Any) -> None:
-    """Measure the activation peak again, warm, when the profile run compiled the model.
+    """Measure the activation headroom again in a second, warm profile pass.
 
-    A first start compiles inside vLLM's profile run, and torch.compile's transients inflate
-    that peak (1.42 GiB against 0.60 GiB warm for Llama-8B with EAGLE3 on an H200); serving never
-    needs them again, so a budget sized from them leaves KV capacity unused. One more profile
-    pass, outside vLLM's own accounting, reads the peak serving's first full-size step needs.
+    vLLM's own figure is the allocated peak of its profile run, which has two faults as a
+    budget term: a first start compiles inside that run, and torch.compile's transients
+    inflate the peak (1.42 GiB against 0.59 GiB warm for Llama-8B with EAGLE3 on an H200); and
+    allocated bytes are not what serving's first full-size step takes from the device, which is
+    the allocator's reservation, block rounding and segment sizes included (0.70 GiB there).
+    So memest runs the profile pass once more, after vLLM's, from an empty allocator cache and
+    reads the reservation it adds (phase ``profile_run.warm``).
     """
-    st = state()
-    if not st.figures.get("profile_run_compiled"):
-        return
     import contextlib
 
     from memest_instrumentation.vllm.patches import original
 
+    st = state()
     runner = worker.model_runner
     bound = runner.profile_run
     base = original(bound)
@@ -342,6 +344,7 @@ def warm_profile_peak(worker: Any) -> None:
         config_ctx = contextlib.nullcontext()
     measure.settle()
     measure.reset_peak()
+    start = measure.reading(pools=False)
     with torch.inference_mode() if torch is not None else contextlib.nullcontext(), config_ctx:
         if base is bound:
             bound(randomize_inputs=randomize)
@@ -349,13 +352,16 @@ def warm_profile_peak(worker: Any) -> None:
             base(runner, randomize_inputs=randomize)
     end = measure.reading(pools=False)
     measure.settle()
-    warm = max(end.torch_allocated_peak_bytes - end.torch_allocated_bytes, 0)
-    cold = int(st.figures.get("profile_headroom_bytes", 0))
-    st.figures["profile_headroom_cold_bytes"] = cold
+    st.phases.append(PhaseRecord(name="profile_run.warm", start=start, end=end))
+    warm = warm_pass_headroom(start, end)
+    first = int(st.figures.get("profile_headroom_bytes", 0))
+    st.figures["profile_headroom_first_bytes"] = first
     st.figures["profile_headroom_bytes"] = warm
+    compiled = " (it compiled the model)" if st.figures.get("profile_run_compiled") else ""
     st.notes.append(
-        f"profile run compiled the model: activation peak {cold} B with compilation, {warm} B "
-        "in a second, warm profile pass; the estimate uses the warm peak"
+        f"activation headroom: vLLM's profile run{compiled} peaked {first} B above what it left "
+        f"allocated; a second, warm profile pass added {warm} B of reservation; the estimate "
+        "uses the second"
     )
 
 

@@ -187,7 +187,8 @@ def build_start(dev: FakeDevice | None = None) -> tuple[Any, dict[str, Callable[
     def profile_run(self: Any, randomize_inputs: bool = False) -> None:
         calls.append("profile_run")
         if dev is not None:
-            dev.alloc("0,0", z["profile_residue"])
+            if calls.count("profile_run") == 1:  # what a first pass leaves (lazy buffers)
+                dev.alloc("0,0", z["profile_residue"])
             dev.alloc("0,0", z["activation"])
             dev.free("0,0", z["activation"])
 

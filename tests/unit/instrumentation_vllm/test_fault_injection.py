@@ -20,6 +20,7 @@ HOOKS = [
     "profile_run",
     "profile_run.before",
     "profile_run.after",
+    "warm_profile",
     "graph_profiling",
     "graph_profiling.before",
     "graph_profiling.after",
@@ -44,6 +45,12 @@ HOOKS = [
     "push",
     "all",
 ]
+
+
+def _vllm_calls(calls: list[str]) -> list[str]:
+    """The calls vLLM made: without memest's own second, warm profile pass."""
+    first = calls.index("profile_run")
+    return calls[: first + 1] + [c for c in calls[first + 1 :] if c != "profile_run"]
 
 
 def _expected() -> dict[str, object]:
@@ -102,7 +109,7 @@ def test_a_raising_hook_never_changes_what_vllm_gets(
     with caplog.at_level(logging.WARNING, logger="memest.vllm"):
         out, calls = _run(monkeypatch, MEMEST_FAULT=hook, **extra)
     assert out == _expected()
-    assert calls == clean_calls
+    assert _vllm_calls(calls) == _vllm_calls(clean_calls)
     st = state()
     failed = {e.split(":")[0] for e in st.hook_errors}
     if hook != "all":
