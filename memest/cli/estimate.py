@@ -1,12 +1,15 @@
 """KV budget of one start: vLLM's estimate, memest's full-initialization one, the end state.
 
-memest estimate --from REPORT.json [--grid JSON] [--margin SIZE] [--json]
+memest estimate --from REPORT.json [--grid JSON [--snapshot PATH]] [--margin SIZE] [--json]
                 [--write-startup-plan DIR]
 
 REPORT.json is a RunReport (schema version 1) with the phases weights, profile_run,
 kv_cache_alloc and capture or end, and its KV-cache spec. --grid predicts each owner's graph-pool
 memory and the KV budget under another grid: a file or inline JSON holding a CapturePlan, or
 memest.plan input fields ({"sizing": "vllm-0.33.0", "sm100": false, "max_num_seqs": 512, ...}).
+--snapshot names the allocator snapshot of the same start: the what-if then replays its graph-pool
+requests, resized for G', through a model of the caching allocator (pool growth is made of
+segments, which linear laws miss by up to a segment per trigger).
 --write-startup-plan writes vLLM 0.33.0's startup-plan file (VLLM_ENABLE_STARTUP_PLAN=1) into
 DIR, which should be {VLLM_CACHE_ROOT}/startup_plan; the report must carry the worker's plan
 fingerprint and free-memory baseline (estimate.startup_plan). The matching vLLM flag is printed
@@ -31,6 +34,7 @@ from memest.estimate import (
     write_startup_plan,
 )
 from memest.reporters.estimate import render_comparison, render_what_if
+from memest.snapshot import load_snapshot
 from memest.units import parse_bytes
 
 
@@ -60,6 +64,11 @@ class EstimateCommand:
             "--from", dest="report", type=Path, required=True, help="RunReport JSON"
         )
         parser.add_argument("--grid", help="grid G' for a what-if (JSON file or inline JSON)")
+        parser.add_argument(
+            "--snapshot",
+            type=Path,
+            help="allocator snapshot of the same start: what-if by allocator replay (with --grid)",
+        )
         parser.add_argument("--margin", default="0", help="memory kept free, e.g. 64MiB")
         parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
         parser.add_argument(
@@ -74,10 +83,19 @@ class EstimateCommand:
         margin = parse_bytes(args.margin, field="--margin")
         if margin < 0:
             raise ConfigError("--margin", args.margin, "must not be negative")
+        if args.snapshot is not None and not args.grid:
+            raise ConfigError("--snapshot", str(args.snapshot), "only used with --grid")
         comparison = compare(report, margin_bytes=margin)
-        grid_result = (
-            what_if(report, load_grid(args.grid), margin_bytes=margin) if args.grid else None
-        )
+        grid_result = None
+        if args.grid:
+            snapshot = load_snapshot(args.snapshot) if args.snapshot is not None else None
+            grid_result = what_if(
+                report,
+                load_grid(args.grid),
+                margin_bytes=margin,
+                snapshot=snapshot,
+                snapshot_source=str(args.snapshot),
+            )
         memest = record(comparison, "memest")
         kv_bytes = memest.kv_cache_bytes if memest is not None else None
         plan_path: Path | None = None

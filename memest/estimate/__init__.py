@@ -20,7 +20,7 @@ from memest.estimate.startup_plan import (
     write_startup_plan,
 )
 from memest.estimate.vllm_estimate import extrapolate_full_graph_memory, vllm_cudagraph_estimate
-from memest.estimate.whatif import law_for, resolve_grid, what_if
+from memest.estimate.whatif import law_for, pool_predictions, resolve_grid, what_if
 from memest.schema import FullInitTerms
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "kv_tokens",
     "law_for",
     "non_kv_bytes",
+    "pool_predictions",
     "record",
     "requested_bytes",
     "resolve_grid",

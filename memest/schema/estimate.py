@@ -97,6 +97,8 @@ class EstimateComparison(MemestModel):
     startup_plan: StartupPlanInputs | None = None
 
 
+# "allocator_replay": the G snapshot's pool requests, resized for G', run through
+# memest.estimate.allocsim (what-if with a snapshot); the others scale measured bytes.
 ScalingLaw = Literal[
     "widest_full_rows_x_context",
     "sum_piecewise_tokens",
@@ -104,6 +106,7 @@ ScalingLaw = Literal[
     "graph_count",
     "widest_tokens",
     "constant",
+    "allocator_replay",
 ]
 
 

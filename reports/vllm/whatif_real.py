@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""What-if on the real H200 starts: predict B's capture pool from A and A's from B, both laws.
+
+A = Llama-8B shape, max_num_seqs 128, max_num_batched_tokens 4096 (widest PIECEWISE 256 tokens);
+B = the same model at 32 / 2048 (widest 64 tokens). For each direction G -> G' the script predicts
+each (stage, owner)'s capture-pool growth under G' (G' = the other start's vLLM 0.33.0 capture
+plan) from G's report with the linear laws, and from G's report and snapshot with the allocator
+replay, and compares both with what G' measured (its own snapshot's trigger table).
+
+Owners are charged from the snapshots with today's owner rules on both sides (the committed A
+report predates the compiled_piece rule), so the linear law's measured rows are the same as the
+replay's.
+
+    .venv/bin/python reports/vllm/whatif_real.py    # writes reports/vllm/whatif.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from memest.analysis.replay import analyze
+from memest.estimate.poolreplay import pool_trace, replay
+from memest.estimate.whatif import measured_plan, pool_predictions
+from memest.schema import Breakdown, RunReport
+from memest.snapshot import Snapshot, load_snapshot
+
+HERE = Path(__file__).parent
+RAW = HERE / "raw"
+RUNS = {
+    "A": "call3.A_llama8b_s128_t4096.enable",
+    "B": "call4.B_llama8b_s32_t2048.enable",
+}
+PHASE = "capture"  # graph_profiling captures into a throwaway pool
+
+
+def _load(name: str) -> tuple[RunReport, Snapshot]:
+    stem = RAW / RUNS[name]
+    report = RunReport.model_validate_json(Path(f"{stem}.report.rank0.json").read_text())
+    return report, load_snapshot(f"{stem}.snapshot.rank0.json.gz")
+
+
+def _measured(snapshot: Snapshot) -> tuple[Breakdown, dict[tuple[str, str], int]]:
+    bd = analyze(snapshot)
+    rows: dict[tuple[str, str], int] = {}
+    for t in bd.triggers:
+        if t.phase == PHASE:
+            rows[(t.stage, t.owner)] = rows.get((t.stage, t.owner), 0) + t.bytes
+    return bd, rows
+
+
+def _error_pct(predicted: int, measured: int) -> float | None:
+    return round(100 * (predicted - measured) / measured, 2) if measured else None
+
+
+def main() -> None:
+    runs = {name: _load(name) for name in RUNS}
+    measured = {name: _measured(snap) for name, (_, snap) in runs.items()}
+    records: list[dict[str, Any]] = []
+    timings: dict[str, float] = {}
+    for g, g2 in (("A", "B"), ("B", "A")):
+        report, snapshot = runs[g]
+        # The linear law on the same measured rows as the replay (see the module docstring).
+        fresh = report.model_copy(update={"breakdown": measured[g][0]})
+        grid = measured_plan(runs[g2][0])
+        linear, _ = pool_predictions(fresh, grid)
+        start = time.perf_counter()
+        replayed, notes = pool_predictions(fresh, grid, snapshot=snapshot, snapshot_source=RUNS[g])
+        timings[f"{g}->{g2}"] = round(time.perf_counter() - start, 3)
+        if notes:
+            raise SystemExit(f"{g}->{g2}: {notes}")
+        lin = {(p.stage, p.owner): p for p in linear}
+        rep = {(p.stage, p.owner): p for p in replayed}
+        truth = measured[g2][1]
+        for key in sorted(set(rep) | set(truth)):
+            p = rep.get(key)
+            row = {
+                "direction": f"{g}->{g2}",
+                "stage": key[0],
+                "owner": key[1],
+                "measured_g_bytes": measured[g][1].get(key, 0),
+                "linear_law": lin[key].law if key in lin else "",
+                "predicted_linear_bytes": lin[key].predicted_bytes if key in lin else 0,
+                "predicted_replay_bytes": p.predicted_bytes if p is not None else 0,
+                "measured_g2_bytes": truth.get(key, 0),
+            }
+            row["error_linear_pct"] = _error_pct(row["predicted_linear_bytes"], truth.get(key, 0))
+            row["error_replay_pct"] = _error_pct(row["predicted_replay_bytes"], truth.get(key, 0))
+            records.append(row)
+    fidelity = [_fidelity(name, rep, snap) for name, (rep, snap) in runs.items()]
+    out = {"records": records, "fidelity": fidelity, "replay_seconds": timings}
+    (HERE / "whatif.json").write_text(json.dumps(out, indent=2) + "\n")
+    _print(records, fidelity)
+
+
+def _fidelity(name: str, report: RunReport, snapshot: Snapshot) -> dict[str, Any]:
+    """Unscaled replay of the capture pool (grid G itself) against the snapshot's segments."""
+    trace = pool_trace(snapshot, measured_plan(report), phase=PHASE)
+    again = replay(trace, measured_plan(report))
+    return {
+        "run": name,
+        "measured_bytes": sum(trace.measured.values()),
+        "measured_segments": sum(trace.measured_segments.values()),
+        "replayed_bytes": sum(again.bytes_by_owner.values()),
+        "replayed_segments": sum(again.segments_by_stage.values()),
+        "measured_by_owner": {f"{s}/{o}": b for (s, o), b in trace.measured.items()},
+        "replayed_by_owner": {f"{s}/{o}": b for (s, o), b in again.bytes_by_owner.items()},
+    }
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f}"
+
+
+def _print(records: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> None:
+    out: list[str] = []
+    for f in fidelity:
+        out.append(
+            f"fidelity {f['run']}: measured {f['measured_bytes']} B in {f['measured_segments']} "
+            f"segments, replayed {f['replayed_bytes']} B in {f['replayed_segments']}"
+        )
+    out.append("")
+    head = ("direction", "stage", "owner", "G MiB", "linear MiB", "replay MiB", "G' MiB", "lin %",
+            "replay %")  # fmt: skip
+    out.append(" | ".join(head))
+    for r in records:
+        out.append(
+            " | ".join(
+                (
+                    r["direction"],
+                    r["stage"],
+                    r["owner"],
+                    _mib(r["measured_g_bytes"]),
+                    _mib(r["predicted_linear_bytes"]),
+                    _mib(r["predicted_replay_bytes"]),
+                    _mib(r["measured_g2_bytes"]),
+                    f"{r['error_linear_pct']:+.1f}" if r["error_linear_pct"] is not None else "-",
+                    f"{r['error_replay_pct']:+.1f}" if r["error_replay_pct"] is not None else "-",
+                )
+            )
+        )
+
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()
