@@ -342,6 +342,8 @@ def warm_profile_peak(worker: Any) -> None:
         config_ctx: Any = set_current_vllm_config(worker.vllm_config)
     except Exception:
         config_ctx = contextlib.nullcontext()
+    # Read before the pass: a wrapper memest could not unwrap would overwrite it.
+    first = int(st.figures.get("profile_headroom_bytes", 0))
     measure.settle()
     measure.reset_peak()
     start = measure.reading(pools=False)
@@ -354,7 +356,6 @@ def warm_profile_peak(worker: Any) -> None:
     measure.settle()
     st.phases.append(PhaseRecord(name="profile_run.warm", start=start, end=end))
     warm = warm_pass_headroom(start, end)
-    first = int(st.figures.get("profile_headroom_bytes", 0))
     st.figures["profile_headroom_first_bytes"] = first
     st.figures["profile_headroom_bytes"] = warm
     compiled = " (it compiled the model)" if st.figures.get("profile_run_compiled") else ""

@@ -189,6 +189,9 @@ def build_start(dev: FakeDevice | None = None) -> tuple[Any, dict[str, Callable[
         if dev is not None:
             if calls.count("profile_run") == 1:  # what a first pass leaves (lazy buffers)
                 dev.alloc("0,0", z["profile_residue"])
+                if z.get("compile"):  # torch.compile's transients in a first start's pass
+                    dev.alloc("0,0", z["compile"])
+                    dev.free("0,0", z["compile"])
             dev.alloc("0,0", z["activation"])
             dev.free("0,0", z["activation"])
 

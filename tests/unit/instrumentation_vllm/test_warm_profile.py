@@ -1,0 +1,120 @@
+"""The activation term: a second, warm profile pass, and vLLM's own figure as the fallback."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import fake_start
+import pytest
+from memest_instrumentation.vllm import collect, finish
+from memest_instrumentation.vllm.state import reset_state, state
+
+from memest.schema import MemoryReading, PhaseRecord, RetainedRow, RunReport, StageGrowth
+
+MiB = 1 << 20
+
+
+def _start(monkeypatch: pytest.MonkeyPatch, mode: str, compile_transient: int) -> Any:
+    """A start whose first profile run also holds ``compile_transient`` bytes (torch.compile)."""
+    monkeypatch.setattr(collect, "compute_fingerprint", lambda worker: "0123456789abcdef")
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    monkeypatch.setenv("MEMEST_ESTIMATE", mode)
+    monkeypatch.setenv("MEMEST_RUN_ID", f"warm-{mode}")
+    reset_state()
+    dev = fake_start.FakeDevice()
+    dev.install(monkeypatch)
+    dev.sizes["compile"] = compile_transient
+    worker, methods = fake_start.build_start(dev)
+    methods["init_device"]()
+    methods["load_model"]()
+    budget = methods["determine_available_memory"]()
+    blocks = budget // fake_start.PAGE_ALL
+    methods["initialize_from_config"](SimpleNamespace(num_blocks=blocks, kv_cache_tensors=[]))
+    methods["compile_or_warm_up_model"]()
+    return dev, worker
+
+
+def test_apply_budgets_the_warm_pass_not_the_compiling_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    dev, worker = _start(monkeypatch, "apply", compile_transient=900 * MiB)
+    st = state()
+    assert worker.calls.count("profile_run") == 2
+    terms = st.apply_terms["terms"]
+    assert terms.profile_peak_activation_bytes == dev.sizes["activation"]
+    # the first pass's transients come one after the other: its peak is the larger one
+    assert st.figures["profile_headroom_first_bytes"] == 900 * MiB
+    usage = dev.used() + dev.sizes["activation"]
+    assert -fake_start.PAGE_ALL < usage - worker.requested_memory <= 0
+    assert any(p.name == "profile_run.warm" for p in st.phases)
+
+
+def test_off_mode_runs_no_second_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, worker = _start(monkeypatch, "off", compile_transient=900 * MiB)
+    assert worker.calls.count("profile_run") == 1
+
+
+def test_plan_is_sized_with_the_warm_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    dev, worker = _start(monkeypatch, "plan", compile_transient=900 * MiB)
+    plan_kv = state().plan["kv_cache_memory_bytes"]
+    kv_now = worker.cache_config.num_gpu_blocks * fake_start.PAGE_ALL
+    usage = dev.used() + dev.sizes["activation"]
+    # the next start keeps the same non-KV memory and plan_kv of KV: within one block of budget
+    assert -fake_start.PAGE_ALL < usage - kv_now + plan_kv - worker.requested_memory <= 0
+
+
+def test_vllm_headroom_stands_in_when_memests_hook_did_not_measure() -> None:
+    reset_state()
+    worker = SimpleNamespace(
+        peak_activation_memory=700 * MiB,
+        cudagraph_memory_estimate=300 * MiB,
+        total_consumed=1,
+        available_kv_cache_memory_bytes=1,
+        model_runner=SimpleNamespace(model_memory_usage=1),
+    )
+    collect.vllm_budget(worker, 1)
+    st = state()
+    # vLLM 0.33.0 applies its graph estimate by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS)
+    assert st.figures["profile_headroom_bytes"] == 400 * MiB
+    assert st.figures["profile_headroom_source"] == "vllm"
+
+
+def _reading(allocated: int) -> MemoryReading:
+    return MemoryReading(time_ns=0, torch_allocated_bytes=allocated, torch_reserved_bytes=allocated)
+
+
+def _report(**breakdown: Any) -> RunReport:
+    from memest.schema import Breakdown, RunConfig
+
+    gp = PhaseRecord(
+        name="graph_profiling.total", start=_reading(100 * MiB), end=_reading(212 * MiB)
+    )
+    return RunReport(
+        run_id="r",
+        model="m",
+        config=RunConfig(model="m"),
+        phases=[gp],
+        breakdown=Breakdown(**breakdown) if breakdown else None,
+    )
+
+
+def test_graph_profiling_kept_reads_the_retained_view_when_history_was_recorded() -> None:
+    report = _report(
+        event_count=10,
+        stages=[StageGrowth(stage="target.piecewise", phase="graph_profiling", pool_growth_bytes=0)],
+        retained=[
+            RetainedRow(
+                stage="target.piecewise",
+                owner="compiled_piece",
+                bytes=32 * MiB,
+                phase="graph_profiling",
+            ),
+            RetainedRow(stage="target.piecewise", owner="compiled_piece", bytes=5 * MiB),
+        ],
+    )
+    assert finish.graph_profiling_kept(report) == 32 * MiB
+
+
+def test_graph_profiling_kept_falls_back_to_the_allocated_growth_of_the_pass() -> None:
+    assert finish.graph_profiling_kept(_report()) == 112 * MiB
