@@ -102,7 +102,9 @@ def _report(**breakdown: Any) -> RunReport:
 def test_graph_profiling_kept_reads_the_retained_view_when_history_was_recorded() -> None:
     report = _report(
         event_count=10,
-        stages=[StageGrowth(stage="target.piecewise", phase="graph_profiling", pool_growth_bytes=0)],
+        stages=[
+            StageGrowth(stage="target.piecewise", phase="graph_profiling", pool_growth_bytes=0)
+        ],
         retained=[
             RetainedRow(
                 stage="target.piecewise",
