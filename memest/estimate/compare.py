@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from memest.estimate.kv import kv_page_bytes, kv_tokens
 from memest.estimate.phases import (
+    DEFAULT_POOL,
     device_used,
     final_reading,
     full_init_kv_budget,
@@ -13,7 +14,29 @@ from memest.estimate.phases import (
     terms_components,
 )
 from memest.estimate.vllm_estimate import vllm_cudagraph_estimate
-from memest.schema import EstimateComparison, EstimateRecord, KVCacheSpec, RunReport
+from memest.schema import (
+    EstimateComparison,
+    EstimateRecord,
+    KVCacheSpec,
+    MemoryReading,
+    RunReport,
+)
+
+
+def default_pool_cached(report: RunReport, end: MemoryReading) -> int:
+    """Free bytes the allocator holds in its default pool at ``end``: what eager work reuses.
+
+    Free space inside graph pools is kept for replays and never serves eager allocations, so
+    it is taken out (the pools' live blocks, when the breakdown has them, stay counted).
+    """
+    private = sum(v for k, v in end.pool_reserved_bytes.items() if k != DEFAULT_POOL)
+    live = 0
+    if report.breakdown is not None:
+        live = sum(
+            r.bytes for r in report.breakdown.retained if r.owner == "graph_pool_live_blocks"
+        )
+    free = end.torch_reserved_bytes - end.torch_allocated_bytes
+    return max(free - max(private - live, 0), 0)
 
 
 def _allocated(spec: KVCacheSpec, kv_bytes: int) -> int:
@@ -73,7 +96,8 @@ def compare(report: RunReport, *, margin_bytes: int = 0) -> EstimateComparison:
     minus the budget. For the estimator that sized this start it equals the measured value.
 
     Usage counts the profile run's activation peak, which serving's first full-size batch needs
-    again, beyond what the allocator already holds cached at the final reading: a reading taken
+    again, beyond what the allocator already holds cached in its default pool at the final
+    reading (graph pools' free space serves only replays): a reading taken
     after ``empty_cache()`` (as the vLLM plugin's is) adds the whole peak, a reading taken after a
     full-size step adds nothing.
 
@@ -90,7 +114,7 @@ def compare(report: RunReport, *, margin_bytes: int = 0) -> EstimateComparison:
     assert spec is not None
     requested = terms.requested_bytes
     end = final_reading(report)
-    cached = max(end.torch_reserved_bytes - end.torch_allocated_bytes, 0)
+    cached = default_pool_cached(report, end)
     transient = max(terms.profile_peak_activation_bytes - cached, 0)
     usage_end = device_used(end, report, "the final reading") + transient
     kv_measured = measured_kv_bytes(report)

@@ -11,7 +11,8 @@ capture, end) and its stage breakdown, each term of ``FullInitTerms`` is read as
 - outside PyTorch: device memory in use minus allocator reservation at the last reading
   (CUDA context, library handles, NCCL, graph objects);
 - graph pools: reserved growth per capture stage (breakdown), or private-pool readings;
-- runner buffers: allocated bytes added over ``kv_cache_alloc`` minus the KV cache itself;
+- runner buffers: allocated bytes added over ``kv_cache_alloc`` minus the KV cache itself, plus
+  default-pool allocations made after it (warm-up, graph outputs) and still live at the end;
 - profiling residue: allocations live when the KV cache is allocated that weights do not explain.
 """
 
@@ -165,6 +166,23 @@ def activation_headroom(report: RunReport, profile: PhaseRecord) -> int:
     return max(profile.end.torch_allocated_peak_bytes - profile.end.torch_allocated_bytes, 0)
 
 
+def kept_after_kv(report: RunReport, kv_alloc: PhaseRecord, final: MemoryReading) -> int:
+    """Default-pool bytes allocated after the KV cache (warm-up, capture) and live at the end.
+
+    Graph output buffers and workspaces the captured graphs point at; graph-pool blocks are
+    counted by reservation already, so their live bytes are taken out.
+    """
+    rows = [] if report.breakdown is None else report.breakdown.retained
+    pool_rows = [r for r in rows if r.owner == "graph_pool_live_blocks"]
+    if not pool_rows:
+        # Without the plugin's reading of the pools' live blocks the growth cannot be split
+        # from graph-pool memory already counted by reservation: counted there alone.
+        return 0
+    live_in_pools = sum(r.bytes for r in pool_rows)
+    grown = final.torch_allocated_bytes - kv_alloc.end.torch_allocated_bytes
+    return max(grown - live_in_pools, 0)
+
+
 def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerms:
     """Read the full-initialization terms of one complete start.
 
@@ -191,7 +209,7 @@ def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerm
     by_stage = graph_pool_by_stage(report)
     kv_bytes = measured_kv_bytes(report)
     kv_added = kv_alloc.end.torch_allocated_bytes - kv_alloc.start.torch_allocated_bytes
-    runner = max(kv_added - kv_bytes, 0)
+    runner = max(kv_added - kv_bytes, 0) + kept_after_kv(report, kv_alloc, final)
     residue = max(kv_alloc.start.torch_allocated_bytes - weights.end.torch_allocated_bytes, 0)
     return FullInitTerms(
         requested_bytes=requested_bytes(report),
