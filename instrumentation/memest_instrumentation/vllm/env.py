@@ -80,7 +80,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "plan",
         "off: measure only. plan: at the end of init, write a vLLM startup plan and the "
         "matching --kv-cache-memory-bytes into the report. apply: also replace vLLM's "
-        "graph-memory estimate with memest's full-initialization measurement in this start.",
+        "graph-memory estimate with memest's full-initialization measurement in this start. "
+        "plan and apply run one extra, warm profile pass to read the activation headroom.",
     ),
     EnvVar(
         "MEMEST_MARGIN_BYTES",

@@ -320,9 +320,9 @@ def warm_profile_peak(worker: Any) -> None:
 
     vLLM's own figure is the allocated peak of its profile run, which has two faults as a
     budget term: a first start compiles inside that run, and torch.compile's transients
-    inflate the peak (1.42 GiB against 0.59 GiB warm for Llama-8B with EAGLE3 on an H200); and
+    inflate the peak (1.32 GiB against 0.55 GiB warm for Llama-8B with EAGLE3 on an H200); and
     allocated bytes are not what serving's first full-size step takes from the device, which is
-    the allocator's reservation, block rounding and segment sizes included (0.70 GiB there).
+    the allocator's reservation, block rounding and segment sizes included (0.69 GiB there).
     So memest runs the profile pass once more, after vLLM's, from an empty allocator cache and
     reads the reservation it adds (phase ``profile_run.warm``).
     """
