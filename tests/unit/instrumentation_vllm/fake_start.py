@@ -296,3 +296,27 @@ def run_start(worker: Any, methods: dict[str, Callable[..., Any]]) -> dict[str, 
     )
     out["compile_or_warm_up_model"] = methods["compile_or_warm_up_model"]()
     return out
+
+
+def sized_start(monkeypatch: Any, mode: str, **sizes: int) -> tuple[FakeDevice, Any, int]:
+    """A MEMEST_ENABLE=1 start in ``mode`` on a FakeDevice (``sizes`` override its terms) whose
+    KV cache takes what determine_available_memory returned; (device, worker, that budget)."""
+    from memest_instrumentation.vllm import collect
+    from memest_instrumentation.vllm.state import reset_state
+
+    monkeypatch.setattr(collect, "compute_fingerprint", lambda worker: "0123456789abcdef")
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    monkeypatch.setenv("MEMEST_ESTIMATE", mode)
+    monkeypatch.setenv("MEMEST_RUN_ID", f"sized-{mode}")
+    reset_state()
+    dev = FakeDevice()
+    dev.install(monkeypatch)
+    dev.sizes.update(sizes)
+    worker, methods = build_start(dev)
+    methods["init_device"]()
+    methods["load_model"]()
+    budget = methods["determine_available_memory"]()
+    blocks = budget // PAGE_ALL
+    methods["initialize_from_config"](SimpleNamespace(num_blocks=blocks, kv_cache_tensors=[]))
+    methods["compile_or_warm_up_model"]()
+    return dev, worker, budget

@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import fake_start
 import pytest
-from memest_instrumentation.vllm import collect
-from memest_instrumentation.vllm.state import reset_state, state
+from memest_instrumentation.vllm.state import state
 
 
 def _start(monkeypatch: pytest.MonkeyPatch, mode: str) -> tuple[fake_start.FakeDevice, int, int]:
-    monkeypatch.setattr(collect, "compute_fingerprint", lambda worker: "0123456789abcdef")
-    monkeypatch.setenv("MEMEST_ENABLE", "1")
-    monkeypatch.setenv("MEMEST_ESTIMATE", mode)
-    monkeypatch.setenv("MEMEST_RUN_ID", f"apply-{mode}")
-    reset_state()
-    dev = fake_start.FakeDevice()
-    dev.install(monkeypatch)
-    worker, methods = fake_start.build_start(dev)
-    methods["init_device"]()
-    methods["load_model"]()
-    budget = methods["determine_available_memory"]()
-    blocks = budget // fake_start.PAGE_ALL
-    methods["initialize_from_config"](SimpleNamespace(num_blocks=blocks, kv_cache_tensors=[]))
-    methods["compile_or_warm_up_model"]()
+    dev, worker, budget = fake_start.sized_start(monkeypatch, mode)
     return dev, budget, worker.requested_memory
 
 
@@ -67,7 +51,7 @@ def test_stage_growth_sums_to_the_pools_reserved_growth(
     from memest.schema import RunReport
 
     dev, _, _ = _start(monkeypatch, "plan")
-    path = Path(os.environ["MEMEST_OUTPUT_DIR"]) / "apply-plan" / "report.rank0.json"
+    path = Path(os.environ["MEMEST_OUTPUT_DIR"]) / "sized-plan" / "report.rank0.json"
     report = RunReport.model_validate(json.loads(path.read_text()))
     assert report.breakdown is not None
     capture = [s for s in report.breakdown.stages if s.phase == "capture"]

@@ -17,21 +17,7 @@ MiB = 1 << 20
 
 def _start(monkeypatch: pytest.MonkeyPatch, mode: str, compile_transient: int) -> Any:
     """A start whose first profile run also holds ``compile_transient`` bytes (torch.compile)."""
-    monkeypatch.setattr(collect, "compute_fingerprint", lambda worker: "0123456789abcdef")
-    monkeypatch.setenv("MEMEST_ENABLE", "1")
-    monkeypatch.setenv("MEMEST_ESTIMATE", mode)
-    monkeypatch.setenv("MEMEST_RUN_ID", f"warm-{mode}")
-    reset_state()
-    dev = fake_start.FakeDevice()
-    dev.install(monkeypatch)
-    dev.sizes["compile"] = compile_transient
-    worker, methods = fake_start.build_start(dev)
-    methods["init_device"]()
-    methods["load_model"]()
-    budget = methods["determine_available_memory"]()
-    blocks = budget // fake_start.PAGE_ALL
-    methods["initialize_from_config"](SimpleNamespace(num_blocks=blocks, kv_cache_tensors=[]))
-    methods["compile_or_warm_up_model"]()
+    dev, worker, _ = fake_start.sized_start(monkeypatch, mode, compile=compile_transient)
     return dev, worker
 
 
