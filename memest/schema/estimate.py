@@ -35,7 +35,9 @@ class FullInitTerms(MemestModel):
     requested_bytes: NonNegativeBytes = Field(description="ceil(gpu_memory_utilization x total)")
     weights_bytes: NonNegativeBytes = Field(description="Live weight tensors after loading")
     profile_peak_activation_bytes: NonNegativeBytes = Field(
-        description="Transient peak of the profile run above what it left allocated"
+        description="Activation headroom serving's first full-size step needs: the reservation "
+        "a second, warm profile pass adds from an empty cache (vLLM plugin), else the profile "
+        "run's allocated peak above what it left allocated"
     )
     outside_torch_bytes: NonNegativeBytes = Field(
         description="Device memory the PyTorch allocator does not hold: CUDA context, library "
@@ -49,7 +51,9 @@ class FullInitTerms(MemestModel):
         description="graph_pool_bytes split by capture stage; sums to graph_pool_bytes when given",
     )
     runner_buffer_bytes: NonNegativeBytes = Field(
-        default=0, description="Runner buffers allocated with the KV cache, KV excluded"
+        default=0,
+        description="Runner buffers allocated with the KV cache, KV excluded, plus default-pool "
+        "buffers allocated after it (warm-up, graph outputs) and live at the end",
     )
     profiling_residue_bytes: NonNegativeBytes = Field(
         default=0, description="Allocations that profiling left live before the KV cache"
