@@ -391,9 +391,21 @@ def what_if(
             f"owner rows sum to {pool_from} B, stage rows to {terms.graph_pool_bytes} B; "
             "the KV budget uses the owner rows"
         )
+    activation_to = terms.profile_peak_activation_bytes
+    mbt, mbt2 = g.max_num_batched_tokens, g2.max_num_batched_tokens
+    if mbt and mbt2 and mbt != mbt2:
+        # The profile pass runs max_num_batched_tokens tokens: its activations are that many
+        # rows wide (real vLLM, Llama-8B shape: 314,572,800 B at 2,048 tokens, 620,756,992 B at
+        # 4,096, a ratio of 1.97).
+        activation_to = round(activation_to * mbt2 / mbt)
+        notes.append(
+            f"activation headroom {terms.profile_peak_activation_bytes} -> {activation_to} B "
+            f"(scales with max_num_batched_tokens {mbt} -> {mbt2})"
+        )
     terms_to = FullInitTerms.model_validate(
         {
             **terms.model_dump(),
+            "profile_peak_activation_bytes": activation_to,
             "graph_pool_bytes": pool_to,
             "graph_pool_by_stage_bytes": by_stage_to,
             "outside_torch_bytes": max(

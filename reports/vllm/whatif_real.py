@@ -91,9 +91,67 @@ def main() -> None:
             row["error_replay_pct"] = _error_pct(row["predicted_replay_bytes"], truth.get(key, 0))
             records.append(row)
     fidelity = [_fidelity(name, rep, snap) for name, (rep, snap) in runs.items()]
-    out = {"records": records, "fidelity": fidelity, "replay_seconds": timings}
+    budget = _budget_records()
+    out = {
+        "records": records,
+        "fidelity": fidelity,
+        "replay_seconds": timings,
+        "non_kv_records": budget,
+    }
     (HERE / "whatif.json").write_text(json.dumps(out, indent=2) + "\n")
     _print(records, fidelity)
+    print("\nnon-KV memory under G' (what-if from G's apply start, call 6) vs the G' start's own")
+    for r in budget:
+        print(
+            f"{r['direction']} activation {r['predicted_activation_bytes'] / 2**20:.1f} MiB "
+            f"(measured {r['measured_activation_bytes'] / 2**20:.1f}, "
+            f"{r['error_activation_pct']:+.1f} %); non-KV {r['predicted_non_kv_bytes'] / 2**30:.3f} "
+            f"GiB (measured {r['measured_non_kv_bytes'] / 2**30:.3f}, "
+            f"{r['error_non_kv_pct']:+.2f} %)"
+        )
+
+
+# Apply starts of call 6: both carry the warm profile pass (phase profile_run.warm).
+BUDGET_RUNS = {"B": "B_llama8b_s32_t2048", "D": "D_llama8b_s128_t4096_u070"}
+
+
+def _budget_records() -> list[dict[str, Any]]:
+    """The what-if's non-KV memory under G' against what the G' start measured at its first
+    full-size step (usage minus KV bytes). B and D differ in max_num_seqs, max_num_batched_tokens
+    and utilization; utilization moves the budget, not the non-KV memory, so that is compared."""
+    from memest.estimate import full_init_terms, what_if
+
+    reports = {
+        k: RunReport.model_validate_json((RAW / f"call6.{v}.apply.report.rank0.json").read_text())
+        for k, v in BUDGET_RUNS.items()
+    }
+    starts = {}
+    for line in (RAW / "results.call6.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("mode") == "apply":
+            starts[rec["config"]] = rec
+    out = []
+    for g, g2 in (("B", "D"), ("D", "B")):
+        result = what_if(reports[g], measured_plan(reports[g2]))
+        requested = full_init_terms(reports[g]).requested_bytes
+        predicted = requested - result.kv_budget_bytes_to
+        start = starts[BUDGET_RUNS[g2]]
+        measured_non_kv = start["step_usage_bytes"] - start["kv_bytes"]
+        act = next((n for n in result.notes if n.startswith("activation headroom")), "")
+        act_to = int(act.split("-> ")[1].split(" B")[0]) if act else 0
+        act_measured = full_init_terms(reports[g2]).profile_peak_activation_bytes
+        out.append(
+            {
+                "direction": f"{g}->{g2}",
+                "predicted_non_kv_bytes": predicted,
+                "measured_non_kv_bytes": measured_non_kv,
+                "error_non_kv_pct": _error_pct(predicted, measured_non_kv),
+                "predicted_activation_bytes": act_to,
+                "measured_activation_bytes": act_measured,
+                "error_activation_pct": _error_pct(act_to, act_measured),
+            }
+        )
+    return out
 
 
 def _fidelity(name: str, report: RunReport, snapshot: Snapshot) -> dict[str, Any]:

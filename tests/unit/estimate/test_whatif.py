@@ -116,3 +116,13 @@ def test_retained_outputs_scale_from_live_bytes(make_report: Factory) -> None:
     assert aux.measured_bytes == 150 * MiB
     assert aux.predicted_bytes == round(160 * MiB * 31 / 15)
     assert "retained" in aux.note
+
+
+def test_activation_headroom_scales_with_max_num_batched_tokens(make_report: Factory) -> None:
+    report = RunReport.model_validate(make_report())
+    same = what_if(report, PLAN_G2)
+    wider = what_if(report, {**PLAN_G2, "max_num_batched_tokens": 16_384})
+    # the profile run's 3 GiB of activations come from 8,192-token rows: 6 GiB at 16,384
+    assert wider.kv_budget_bytes_to == same.kv_budget_bytes_to - 3 * GiB
+    assert any("max_num_batched_tokens 8192 -> 16384" in n for n in wider.notes)
+    assert not any("max_num_batched_tokens" in n for n in same.notes)
