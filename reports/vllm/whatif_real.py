@@ -100,9 +100,11 @@ def main() -> None:
     }
     (HERE / "whatif.json").write_text(json.dumps(out, indent=2) + "\n")
     _print(records, fidelity)
-    print("\nnon-KV memory under G' (what-if from G's apply start, call 6) vs the G' start's own")
+    print(  # noqa: T201
+        "\nnon-KV memory under G' (what-if from G's apply start, call 6) vs the G' start's own"
+    )
     for r in budget:
-        print(
+        print(  # noqa: T201
             f"{r['direction']} activation {r['predicted_activation_bytes'] / 2**20:.1f} MiB "
             f"(measured {r['measured_activation_bytes'] / 2**20:.1f}, "
             f"{r['error_activation_pct']:+.1f} %); non-KV {r['predicted_non_kv_bytes'] / 2**30:.3f} "
