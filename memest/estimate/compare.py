@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from memest.analysis.tags import DEFAULT_POOL
 from memest.estimate.kv import kv_page_bytes, kv_tokens
 from memest.estimate.phases import (
-    DEFAULT_POOL,
     device_used,
     final_reading,
     full_init_kv_budget,

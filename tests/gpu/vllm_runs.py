@@ -49,7 +49,20 @@ LLAMA = str(CARRY / "models" / "llama8b")
 EAGLE3 = json.dumps(
     {"method": "eagle3", "model": str(CARRY / "models" / "eagle3_8b"), "num_speculative_tokens": 3}
 )
+EAGLE3_K5 = json.dumps(
+    {"method": "eagle3", "model": str(CARRY / "models" / "eagle3_8b"), "num_speculative_tokens": 5}
+)
+# A copy of an earlier memest tree (git archive), for before/after starts in one call.
+OLD_TREE = ROOT / ".memest_old"
+CACHE = SHARED_TMP / "vllm_h200_cache"
 CONFIGS: dict[str, dict[str, Any]] = {
+    "E_llama8b_eagle3k5_s96_t4096_u088": {
+        "model": LLAMA,
+        "max_num_seqs": 96,
+        "mbt": 4096,
+        "util": 0.88,
+        "spec": EAGLE3_K5,
+    },
     "A_llama8b_s128_t4096": {"model": LLAMA, "max_num_seqs": 128, "mbt": 4096, "util": 0.85},
     "B_llama8b_s32_t2048": {"model": LLAMA, "max_num_seqs": 32, "mbt": 2048, "util": 0.85},
     "C_llama8b_eagle3k3_s64_t4096": {
@@ -126,6 +139,18 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("D_llama8b_s128_t4096_u070", "alone"),
     ],
     "smoke": [("B_llama8b_s32_t2048", "enable")],
+    # The reported stall (cold apply start, EAGLE3 K=5): the earlier tree, then this one.
+    "9": [
+        ("E_llama8b_eagle3k5_s96_t4096_u088", "apply-cold-old"),
+        ("E_llama8b_eagle3k5_s96_t4096_u088", "alone"),
+        ("E_llama8b_eagle3k5_s96_t4096_u088", "apply"),
+    ],
+    "8": [
+        ("E_llama8b_eagle3k5_s96_t4096_u088", "apply-cold-old"),
+        ("E_llama8b_eagle3k5_s96_t4096_u088", "apply-cold"),
+        ("E_llama8b_eagle3k5_s96_t4096_u088", "plan"),
+        ("E_llama8b_eagle3k5_s96_t4096_u088", "alone"),
+    ],
 }
 
 
@@ -191,6 +216,33 @@ def _measure_profile_run() -> None:
             obj.profile_run = wrapped
 
 
+_SNAPSHOT_S: list[float] = []
+
+
+def _time_allocator_snapshots(torch: Any) -> None:
+    """Log every allocator snapshot memest (or anyone) takes that lasts over 0.5 s.
+
+    An allocator snapshot with traces converts the whole recorded history into Python objects;
+    this shows what such calls cost inside a start (a periodic faulthandler dump crashed vLLM).
+    """
+    import traceback
+
+    orig = torch._C._cuda_memorySnapshot
+
+    def timed(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        out = orig(*a, **k)
+        dt = time.perf_counter() - t0
+        _SNAPSHOT_S.append(round(dt, 3))
+        if dt > 0.5:
+            n = sum(len(t) for t in out.get("device_traces", []))
+            caller = "".join(traceback.format_stack(limit=6)[:-1])
+            print(f"SNAPSHOT {dt:.1f} s, {n} trace entries, from:\n{caller}", flush=True)
+        return out
+
+    torch._C._cuda_memorySnapshot = timed
+
+
 def _first_full_step(llm: Any, cfg: dict[str, Any], used_end: int) -> dict[str, Any]:
     """Serve one request of max_num_batched_tokens prompt tokens and read the device peak.
 
@@ -233,6 +285,7 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
     import torch
 
     launcher.ensure_torchvision()
+    _time_allocator_snapshots(torch)
     from vllm import LLM
 
     _measure_profile_run()
@@ -314,6 +367,10 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         "memest_plan": {k: v for k, v in st.plan.items() if isinstance(v, (int, str, type(None)))},
         "memest_figures": {k: v for k, v in st.figures.items() if isinstance(v, (int, float, str))},
         "cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode),
+        "memest_work_s": {k: round(v, 3) for k, v in getattr(st, "work_s", {}).items()},
+        "memest_shed": getattr(st, "shed_reason", None),
+        "memest_notes": list(st.notes)[-20:],
+        "allocator_snapshot_s": {"count": len(_SNAPSHOT_S), "total": round(sum(_SNAPSHOT_S), 2)},
         **_OWN,
         **end_torch,
         **step,
@@ -329,11 +386,15 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "starts").mkdir(exist_ok=True)
     site = plugin_site()
-    pypath = os.pathsep.join(
-        [str(ROOT), str(ROOT / "instrumentation"), str(site), os.environ.get("PYTHONPATH", "")]
-    )
     t_begin = time.monotonic()
-    for cfg_name, mode in GROUPS[group]:
+    for cfg_name, mode_spec in GROUPS[group]:
+        mode, *flags = mode_spec.split("-")
+        tree = OLD_TREE if "old" in flags else ROOT
+        pypath = os.pathsep.join(
+            [str(tree), str(tree / "instrumentation"), str(site), os.environ.get("PYTHONPATH", "")]
+        )
+        if "cold" in flags:
+            _clear_compile_cache()
         left = budget_s - (time.monotonic() - t_begin)
         if left < 45:
             print(f"SKIP {cfg_name}/{mode}: {left:.0f}s left", flush=True)
@@ -341,7 +402,7 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = pypath
         env["MEMEST_OUTPUT_DIR"] = str(OUT / "memest")
-        env["MEMEST_RUN_ID"] = f"{cfg_name}.{mode}"
+        env["MEMEST_RUN_ID"] = f"{cfg_name}.{mode_spec}"
         env["PYTHONUNBUFFERED"] = "1"
         env.pop("MEMEST_ENABLE", None)
         if mode in ("enable", "apply", "fault", "plandiag"):
@@ -360,8 +421,8 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
             env["MEMEST_ESTIMATE"] = "off"
         if mode == "plan":
             env["VLLM_ENABLE_STARTUP_PLAN"] = "1"
-        res_path = OUT / "starts" / f"{cfg_name}.{mode}.json"
-        log_path = OUT / "starts" / f"{cfg_name}.{mode}.log"
+        res_path = OUT / "starts" / f"{cfg_name}.{mode_spec}.json"
+        log_path = OUT / "starts" / f"{cfg_name}.{mode_spec}.log"
         cmd = [sys.executable, __file__, "--child", cfg_name, mode, str(res_path)]
         t0 = time.monotonic()
         rc: object
@@ -377,9 +438,15 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
             except subprocess.TimeoutExpired:
                 rc = "timeout"
         wall = time.monotonic() - t0
-        rec: dict[str, Any] = {"config": cfg_name, "mode": mode, "rc": rc, "wall_s": round(wall, 1)}
+        rec: dict[str, Any] = {
+            "config": cfg_name,
+            "mode": mode_spec,
+            "rc": rc,
+            "wall_s": round(wall, 1),
+        }
         if res_path.exists():
             rec.update(json.loads(res_path.read_text()))
+            rec["mode"] = mode_spec
             h = rec.get("headroom_bytes")
             if h is None:
                 h = rec.get("own_headroom_bytes")
@@ -393,7 +460,8 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
                 rec["step_usage_minus_budget_bytes"] = rec["step_usage_bytes"] - rec["budget_bytes"]
         else:
             rec["log_tail"] = log_path.read_text()[-3000:]
-            if cfg_name == GROUPS[group][0][0] and mode == GROUPS[group][0][1]:
+            rec["slow_snapshots"] = _slow_snapshots(log_path)
+            if (cfg_name, mode_spec) == GROUPS[group][0] and "old" not in flags:
                 with open(OUT / "results.jsonl", "a") as fh:
                     fh.write(json.dumps(rec) + "\n")
                 print(f"FIRST START FAILED: {rec['log_tail']}", flush=True)
@@ -401,7 +469,7 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         with open(OUT / "results.jsonl", "a") as fh:
             fh.write(json.dumps(rec) + "\n")
         print(
-            f"DONE {cfg_name}/{mode} rc={rc} wall={wall:.0f}s "
+            f"DONE {cfg_name}/{mode_spec} rc={rc} wall={wall:.0f}s "
             f"umb={rec.get('usage_minus_budget_bytes')} "
             f"step_umb={rec.get('step_usage_minus_budget_bytes')} kv_tokens={rec.get('kv_tokens')}",
             flush=True,
@@ -412,6 +480,22 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         for p in plans.glob("*.json"):
             (OUT / "plans").mkdir(exist_ok=True)
             (OUT / "plans" / p.name).write_text(p.read_text())
+
+
+def _clear_compile_cache() -> None:
+    """A cold start: no torch.compile, Inductor or Triton cache (startup plans stay)."""
+    import shutil
+
+    if CACHE.exists():
+        for entry in CACHE.iterdir():
+            if entry.name != "startup_plan":
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _slow_snapshots(log_path: Path) -> list[str]:
+    """The SNAPSHOT lines of a start that did not finish: what its allocator snapshots cost."""
+    lines = log_path.read_text(errors="replace").splitlines()
+    return [line for line in lines if line.startswith("SNAPSHOT ")][-40:]
 
 
 def main() -> None:

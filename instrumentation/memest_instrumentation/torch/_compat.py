@@ -6,7 +6,6 @@ torch is deferred so that importing memest_instrumentation never imports torch.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 from memest.analysis.tags import pool_key
@@ -75,18 +74,59 @@ def raw_snapshot() -> dict[str, Any]:
     return snap
 
 
-def pool_reserved(device: int) -> dict[str, int]:
-    """Reserved bytes per pool id from the allocator's segments (no traces when supported)."""
-    torch = _torch()
+def traceless_snapshots_supported() -> bool:
+    """True when the allocator's segments can be read without its trace history.
+
+    A snapshot with traces converts every recorded event (with its stack) into Python objects:
+    seconds to minutes once the history holds hundreds of thousands of events, so phase and
+    stage readings must never ask for one while history is recording.
+    """
+    import inspect
+
     try:
+        params = inspect.signature(_torch().cuda.memory.memory_snapshot).parameters
+    except (TypeError, ValueError):
+        return False
+    return "include_traces" in params
+
+
+def history_recording() -> bool:
+    """True while torch records allocator history (its snapshot then carries traces)."""
+    try:
+        return bool(_torch()._C._cuda_isHistoryEnabled())
+    except Exception:  # older torch: assume it may be on
+        return True
+
+
+def pool_usage(device: int) -> dict[str, tuple[int, int]]:
+    """(reserved, allocated) bytes per allocator pool id, from its segments, without traces.
+
+    Raises RuntimeError when the segments cannot be read cheaply (a torch without
+    ``include_traces`` while history is recording): callers degrade to allocator totals.
+    """
+    torch = _torch()
+    if traceless_snapshots_supported():
         segments = torch.cuda.memory.memory_snapshot(include_traces=False)
-    except TypeError:  # torch without include_traces
+    elif not history_recording():
         segments = torch.cuda.memory_snapshot()
-    out: dict[str, int] = defaultdict(int)
+    else:
+        raise RuntimeError("per-pool readings skipped: this torch snapshots only with traces")
+    out: dict[str, tuple[int, int]] = {}
     for seg in segments:
-        if int(seg.get("device", device)) == device:
-            out[pool_key(seg.get("segment_pool_id", (0, 0)))] += int(seg["total_size"])
-    return dict(out)
+        if int(seg.get("device", device)) != device:
+            continue
+        key = pool_key(seg.get("segment_pool_id", (0, 0)))
+        reserved, allocated = out.get(key, (0, 0))
+        out[key] = (
+            reserved + int(seg.get("total_size", 0)),
+            allocated + int(seg.get("allocated_size", 0)),
+        )
+    return out
+
+
+def pool_reserved(device: int) -> dict[str, int]:
+    """Reserved bytes per pool id (see pool_usage)."""
+    return {key: usage[0] for key, usage in pool_usage(device).items()}
 
 
 def allocator_stats(device: int) -> tuple[int, int, int, int]:

@@ -95,6 +95,19 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "so a next start with a few MiB less free memory still applies it.",
     ),
     EnvVar(
+        "MEMEST_WORK_BUDGET_S",
+        "60",
+        "Seconds of its own work memest may add to one start. Past it, optional work (allocator "
+        "history, per-pool readings, the warm profile pass, the end-of-init analysis) is shed "
+        "and the report says so; vLLM's start is never held up further.",
+    ),
+    EnvVar(
+        "MEMEST_SLOW_HOOK_S",
+        "20",
+        "A memest hook still running after this many seconds is logged once with its stack "
+        "(watchdog thread), so a slow hook is visible while it runs.",
+    ),
+    EnvVar(
         "MEMEST_FAULT",
         "",
         "Testing only: comma-separated hook names made to raise (fault injection); "
@@ -134,6 +147,8 @@ class Settings:
     estimate: EstimateMode = "plan"
     margin_bytes: int = 0
     plan_free_tolerance_bytes: int = 256 << 20
+    work_budget_s: float = 60.0
+    slow_hook_s: float = 20.0
     faults: frozenset[str] = frozenset()
     problems: tuple[str, ...] = field(default=())
 
@@ -197,6 +212,8 @@ class Settings:
             estimate=mode,
             margin_bytes=integer("MEMEST_MARGIN_BYTES", 0),
             plan_free_tolerance_bytes=integer("MEMEST_PLAN_FREE_TOLERANCE_BYTES", 0),
+            work_budget_s=number("MEMEST_WORK_BUDGET_S"),
+            slow_hook_s=number("MEMEST_SLOW_HOOK_S"),
             faults=faults,
             problems=tuple(problems),
         )

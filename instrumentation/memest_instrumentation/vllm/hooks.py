@@ -11,6 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from memest.analysis.tags import DEFAULT_POOL, pool_key
 from memest.estimate.phases import warm_pass_headroom
 from memest.schema import PhaseRecord, StageGrowth
 from memest_instrumentation.vllm import measure
@@ -103,9 +104,9 @@ def _close_stage() -> None:
     growth = measure.private_pool_bytes(end, window.pool) - measure.private_pool_bytes(
         window.start, window.pool
     )
-    default = end.pool_reserved_bytes.get(
-        measure.DEFAULT_POOL, 0
-    ) - window.start.pool_reserved_bytes.get(measure.DEFAULT_POOL, 0)
+    default = end.pool_reserved_bytes.get(DEFAULT_POOL, 0) - window.start.pool_reserved_bytes.get(
+        DEFAULT_POOL, 0
+    )
     st.stages.append(
         StageGrowth(
             stage=window.stage,
@@ -185,7 +186,7 @@ def wrap_cg_capture(orig: Callable[..., Any]) -> Callable[..., Any]:
             return orig(self, create_forward_fn, *args, **kwargs)
         desc_text = kwargs.get("progress_bar_desc", args[0] if args else "Capturing CUDA graphs")
         role = guarded("capture_stage", role_of, str(desc_text)) or "target"
-        pool = guarded("capture_stage", measure.pool_key, getattr(self, "pool", None))
+        pool = guarded("capture_stage", pool_key, getattr(self, "pool", None))
 
         def tagged(desc: Any, warmup: bool) -> Any:
             stage = guarded("capture_stage", stage_of, role, desc)
@@ -265,8 +266,12 @@ def _after_determine(self: Any, args: Any, kwargs: Any, result: Any, record: Any
     from memest_instrumentation.vllm import apply, collect
 
     collect.vllm_budget(self, result)
-    if state().settings.estimate != "off" and "profile_headroom_bytes" in state().figures:
-        guarded("warm_profile", warm_profile_peak, self)
+    st = state()
+    if st.settings.estimate != "off" and "profile_headroom_bytes" in st.figures:
+        if st.shedding:
+            st.notes.append("warm profile pass skipped (work budget spent)")
+        else:
+            guarded("warm_profile", warm_profile_peak, self)
     if state().settings.estimate == "apply":
         return apply.applied_budget(self, result)
     return None
@@ -413,7 +418,7 @@ def _global_pool_key() -> str | None:
     from vllm.platforms import current_platform
 
     pool = type(current_platform)._global_graph_pool
-    return None if pool is None else measure.pool_key(pool)
+    return None if pool is None else pool_key(pool)
 
 
 def _note_capture(profile_only: bool, rec: PhaseRecord, result: Any) -> None:

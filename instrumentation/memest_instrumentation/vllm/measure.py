@@ -10,9 +10,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from memest.analysis.tags import DEFAULT_POOL
 from memest.schema import MemoryReading
+from memest_instrumentation.torch import _compat
 
-DEFAULT_POOL = "0,0"
+__all__ = ["DEFAULT_POOL"]
 
 
 def _torch() -> Any:
@@ -23,33 +25,16 @@ def _torch() -> Any:
 
 def cuda_ready() -> bool:
     try:
-        torch = _torch()
-        return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+        return _compat.cuda_available() and _compat.cuda_initialized()
     except Exception:
         return False
 
 
-def pool_key(pool: object) -> str:
-    """``(0, 3)`` / ``[0, 3]`` / ``"0,3"`` → ``"0,3"``."""
-    if isinstance(pool, str):
-        return pool.replace(" ", "").strip("()[]")
-    if isinstance(pool, (tuple, list)):
-        return ",".join(str(int(p)) for p in pool)
-    return str(pool)
-
-
 def pool_usage() -> dict[str, tuple[int, int]]:
-    """Reserved and allocated bytes per allocator pool, from the allocator snapshot."""
-    torch = _torch()
-    out: dict[str, tuple[int, int]] = {}
-    for seg in torch.cuda.memory_snapshot():
-        key = pool_key(seg.get("segment_pool_id", (0, 0)))
-        reserved, allocated = out.get(key, (0, 0))
-        out[key] = (
-            reserved + int(seg.get("total_size", 0)),
-            allocated + int(seg.get("allocated_size", 0)),
-        )
-    return out
+    """Reserved and allocated bytes per allocator pool (segments only, never the history)."""
+    if not cuda_ready():
+        return {}
+    return _compat.pool_usage(_compat.current_device())
 
 
 def reading(*, pools: bool = True, sync: bool = True) -> MemoryReading:
@@ -64,7 +49,10 @@ def reading(*, pools: bool = True, sync: bool = True) -> MemoryReading:
     stats = torch.cuda.memory_stats()
     pool_reserved: dict[str, int] = {}
     if pools:
-        pool_reserved = {k: v[0] for k, v in pool_usage().items()}
+        try:
+            pool_reserved = {k: v[0] for k, v in pool_usage().items()}
+        except RuntimeError:  # no traceless snapshot on this torch: totals only
+            pool_reserved = {}
     return MemoryReading(
         time_ns=now,
         device_used_bytes=int(total - free),

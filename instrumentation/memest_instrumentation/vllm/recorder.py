@@ -20,7 +20,7 @@ def ensure_started(where: str) -> None:
     the real capture when a given KV size made vLLM skip profiling.
     """
     st = state()
-    if st.recorder is not None or st.history_tried:
+    if st.recorder is not None or st.history_tried or st.shedding:
         return
     if where == "init" and st.settings.history_from != "init":
         return

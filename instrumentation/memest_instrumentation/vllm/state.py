@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +61,37 @@ class RunState:
     finalized: bool = False
     recorder: Any = None
     history_tried: bool = False
+    work_s: dict[str, float] = field(default_factory=dict)
+    shed_reason: str = ""
+
+    def charge(self, hook: str, seconds: float) -> None:
+        """Count memest's own time in a hook; past the budget, shed optional work once."""
+        self.work_s[hook] = self.work_s.get(hook, 0.0) + seconds
+        if not self.shed_reason and self.work_seconds() > self.settings.work_budget_s:
+            self.shed(
+                f"memest's own work reached {self.work_seconds():.1f} s (budget "
+                f"MEMEST_WORK_BUDGET_S={self.settings.work_budget_s:g}; slowest hook "
+                f"{max(self.work_s, key=self.work_s.__getitem__)})"
+            )
+
+    def work_seconds(self) -> float:
+        return sum(self.work_s.values())
+
+    def shed(self, reason: str) -> None:
+        """Stop optional work for the rest of the start: history, warm pass, analysis."""
+        self.shed_reason = reason
+        self.notes.append(f"optional work shed: {reason}")
+        logger.warning("memest: %s; optional work (history, analysis) shed for this start", reason)
+        rec, self.recorder = self.recorder, None
+        if rec is not None:
+            try:
+                rec.stop()
+            except Exception as exc:  # fail open
+                self.fail("shed", exc)
+
+    @property
+    def shedding(self) -> bool:
+        return bool(self.shed_reason)
 
     def fail(self, hook: str, exc: BaseException) -> None:
         """Record a hook failure; log a warning once per hook name.
@@ -105,12 +139,76 @@ def maybe_fault(hook: str) -> None:
         raise InjectedFault(f"injected fault in {hook}")
 
 
+class Watchdog:
+    """Logs, once per call, a memest hook that runs longer than MEMEST_SLOW_HOOK_S.
+
+    Python cannot interrupt a call in progress, so the watchdog makes a slow hook visible (its
+    stack while it runs) and the work budget (RunState.charge) bounds what follows it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: tuple[str, float, int] | None = None
+        self._reported: tuple[str, float, int] | None = None
+        self._thread: threading.Thread | None = None
+
+    def begin(self, hook: str) -> None:
+        with self._lock:
+            self._current = (hook, time.monotonic(), threading.get_ident())
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="memest-watchdog", daemon=True
+                )
+                self._thread.start()
+
+    def end(self) -> None:
+        with self._lock:
+            self._current = None
+
+    def _run(self) -> None:
+        while True:
+            limit_s = state().settings.slow_hook_s
+            time.sleep(min(1.0, limit_s / 4))
+            with self._lock:
+                current = self._current
+            if current is None or current is self._reported:
+                continue
+            hook, since, ident = current
+            elapsed = time.monotonic() - since
+            if elapsed < limit_s:
+                continue
+            self._reported = current
+            frame = sys._current_frames().get(ident)
+            stack = "".join(traceback.format_stack(frame, limit=12)) if frame else ""
+            logger.warning("memest hook %s has run %.0f s so far:\n%s", hook, elapsed, stack)
+            state().notes.append(f"slow hook: {hook} ran over {limit_s:g} s")
+
+
+_WATCHDOG = Watchdog()
+_DEPTH = threading.local()
+
+
 def guarded(hook: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
-    """Run one piece of memest code inside a hook; any failure is recorded, never raised."""
+    """Run one piece of memest code inside a hook; any failure is recorded, never raised.
+
+    The outermost guarded call is timed: its seconds count against the work budget, and the
+    watchdog reports it while it runs past MEMEST_SLOW_HOOK_S.
+    """
     st = state()
+    depth = getattr(_DEPTH, "n", 0)
+    outer = depth == 0
+    _DEPTH.n = depth + 1
+    started = time.monotonic()
+    if outer:
+        _WATCHDOG.begin(hook)
     try:
         maybe_fault(hook)
         return fn(*args, **kwargs)
     except Exception as exc:
         st.fail(hook, exc)
         return None
+    finally:
+        _DEPTH.n = depth
+        if outer:
+            _WATCHDOG.end()
+            st.charge(hook, time.monotonic() - started)
