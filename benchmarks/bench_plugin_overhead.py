@@ -2,7 +2,7 @@
 """Start-time overhead of the memest vLLM plugin.
 
 Two figures:
-- ``--results FILE``: from H200 start records (tests/gpu/vllm_runs.py, results.jsonl), the
+- ``--results FILE``: from H200 start records (lab/vllm_runs.py, results.jsonl), the
   ratio of LLM() construction time with MEMEST_ENABLE=1 over without, per configuration.
 - default: the wrappers' own cost on CPU — a vLLM-shaped start of stand-in methods
   (tests/unit/instrumentation_vllm/fake_start.py) driven with the plugin off and on, no device

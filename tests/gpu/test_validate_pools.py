@@ -1,4 +1,4 @@
-"""Runs tests/gpu/validate_pools.py on a CUDA machine (pytest --run-gpu) and requires all checks."""
+"""Runs lab/validate_pools.py on a CUDA machine (pytest --run-gpu) and requires all checks."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_validate_pools(tmp_path: Path) -> None:
         os.environ, OUT=str(tmp_path), PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'instrumentation'}"
     )
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests/gpu/validate_pools.py")],
+        [sys.executable, str(ROOT / "lab/validate_pools.py")],
         env=env,
         capture_output=True,
         text=True,

@@ -35,9 +35,10 @@ def end_of_init(worker: Any) -> RunReport | None:
     if st.finalized:
         return None
     st.finalized = True
-    measure.settle()
+    measure.settle(collect_garbage=True)
     end = measure.reading()
     st.phases.append(PhaseRecord(name="end", start=end, end=end))
+    st.notes.append(_work_note())
     pool_usage = guarded("report", measure.pool_usage) or {}
     usage = (end.device_used_bytes or 0) + int(st.figures.get("profile_headroom_bytes", 0))
     st.figures["usage_end_bytes"] = usage
@@ -54,6 +55,14 @@ def end_of_init(worker: Any) -> RunReport | None:
             report.hook_errors = _errors()
             guarded("report_file", sink.write_report, st.settings, report)
     return report
+
+
+def _work_note() -> str:
+    """memest's own seconds in this start (settle and the end of init not yet counted)."""
+    st = state()
+    top = sorted(st.work_s.items(), key=lambda kv: -kv[1])[:4]
+    parts = ", ".join(f"{hook} {seconds:.2f} s" for hook, seconds in top)
+    return f"memest's own work before the end of init: {st.work_seconds():.2f} s ({parts})"
 
 
 def _capture_plans(config: RunConfig, gpu: GpuInfo | None) -> list[CapturePlan]:

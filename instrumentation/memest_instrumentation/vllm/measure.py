@@ -81,13 +81,18 @@ def reset_peak() -> None:
         _torch().cuda.reset_peak_memory_stats()
 
 
-def settle() -> None:
-    """gc + empty_cache, so a reading holds only live and pool memory."""
+def settle(*, collect_garbage: bool = False) -> None:
+    """empty_cache (and gc when asked), so a reading holds only live and pool memory.
+
+    gc.collect() costs up to a second in a vLLM process, so only the end-of-init reading asks
+    for it; vLLM's own memory_profiling collects garbage around the profile run.
+    """
     import gc
 
     if not cuda_ready():
         return
-    gc.collect()
+    if collect_garbage:
+        gc.collect()
     torch = _torch()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

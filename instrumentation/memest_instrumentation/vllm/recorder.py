@@ -16,11 +16,14 @@ from memest_instrumentation.vllm.state import state
 def ensure_started(where: str) -> None:
     """Start the history at ``where`` ("init", "graph_profiling" or "capture") if due and not on.
 
+    Off by default (MEMEST_HISTORY_FROM=off) unless MEMEST_KEEP_SNAPSHOT=1 asks for the history.
     With MEMEST_HISTORY_FROM=graph_profiling the history starts at graph-memory profiling, or at
     the real capture when a given KV size made vLLM skip profiling.
     """
     st = state()
     if st.recorder is not None or st.history_tried or st.shedding:
+        return
+    if st.settings.history_from == "off" and not st.settings.keep_snapshot:
         return
     if where == "init" and st.settings.history_from != "init":
         return

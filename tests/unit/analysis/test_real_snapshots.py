@@ -1,4 +1,4 @@
-"""Analysis of real allocator snapshots recorded on an H200 (torch 2.11) by tests/gpu/validate_pools.py.
+"""Analysis of real allocator snapshots recorded on an H200 (torch 2.11) by lab/validate_pools.py.
 
 The workloads are known by construction (see that script); the figures below are written from
 the construction: shapes x dtype sizes, and the caching allocator's rounding (large requests get

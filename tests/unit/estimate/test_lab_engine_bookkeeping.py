@@ -22,7 +22,7 @@ from memest.schema import RunReport
 
 torch = pytest.importorskip("torch")
 
-ENGINE = Path(__file__).resolve().parents[2] / "gpu" / "lab_engine.py"
+ENGINE = Path(__file__).resolve().parents[3] / "lab" / "lab_engine.py"
 
 
 def _load_engine() -> ModuleType:

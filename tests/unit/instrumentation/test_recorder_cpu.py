@@ -1,6 +1,6 @@
 """The recorder on a machine without CUDA, and its tag / graph-hook logic with a stand-in torch.
 
-Real allocator behaviour is validated on the GPU (tests/gpu/validate_pools.py); here the point is
+Real allocator behaviour is validated on the GPU (lab/validate_pools.py); here the point is
 that nothing raises, tags nest and restore, and patches are undone.
 """
 

@@ -121,7 +121,7 @@ class FakeDevice:
         from memest_instrumentation.vllm import hooks, measure
 
         monkeypatch.setattr(measure, "reading", self.reading)
-        monkeypatch.setattr(measure, "settle", lambda: None)
+        monkeypatch.setattr(measure, "settle", lambda **_: None)
         monkeypatch.setattr(measure, "reset_peak", self.reset_peak)
         monkeypatch.setattr(measure, "cuda_ready", lambda: True)
         monkeypatch.setattr(measure, "gpu_properties", lambda: ("Fake H200", self.total, "9.0"))

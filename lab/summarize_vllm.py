@@ -23,7 +23,7 @@ teardown instead of the growth over the profiling capture), from that start's ow
 (raw/<config>.apply.report.rank0.json), and shift its measured usage by the whole KV blocks the
 corrected budget adds.
 
-    python3 reports/vllm/summarize.py      # writes reports/vllm/validation.json
+    python3 lab/summarize_vllm.py      # writes reports/vllm/validation.json
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1] / "reports" / "vllm"
 RAW = HERE / "raw"
 GiB = 1 << 30
 ESTIMATOR = {
@@ -40,6 +40,13 @@ ESTIMATOR = {
     "apply": "memest-apply",
     "plan": "memest-plan",
     "plandiag": "memest-plan (MEMEST_ENABLE=1 measuring)",
+    "default": "vllm+memest-measuring",
+    "lite": "vllm+memest-measuring",
+}
+# Mode suffixes of lab/vllm_runs.py: how a start was made beyond its mode.
+VARIANT = {
+    "cold": "cold: empty compile cache",
+    "old": "the memest tree before the stall fix (git 1bf6c41)",
 }
 # Calls whose apply starts ran before the outside-PyTorch term was corrected.
 REPLAYED_CALLS = ("call1", "call2")
@@ -68,7 +75,11 @@ def main() -> None:
             warm[key] = min(warm.get(key, h), h)
     out = []
     for r in rows:
-        if r["mode"] not in ESTIMATOR or "persistent_used_bytes" not in r:
+        if r.get("launcher") == "vllm serve":
+            out.extend(serve_records(r))
+            continue
+        mode, *flags = r["mode"].split("-")
+        if mode not in ESTIMATOR or "persistent_used_bytes" not in r:
             continue
         h = r.get("headroom_bytes")
         source = "this start"
@@ -90,7 +101,12 @@ def main() -> None:
         rec = {
             "configuration": r["config"],
             "call": r["call"],
-            "estimator": ESTIMATOR[r["mode"]],
+            "estimator": ESTIMATOR[mode],
+            "variant": "; ".join(VARIANT[f] for f in flags) or None,
+            "launcher": "LLM",
+            "tensor_parallel_size": 1,
+            "architecture": "LlamaForCausalLM",  # every LLM() start so far: Llama-3-8B shape
+            "rank": 0,
             "usage_minus_budget_bytes": usage - budget,
             "usage_minus_budget_gib": round((usage - budget) / GiB, 3),
             "kv_tokens": r["kv_tokens"],
@@ -108,14 +124,49 @@ def main() -> None:
             else "start (diagnostic: memest's profile_run hook was not installed)",
         }
         out.append(rec)
-        if r["mode"] == "apply" and r["call"] in REPLAYED_CALLS:
+        if mode == "apply" and r["call"] in REPLAYED_CALLS:
             out.append(replay(r, rec))
     (HERE / "validation.json").write_text(json.dumps(out, indent=1) + "\n")
     for rec in out:
         print(  # noqa: T201
-            f"{rec['call']} {rec['configuration']:30s} {rec['estimator']:22s} "
-            f"{rec['usage_minus_budget_gib']:+.3f} GiB  kv_tokens {rec['kv_tokens']:,}"
+            f"{rec['call']:6s} {rec['launcher']:10s} {rec['configuration']:34s} "
+            f"{rec['estimator']:22s} {rec['usage_minus_budget_gib']:+.3f} GiB  "
+            f"kv_tokens {rec['kv_tokens'] or 0:,} {rec.get('variant') or ''}"
         )
+
+
+def serve_records(r: dict) -> list[dict]:
+    """One record per GPU of a `vllm serve` start (lab/serve_runs.py), usage read by NVML."""
+    out = []
+    reports = {rep.get("rank"): rep for rep in r.get("memest_reports") or []}
+    for rank, g in enumerate(r.get("per_gpu") or []):
+        at_ready = r["gpu_at_ready"][rank]["used"]
+        out.append(
+            {
+                "configuration": r["config"],
+                "call": r["call"],
+                "estimator": ESTIMATOR[r["mode"]],
+                "variant": "MEMEST_HISTORY_MAX_ENTRIES=0" if r["mode"] == "lite" else None,
+                "launcher": "vllm serve",
+                "tensor_parallel_size": r["tensor_parallel_size"],
+                "architecture": r["architecture"],
+                "rank": rank,
+                "usage_minus_budget_bytes": g["umb_bytes"],
+                "usage_minus_budget_gib": round(g["umb_bytes"] / GiB, 3),
+                "kv_tokens": None,
+                "budget_bytes": g["budget_bytes"],
+                "usage_bytes": g["usage_bytes"],
+                "usage_kind": "first full-size step, NVML used on the GPU",
+                "nvml_used_at_ready_bytes": at_ready,
+                "memest_end_of_init_used_bytes": reports.get(rank, {}).get("memest_end_used_bytes"),
+                "step_added_bytes": g["usage_bytes"] - at_ready,
+                "engine_init_s": r.get("engine_init_s"),
+                "ready_s": r.get("ready_s"),
+                "teardown_gpu_free_s": r.get("teardown_gpu_free_s"),
+                "kind": "start",
+            }
+        )
+    return out
 
 
 def replay(r: dict, rec: dict) -> dict:

@@ -16,7 +16,7 @@ real allocator stacks. Checks, each written to $OUT/validate_pools.json and .md:
 4. per-phase split reconciles with NVML within 2 MiB (weights phase: no graphs involved);
 5. capture time with the recorder on vs off (target <= 1.10x; reported, not asserted).
 
-Run: PYTHONPATH=.:instrumentation python tests/gpu/validate_pools.py  (OUT=dir for results)
+Run: PYTHONPATH=.:instrumentation python lab/validate_pools.py  (OUT=dir for results)
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Owners are charged from the snapshots with today's owner rules on both sides (th
 report predates the compiled_piece rule), so the linear law's measured rows are the same as the
 replay's.
 
-    .venv/bin/python reports/vllm/whatif_real.py    # writes reports/vllm/whatif.json
+    .venv/bin/python lab/whatif_real.py    # writes reports/vllm/whatif.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from memest.estimate.whatif import measured_plan, pool_predictions
 from memest.schema import Breakdown, RunReport
 from memest.snapshot import Snapshot, load_snapshot
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1] / "reports" / "vllm"
 RAW = HERE / "raw"
 RUNS = {
     "A": "call3.A_llama8b_s128_t4096.enable",

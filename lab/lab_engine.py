@@ -27,7 +27,7 @@ allocations inside the capture (only the capture stream allocates then, and only
 pool): the allocation that made the pool grow is charged, as in a trigger table.
 
 Run on the H200 (PYTHONPATH=.:instrumentation, pydantic carried as wheels):
-    python3 tests/gpu/lab_engine.py --out DIR
+    python3 lab/lab_engine.py --out DIR
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ and appends one JSON line per start to $OUT/results.jsonl as soon as it ends, so
 returns data. Each start is one configuration started one way:
 
 - alone:  vLLM by itself (its own graph-memory estimate sizes the KV cache);
-- enable: MEMEST_ENABLE=1 (report + startup plan; vLLM's estimate still sizes the KV cache);
+- default: MEMEST_ENABLE=1 and nothing else (the plugin's defaults; for the overhead);
+- enable: MEMEST_ENABLE=1 with the allocator history kept (report + startup plan; vLLM's
+          estimate still sizes the KV cache);
 - apply:  MEMEST_ENABLE=1 MEMEST_ESTIMATE=apply (memest's full-init measurement sizes it);
 - plan:   vLLM alone with VLLM_ENABLE_STARTUP_PLAN=1, reading the plan memest wrote;
 - plandiag: the same plan start with MEMEST_ENABLE=1 MEMEST_ESTIMATE=off and the allocator
@@ -22,7 +24,7 @@ still runs profile_run (to compile) but outside vLLM's memory_profiling, so vLLM
 usage_minus_budget_bytes = usage - ceil(gpu_memory_utilization x total).
 
 Run on the device from the repo root (carry [".vllm_h200"]):
-    NCCL_NVLS_ENABLE=0 python3 tests/gpu/vllm_runs.py --group 1 --budget-s 560
+    NCCL_NVLS_ENABLE=0 python3 lab/vllm_runs.py --group 1 --budget-s 560
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CARRY = ROOT / ".vllm_h200"
 OUT = Path(os.environ.get("OUT", "/tmp/memest_out"))
 SHARED_TMP = Path(tempfile.gettempdir())
@@ -140,6 +142,15 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     ],
     "smoke": [("B_llama8b_s32_t2048", "enable")],
     # The reported stall (cold apply start, EAGLE3 K=5): the earlier tree, then this one.
+    # Startup overhead of the plugin's defaults: alternating warm starts (the first compiles).
+    "overhead": [
+        ("A_llama8b_s128_t4096", "alone"),
+        ("A_llama8b_s128_t4096", "default"),
+        ("A_llama8b_s128_t4096", "alone"),
+        ("A_llama8b_s128_t4096", "default"),
+        ("A_llama8b_s128_t4096", "alone"),
+        ("A_llama8b_s128_t4096", "default"),
+    ],
     "9": [
         ("E_llama8b_eagle3k5_s96_t4096_u088", "apply-cold-old"),
         ("E_llama8b_eagle3k5_s96_t4096_u088", "alone"),
@@ -405,6 +416,8 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         env["MEMEST_RUN_ID"] = f"{cfg_name}.{mode_spec}"
         env["PYTHONUNBUFFERED"] = "1"
         env.pop("MEMEST_ENABLE", None)
+        if mode == "default":  # the plugin as an operator turns it on, nothing else set
+            env["MEMEST_ENABLE"] = "1"
         if mode in ("enable", "apply", "fault", "plandiag"):
             env["MEMEST_ENABLE"] = "1"
             env["MEMEST_ESTIMATE"] = "apply" if mode == "apply" else "plan"
