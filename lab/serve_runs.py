@@ -36,8 +36,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-CARRY = ROOT / ".vllm_h200"
+from carry import CARRY, ROOT, launcher, plugin_site
+
 OUT = Path(os.environ.get("OUT", "/tmp/memest_serve"))
 SITE = Path(tempfile.gettempdir()) / "vllm_h200_site"
 PORT = 8011
@@ -107,32 +107,11 @@ class Gpus:
 
 
 # --------------------------------------------------------------------------- one start
-def _launcher() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("vllm_h200_try", CARRY / "vllm_h200_try.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _plugin_site() -> Path:
-    site = Path(tempfile.gettempdir()) / "memest_ep_site"
-    info = site / "memest-0.0.0+source.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: memest\nVersion: 0.0.0+source\n")
-    (info / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nmemest = memest_instrumentation.vllm:register\n"
-    )
-    return site
-
-
 def _env(cfg_name: str, mode: str) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(SITE), str(ROOT), str(ROOT / "instrumentation"), str(_plugin_site())]
+        [str(SITE), str(ROOT), str(ROOT / "instrumentation"), str(plugin_site())]
         + [env.get("PYTHONPATH", "")]
     )
     env["NCCL_NVLS_ENABLE"] = "0"
@@ -320,9 +299,9 @@ def _usage(rec: dict[str, Any]) -> None:
 def run_group(group: str, budget_s: float, wait_s: float) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "starts").mkdir(exist_ok=True)
-    launcher = _launcher()
-    launcher.set_env()
-    launcher.prepare_site(str(CARRY), str(SITE))
+    carried = launcher()
+    carried.set_env()
+    carried.prepare_site(str(CARRY), str(SITE))
     gpus = Gpus()
     t_begin = time.monotonic()
     for cfg_name, mode in GROUPS[group]:

@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-CARRY = ROOT / ".vllm_h200"
+from carry import CARRY, ROOT, launcher, plugin_site
+
 OUT = Path(os.environ.get("OUT", "/tmp/memest_out"))
 SHARED_TMP = Path(tempfile.gettempdir())
 
@@ -165,27 +165,7 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def plugin_site() -> Path:
-    """A folder with a memest dist-info whose entry point vLLM's load_general_plugins finds."""
-    site = SHARED_TMP / "memest_ep_site"
-    info = site / "memest-0.0.0+source.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: memest\nVersion: 0.0.0+source\n")
-    (info / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nmemest = memest_instrumentation.vllm:register\n"
-    )
-    return site
-
-
 # --------------------------------------------------------------------------- child
-def _launcher() -> Any:
-    spec = importlib.util.spec_from_file_location("vllm_h200_try", CARRY / "vllm_h200_try.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _worker(llm: Any) -> Any:
     core = llm.llm_engine.engine_core
     core = getattr(core, "engine_core", core)
@@ -290,12 +270,12 @@ def _first_full_step(llm: Any, cfg: dict[str, Any], used_end: int) -> dict[str, 
 
 def child(cfg_name: str, mode: str, result_path: Path) -> None:
     cfg = CONFIGS[cfg_name]
-    launcher = _launcher()
-    launcher.set_env()
-    launcher.prepare_site(str(CARRY), os.path.join(tempfile.gettempdir(), "vllm_h200_site"))
+    carried = launcher()
+    carried.set_env()
+    carried.prepare_site(str(CARRY), os.path.join(tempfile.gettempdir(), "vllm_h200_site"))
     import torch
 
-    launcher.ensure_torchvision()
+    carried.ensure_torchvision()
     _time_allocator_snapshots(torch)
     from vllm import LLM
 

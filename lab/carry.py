@@ -1,0 +1,36 @@
+"""The pieces every device harness shares: the carried vLLM launcher and memest's entry point.
+
+The device has no memest install; vLLM's load_general_plugins finds the plugin through a
+dist-info folder holding the entry point, put on PYTHONPATH beside the source tree.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CARRY = ROOT / ".vllm_h200"
+
+
+def launcher() -> Any:
+    """The carried shared/vllm-h200 launcher module (site unpacking, env, torchvision)."""
+    spec = importlib.util.spec_from_file_location("vllm_h200_try", CARRY / "vllm_h200_try.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def plugin_site() -> Path:
+    """A folder with a memest dist-info whose entry point vLLM's load_general_plugins finds."""
+    site = Path(tempfile.gettempdir()) / "memest_ep_site"
+    info = site / "memest-0.0.0+source.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: memest\nVersion: 0.0.0+source\n")
+    (info / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nmemest = memest_instrumentation.vllm:register\n"
+    )
+    return site
