@@ -1,20 +1,29 @@
 """KV budget of one start: vLLM's estimate, memest's full-initialization one, the end state.
 
-memest estimate --from REPORT.json [--grid JSON [--snapshot PATH]] [--margin SIZE] [--json]
-                [--write-startup-plan DIR]
+memest estimate --from REPORT.json [--grid JSON [--snapshot PATH]] [--kv-tokens N |
+                --concurrency C] [--margin SIZE] [--json] [--write-startup-plan DIR]
 
 REPORT.json is a RunReport (schema version 1) with the phases weights, profile_run,
 kv_cache_alloc and capture or end, and its KV-cache spec. --grid predicts each owner's graph-pool
-memory and the KV budget under another grid: a file or inline JSON holding a CapturePlan, or
-memest.plan input fields ({"sizing": "vllm-0.33.0", "sm100": false, "max_num_seqs": 512, ...}).
+memory, every full-initialization term and the KV budget under another grid G', written as only
+what changes, with vLLM's flag names, overlaid on the report's own configuration:
+{"max_num_seqs": 512}, {"max_num_batched_tokens": 8192}, {"gpu_memory_utilization": 0.9},
+{"speculative_config": {"method": "eagle3", "num_speculative_tokens": 3}} (null drops the
+drafter), {"compilation_config": {"max_cudagraph_capture_size": 256}} (capture sizes or the
+five fields); max_model_len, speculative_method and num_speculative_tokens too. An unknown
+field is an error naming it. A full capture plan ({"runners": ...}) or memest.plan input
+fields ({"sizing": "vllm-0.33.0", "sm100": false, ...}) are accepted as before.
 --snapshot names the allocator snapshot of the same start: the what-if then replays its graph-pool
 requests, resized for G', through a model of the caching allocator (pool growth is made of
 segments, which linear laws miss by up to a segment per trigger).
+--kv-tokens N (or --concurrency C, N = C x max_model_len) answers the inverse questions under
+G' (or the start's grid): the gpu_memory_utilization that holds N tokens, and the largest
+max_num_seqs that still holds them at G's utilization.
 --write-startup-plan writes vLLM 0.33.0's startup-plan file (VLLM_ENABLE_STARTUP_PLAN=1) into
 DIR, which should be {VLLM_CACHE_ROOT}/startup_plan; the report must carry the worker's plan
-fingerprint and free-memory baseline (estimate.startup_plan). The matching vLLM flag is printed
-either way: --kv-cache-memory-bytes=N.
-"""
+fingerprint and free-memory baseline (estimate.startup_plan). A plan for G' cannot be written
+(its fingerprint is computed by vLLM's worker). The matching vLLM flag is printed either way:
+--kv-cache-memory-bytes=N, for G and, after a what-if, for G'."""
 
 from __future__ import annotations
 
@@ -69,6 +78,19 @@ class EstimateCommand:
             type=Path,
             help="allocator snapshot of the same start: what-if by allocator replay (with --grid)",
         )
+        parser.add_argument(
+            "--kv-tokens",
+            type=int,
+            metavar="N",
+            help="inverse question: the gpu_memory_utilization that holds N KV tokens under the "
+            "grid (G' with --grid), and the largest max_num_seqs that still holds them",
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            metavar="C",
+            help="like --kv-tokens with N = C x max_model_len (C requests at full length)",
+        )
         parser.add_argument("--margin", default="0", help="memory kept free, e.g. 64MiB")
         parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
         parser.add_argument(
@@ -87,6 +109,9 @@ class EstimateCommand:
             raise ConfigError("--snapshot", str(args.snapshot), "only used with --grid")
         comparison = compare(report, margin_bytes=margin)
         grid_result = None
+        target = _target_tokens(args, report)
+        if target is not None and not args.grid:
+            args.grid = "{}"  # the inverse questions are asked of the start's own grid
         if args.grid:
             snapshot = load_snapshot(args.snapshot) if args.snapshot is not None else None
             grid_result = what_if(
@@ -96,6 +121,11 @@ class EstimateCommand:
                 snapshot=snapshot,
                 snapshot_source=str(args.snapshot),
             )
+        inverse = (
+            _inverse(report, grid_result, target, load_grid(args.grid), margin)
+            if target is not None and grid_result is not None
+            else None
+        )
         memest = record(comparison, "memest")
         kv_bytes = memest.kv_cache_bytes if memest is not None else None
         plan_path: Path | None = None
@@ -117,6 +147,10 @@ class EstimateCommand:
             if grid_result is not None:
                 payload["what_if"] = grid_result.model_dump(mode="json")
             payload["kv_cache_memory_bytes"] = kv_bytes
+            if grid_result is not None:
+                payload["kv_cache_memory_bytes_to"] = grid_result.kv_budget_bytes_to
+            if inverse is not None:
+                payload["inverse"] = inverse
             payload["startup_plan_path"] = str(plan_path) if plan_path else None
             sys.stdout.write(json.dumps(payload, indent=2) + "\n")
             return 0
@@ -127,9 +161,75 @@ class EstimateCommand:
             sys.stdout.write(
                 f"\nvLLM flag for memest's budget: --kv-cache-memory-bytes={kv_bytes}\n"
             )
+        if grid_result is not None and grid_result.kv_budget_bytes_to:
+            sys.stdout.write(
+                "vLLM flag for memest's budget under G': "
+                f"--kv-cache-memory-bytes={grid_result.kv_budget_bytes_to}\n"
+            )
+        if inverse is not None:
+            sys.stdout.write(_render_inverse(inverse))
         if plan_path is not None:
             sys.stdout.write(f"Startup plan written: {plan_path}\n")
         return 0
+
+
+def _target_tokens(args: argparse.Namespace, report: Any) -> int | None:
+    """N of --kv-tokens, or --concurrency x max_model_len."""
+    if args.kv_tokens is not None and args.concurrency is not None:
+        raise ConfigError("--concurrency", args.concurrency, "give --kv-tokens or --concurrency")
+    if args.kv_tokens is not None:
+        if args.kv_tokens <= 0:
+            raise ConfigError("--kv-tokens", args.kv_tokens, "must be positive")
+        return int(args.kv_tokens)
+    if args.concurrency is None:
+        return None
+    if args.concurrency <= 0:
+        raise ConfigError("--concurrency", args.concurrency, "must be positive")
+    length = report.config.max_model_len
+    if not length:
+        raise ConfigError("--concurrency", args.concurrency, "the report has no max_model_len")
+    return int(args.concurrency) * int(length)
+
+
+def _inverse(
+    report: Any, result: Any, tokens: int, grid: dict[str, Any], margin: int
+) -> dict[str, Any]:
+    from memest.estimate.inverse import largest_max_num_seqs, utilization_for_tokens
+    from memest.estimate.whatif import is_overlay
+
+    answer: dict[str, Any] = {
+        "kv_tokens": tokens,
+        "gpu_memory_utilization": utilization_for_tokens(report, result, tokens),
+    }
+    if is_overlay(grid):
+        answer["largest_max_num_seqs"] = largest_max_num_seqs(
+            report,
+            tokens,
+            lambda r, g: what_if(r, g, margin_bytes=margin),
+            {k: v for k, v in grid.items() if k != "max_num_seqs"},
+        )
+    return answer
+
+
+def _render_inverse(answer: dict[str, Any]) -> str:
+    lines = [
+        f"\n{answer['kv_tokens']:,} KV tokens need gpu_memory_utilization >= "
+        f"{answer['gpu_memory_utilization']} under this grid"
+    ]
+    if "largest_max_num_seqs" in answer:
+        from memest.estimate.inverse import MAX_SEQS_LIMIT
+
+        seqs = answer["largest_max_num_seqs"]
+        if seqs is None:
+            lines.append("no max_num_seqs keeps them at this utilization")
+        elif seqs >= MAX_SEQS_LIMIT:
+            lines.append(
+                f"every max_num_seqs up to {MAX_SEQS_LIMIT} keeps them at this utilization "
+                "(the capture plan stops growing at its size cap)"
+            )
+        else:
+            lines.append(f"largest max_num_seqs that keeps them at this utilization: {seqs}")
+    return "\n".join(lines) + "\n"
 
 
 COMMAND = EstimateCommand()

@@ -102,7 +102,12 @@ def requested_bytes(report: RunReport) -> int:
             f"report {report.report_id}: config.gpu_memory_utilization is missing, "
             "so the budget is unknown"
         )
-    return math.ceil(total_bytes(report) * util)
+    return budget_bytes(total_bytes(report), util)
+
+
+def budget_bytes(total: int, gpu_memory_utilization: float) -> int:
+    """vLLM's requested memory: ceil(gpu_memory_utilization x total)."""
+    return math.ceil(total * gpu_memory_utilization)
 
 
 def measured_kv_bytes(report: RunReport) -> int:

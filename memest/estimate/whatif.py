@@ -29,12 +29,19 @@ from pydantic import ValidationError
 
 from memest.errors import ConfigError, ReportFormatError
 from memest.estimate.kv import kv_tokens
-from memest.estimate.phases import full_init_kv_budget, full_init_terms, phase
+from memest.estimate.phases import (
+    budget_bytes,
+    full_init_kv_budget,
+    full_init_terms,
+    phase,
+    total_bytes,
+)
 from memest.estimate.poolreplay import pool_trace, replay
 from memest.schema import (
     CapturePlan,
     FullInitTerms,
     OwnerPrediction,
+    RunConfig,
     RunnerRow,
     RunReport,
     WhatIf,
@@ -145,6 +152,30 @@ def resolve_grid(grid: CapturePlan | Mapping[str, Any]) -> CapturePlan:
     except ValidationError as exc:
         raise ConfigError(*_validation_message(exc)) from None
     return check_plan(plan)
+
+
+def is_overlay(grid: object) -> bool:
+    """A grid written as changes to the start's configuration (vLLM's flag names).
+
+    A full capture plan has ``runners``; memest.plan input fields come with ``sizing`` or
+    ``sm100``; anything else is an overlay (whose unknown fields are errors).
+    """
+    return isinstance(grid, Mapping) and not {"runners", "sizing", "sm100"} & set(grid)
+
+
+def overlay_grid(report: RunReport, changes: Mapping[str, Any]) -> tuple[CapturePlan, RunConfig]:
+    """G' as the start's configuration with ``changes``, and its capture plan (vLLM's sizing).
+
+    Raises:
+        ConfigError: an unknown field or a refused value, named.
+    """
+    from memest.plan import resolve
+    from memest.plan.overlay import is_sm100, overlay_config, plan_input
+
+    config = overlay_config(report.config, changes)
+    gpu = report.gpu.name if report.gpu is not None else ""
+    plan = resolve(plan_input(config, sm100=is_sm100(report.gpu), gpu=gpu), "vllm-0.33.0")
+    return check_plan(plan), config
 
 
 def measured_plan(report: RunReport) -> CapturePlan:
@@ -366,7 +397,11 @@ def what_if(
             the capture phase or the requests of a stage G' captures.
         SnapshotFormatError: the snapshot is malformed.
     """
-    g2 = resolve_grid(grid)
+    config_to: RunConfig | None = None
+    if is_overlay(grid):
+        g2, config_to = overlay_grid(report, grid)  # type: ignore[arg-type]
+    else:
+        g2 = resolve_grid(grid)
     g = measured_plan(report)
     terms = full_init_terms(report, margin_bytes=margin_bytes)
     predictions, notes = pool_predictions(
@@ -402,9 +437,19 @@ def what_if(
             f"activation headroom {terms.profile_peak_activation_bytes} -> {activation_to} B "
             f"(scales with max_num_batched_tokens {mbt} -> {mbt2})"
         )
+    requested_to = terms.requested_bytes
+    util_from = report.config.gpu_memory_utilization
+    util_to = config_to.gpu_memory_utilization if config_to is not None else util_from
+    if util_to is not None and util_to != util_from:
+        requested_to = budget_bytes(total_bytes(report), util_to)
+        notes.append(
+            f"budget {terms.requested_bytes} -> {requested_to} B "
+            f"(gpu_memory_utilization {util_from} -> {util_to})"
+        )
     terms_to = FullInitTerms.model_validate(
         {
             **terms.model_dump(),
+            "requested_bytes": requested_to,
             "profile_peak_activation_bytes": activation_to,
             "graph_pool_bytes": pool_to,
             "graph_pool_by_stage_bytes": by_stage_to,
@@ -418,6 +463,15 @@ def what_if(
         {**terms.model_dump(), "graph_pool_bytes": pool_from, "graph_pool_by_stage_bytes": {}}
     )
     kv_from, kv_to = full_init_kv_budget(terms_from), full_init_kv_budget(terms_to)
+    laws = {
+        "graph_pool_bytes": "per-owner pool laws"
+        + (" (allocator replay)" if snapshot is not None else ""),
+        "outside_torch_bytes": "graph objects scale with the graph count",
+    }
+    if activation_to != terms.profile_peak_activation_bytes:
+        laws["profile_peak_activation_bytes"] = "max_num_batched_tokens"
+    if requested_to != terms.requested_bytes:
+        laws["requested_bytes"] = "gpu_memory_utilization"
     spec = report.kv_cache
     changes = {o: by_owner[o] - measured_by_owner[o] for o in by_owner}
     dominant = max(changes, key=lambda o: abs(changes[o]), default=None)
@@ -433,6 +487,9 @@ def what_if(
         kv_budget_bytes_to=kv_to,
         kv_tokens_from=kv_tokens(spec, kv_from) if spec is not None else None,
         kv_tokens_to=kv_tokens(spec, kv_to) if spec is not None else None,
+        terms_from=terms_from,
+        terms_to=terms_to,
+        term_laws=laws,
         dominant_owner=dominant,
         dominant_change_bytes=changes[dominant] if dominant is not None else 0,
         notes=notes,

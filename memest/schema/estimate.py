@@ -142,6 +142,16 @@ class WhatIf(MemestModel):
     kv_budget_bytes_to: NonNegativeBytes | None = None
     kv_tokens_from: int | None = Field(default=None, ge=0)
     kv_tokens_to: int | None = Field(default=None, ge=0)
+    terms_from: FullInitTerms | None = Field(
+        default=None, description="Every full-initialization term under G (the measured run)"
+    )
+    terms_to: FullInitTerms | None = Field(
+        default=None, description="Every full-initialization term predicted under G'"
+    )
+    term_laws: dict[str, str] = Field(
+        default_factory=dict,
+        description="For each term that moves between G and G', the law that moved it",
+    )
     dominant_owner: str | None = Field(
         default=None, description="Owner whose predicted change in bytes is largest in magnitude"
     )

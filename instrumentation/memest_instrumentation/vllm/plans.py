@@ -11,22 +11,8 @@ def capture_plans(config: RunConfig, *, sm100: bool = False, gpu: str = "") -> l
     Raises:
         ConfigError: the config has no scheduler limits, or memest.plan rejects it.
     """
-    from memest.errors import ConfigError
-    from memest.plan import plan_input_from_compilation_config, resolve_both
+    from memest.plan import resolve_both
+    from memest.plan.overlay import plan_input
 
-    if config.max_num_seqs is None or config.max_num_batched_tokens is None:
-        raise ConfigError("config", config.model, "max_num_seqs / max_num_batched_tokens unknown")
-    compilation: dict[str, object] = {}
-    if config.cudagraph_mode:
-        compilation["cudagraph_mode"] = config.cudagraph_mode
-    inp = plan_input_from_compilation_config(
-        compilation,
-        sm100=sm100,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        spec_method=config.speculative_method,
-        num_speculative_tokens=config.num_speculative_tokens,
-        gpu=gpu,
-    )
-    seed, main = resolve_both(inp)
+    seed, main = resolve_both(plan_input(config, sm100=sm100, gpu=gpu))
     return [seed, main]
