@@ -11,7 +11,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from memest.schema import RunReport, StageGrowth
+from memest.estimate import account
+from memest.schema import RunReport, StageGrowth, StartAccounting
 from memest.units import GiB
 
 #: Owner shown for the part of a stage's pool growth no trigger row claims.
@@ -57,12 +58,23 @@ class RunnerCount(BaseModel):
 
 
 class RunFacts(BaseModel):
-    """The handful of numbers tracked per build."""
+    """The handful of numbers tracked per build, read from the start's accounting."""
 
+    definition: str = Field(
+        default="current", description="'current' (recomputed) or 'stored' (older definition)"
+    )
+    definition_note: str = ""
     kv_tokens: int | None = None
+    kv_cache_bytes: int | None = None
+    non_kv_bytes: int | None = None
+    max_concurrency: float | None = None
     graph_pool_bytes: int | None = None
     total_added_bytes: int | None = None
     cudagraph_estimate_bytes: int | None = None
+    usage_kind: str | None = None
+    usage_minus_budget_bytes: int | None = Field(
+        default=None, description="This start: usage minus budget (positive = over budget)"
+    )
     estimator_error_bytes: int | None = Field(
         default=None, description="vLLM's budget: usage minus budget (positive = over budget)"
     )
@@ -86,64 +98,43 @@ def capture_stages(report: RunReport) -> list[StageGrowth]:
 
 
 def kv_tokens(report: RunReport) -> int | None:
-    """KV capacity in tokens: the KV spec, else the 'measured' estimate record."""
-    if report.kv_cache is not None and report.kv_cache.kv_tokens is not None:
-        return report.kv_cache.kv_tokens
-    if report.estimate is not None:
-        for rec in report.estimate.records:
-            if rec.estimator == "measured" and rec.kv_tokens is not None:
-                return rec.kv_tokens
-    return None
+    """KV capacity in tokens (the start's accounting)."""
+    return account(report).kv_tokens
 
 
 def graph_pool_bytes(report: RunReport) -> int | None:
-    """Reserved growth of all graph pools over capture, from the breakdown."""
-    bd = report.breakdown
-    if bd is None:
-        return None
-    if bd.graph_pool_growth_bytes:
-        return bd.graph_pool_growth_bytes
-    if bd.stages:
-        return sum(s.pool_growth_bytes for s in capture_stages(report))
-    for ph in bd.phases:
-        if ph.phase == "capture":
-            return ph.graph_pool_bytes
-    return 0
+    """Reserved growth of all graph pools over the real capture (the start's accounting)."""
+    return account(report).graph_pool_bytes
+
+
+def _error(accounting: StartAccounting, estimator: str) -> int | None:
+    rec = accounting.estimator(estimator)
+    return rec.usage_minus_budget_bytes if rec is not None else None
 
 
 def estimator_error(report: RunReport, estimator: str) -> int | None:
     """Usage minus budget of one estimator's record, in bytes (None when absent)."""
-    if report.estimate is None:
-        return None
-    for rec in report.estimate.records:
-        if rec.estimator == estimator and rec.usage_minus_budget_bytes is not None:
-            return rec.usage_minus_budget_bytes
-    return None
+    return _error(account(report), estimator)
 
 
 def run_facts(report: RunReport) -> RunFacts:
     """Per-build numbers of one report."""
-    total = None
-    if report.breakdown is not None:
-        for ph in report.breakdown.phases:
-            if ph.phase == "capture":
-                total = ph.total_added_bytes
-    cg = None
-    if report.vllm is not None and report.vllm.cudagraph_estimate_bytes is not None:
-        cg = report.vllm.cudagraph_estimate_bytes
-    elif report.estimate is not None:
-        for rec in report.estimate.records:
-            if rec.estimator == "vllm" and rec.cudagraph_estimate_bytes is not None:
-                cg = rec.cudagraph_estimate_bytes
-    runners = runner_counts(report)
-    counts = [r.graph_count for r in runners if r.graph_count is not None]
+    acc = account(report)
+    counts = [r.graph_count for r in runner_counts(report) if r.graph_count is not None]
     return RunFacts(
-        kv_tokens=kv_tokens(report),
-        graph_pool_bytes=graph_pool_bytes(report),
-        total_added_bytes=total,
-        cudagraph_estimate_bytes=cg,
-        estimator_error_bytes=estimator_error(report, "vllm"),
-        memest_error_bytes=estimator_error(report, "memest"),
+        definition=acc.definition,
+        definition_note=acc.definition_note,
+        kv_tokens=acc.kv_tokens,
+        kv_cache_bytes=acc.kv_cache_bytes,
+        non_kv_bytes=acc.non_kv_bytes,
+        max_concurrency=acc.max_concurrency,
+        graph_pool_bytes=acc.graph_pool_bytes,
+        total_added_bytes=acc.capture_added_bytes,
+        cudagraph_estimate_bytes=acc.vllm_cudagraph_estimate_bytes,
+        usage_kind=acc.usage_kind,
+        usage_minus_budget_bytes=acc.usage_minus_budget_bytes,
+        estimator_error_bytes=_error(acc, "vllm"),
+        memest_error_bytes=_error(acc, "memest"),
         total_graphs=sum(counts) if counts else None,
     )
 
