@@ -14,6 +14,8 @@ segments, which linear laws miss by up to a segment per trigger).
 DIR, which should be {VLLM_CACHE_ROOT}/startup_plan; the report must carry the worker's plan
 fingerprint and free-memory baseline (estimate.startup_plan). The matching vLLM flag is printed
 either way: --kv-cache-memory-bytes=N.
+--json prints {"accounting": the start's figures as every memest surface shows them,
+"comparison": the estimators and terms, "what_if", "kv_cache_memory_bytes", "startup_plan_path"}.
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ from typing import Any
 from memest.cli._reports import load_report
 from memest.errors import CommandError, ConfigError
 from memest.estimate import (
+    account,
     compare,
-    record,
     startup_plan_document,
     what_if,
     write_startup_plan,
 )
-from memest.reporters.estimate import render_comparison, render_what_if
+from memest.reporters.estimate import render_accounting, render_what_if
 from memest.snapshot import load_snapshot
 from memest.units import parse_bytes
 
@@ -86,6 +88,7 @@ class EstimateCommand:
         if args.snapshot is not None and not args.grid:
             raise ConfigError("--snapshot", str(args.snapshot), "only used with --grid")
         comparison = compare(report, margin_bytes=margin)
+        accounting = account(report, margin_bytes=margin)
         grid_result = None
         if args.grid:
             snapshot = load_snapshot(args.snapshot) if args.snapshot is not None else None
@@ -96,7 +99,7 @@ class EstimateCommand:
                 snapshot=snapshot,
                 snapshot_source=str(args.snapshot),
             )
-        memest = record(comparison, "memest")
+        memest = accounting.estimator("memest")
         kv_bytes = memest.kv_cache_bytes if memest is not None else None
         plan_path: Path | None = None
         if args.write_startup_plan is not None:
@@ -113,14 +116,17 @@ class EstimateCommand:
             )
             plan_path = write_startup_plan(args.write_startup_plan, document)
         if args.json:
-            payload: dict[str, Any] = {"comparison": comparison.model_dump(mode="json")}
+            payload: dict[str, Any] = {
+                "accounting": accounting.model_dump(mode="json"),
+                "comparison": comparison.model_dump(mode="json"),
+            }
             if grid_result is not None:
                 payload["what_if"] = grid_result.model_dump(mode="json")
             payload["kv_cache_memory_bytes"] = kv_bytes
             payload["startup_plan_path"] = str(plan_path) if plan_path else None
             sys.stdout.write(json.dumps(payload, indent=2) + "\n")
             return 0
-        sys.stdout.write(render_comparison(comparison))
+        sys.stdout.write(render_accounting(accounting))
         if grid_result is not None:
             sys.stdout.write("\nWhat-if\n\n" + render_what_if(grid_result))
         if kv_bytes:

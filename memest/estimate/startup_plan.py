@@ -123,7 +123,14 @@ def plan_kv_bytes(
     return ((kv_now_bytes - over_budget_bytes - margin_bytes) // page_bytes) * page_bytes
 
 
-def plan_record(*, kv_plan_bytes: int, page_bytes: int, block_size: int, usage_minus_budget_bytes: int, note: str) -> EstimateRecord:
+def plan_record(
+    *,
+    kv_plan_bytes: int,
+    page_bytes: int,
+    block_size: int,
+    usage_minus_budget_bytes: int,
+    note: str,
+) -> EstimateRecord:
     """The ``memest-plan`` estimate record: the plan's KV and the usage minus budget it predicts."""
     return EstimateRecord(
         estimator="memest-plan",

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from memest.demo import demo_reports
+from memest.estimate import account
 from memest.reporters.views import (
     compare,
     history,
@@ -52,6 +53,7 @@ RUN_SUMMARY = {
 RUN_DETAIL = {
     "run": RUN_SUMMARY,
     "lead_rank": 0,
+    "accounting": dump(account(CHANGE)),
     "facts": FACTS,
     "phases": REPORT["breakdown"]["phases"],
     "stages": STAGES,

@@ -15,6 +15,7 @@ from memest.schema import (
     LivePeak,
     PhaseSplit,
     RetainedRow,
+    StartAccounting,
 )
 
 
@@ -70,6 +71,10 @@ class RunDetail(BaseModel):
 
     run: RunSummary
     lead_rank: int = Field(description="Rank whose report the breakdown shows (lowest stored)")
+    accounting: StartAccounting = Field(
+        description="The lead rank's accounting (memest.estimate.account): the figures every "
+        "surface shows"
+    )
     facts: RunFacts
     phases: list[PhaseSplit]
     stages: list[StageBar] = Field(description="Pool growth per stage, split by owner")

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
+from memest.estimate import account
 from memest.reporters.views import rank_check, run_facts, runner_counts, stage_bars
 from memest.schema import RunReport
 from memest.service import examples, store
@@ -115,6 +116,7 @@ def read_run(run_id: RunIdPath, session: SessionDep, cache: CacheDep) -> RunDeta
     return RunDetail(
         run=summary(run, [r.rank for r in reports]),
         lead_rank=lead.rank,
+        accounting=account(lead),
         facts=run_facts(lead),
         phases=bd.phases if bd else [],
         stages=stage_bars(lead),
