@@ -6,12 +6,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+from memest.estimate.startup_plan import (
+    graph_profiling_kept,
+    plan_kv_bytes,
+    plan_record,
+    startup_plan_dir,
+    startup_plan_document,
+    write_startup_plan,
+)
 from memest.schema import (
     Breakdown,
     BuildInfo,
     CapturePlan,
     EstimateComparison,
-    EstimateRecord,
     GpuInfo,
     KVCacheSpec,
     PhaseRecord,
@@ -281,24 +288,10 @@ def _estimate(report: RunReport) -> EstimateComparison:
         comparison.components.update(
             {k: int(v) for k, v in st.apply_terms.items() if k.endswith("_bytes")}
         )
-    usage = st.figures.get("usage_end_bytes")
-    requested = st.figures.get("requested_memory_bytes")
-    spec = report.kv_cache
-    if usage is not None and requested is not None and spec is not None and spec.num_blocks:
-        estimator = "memest" if st.apply_terms.get("terms") is not None else "vllm"
-        if st.plan.get("kv_cache_memory_bytes_given"):
-            estimator = "memest-plan"
-        comparison.records.append(
-            EstimateRecord(
-                estimator="measured",
-                cudagraph_estimate_bytes=st.figures.get("cudagraph_estimate_bytes"),
-                kv_cache_bytes=int(spec.num_blocks) * int(spec.page_size_bytes or 0),
-                kv_tokens=spec.kv_tokens,
-                usage_minus_budget_bytes=int(usage) - int(requested),
-                note=f"this start, KV sized by {estimator}: device memory in use at the end of "
-                "init after empty_cache plus the profile run's activation peak, minus budget",
-            )
-        )
+    sized_by = "memest" if st.apply_terms.get("terms") is not None else "vllm"
+    if st.plan.get("kv_cache_memory_bytes_given"):
+        sized_by = "memest-plan"
+    st.notes.append(f"KV cache of this start sized by {sized_by}")
     return comparison
 
 
@@ -322,10 +315,13 @@ def write_plan(report: RunReport) -> None:
     kv_now = int(spec.num_blocks) * page
     # A plan start skips graph-memory profiling, so what that pass left allocated is not there.
     skipped = 0 if st.plan.get("kv_cache_memory_bytes_given") else graph_profiling_kept(report)
-    over = int(usage) - skipped - int(requested) + st.settings.margin_bytes
-    kv_plan = ((kv_now - over) // page) * page
-    from memest.estimate import startup_plan_dir, startup_plan_document, write_startup_plan
-
+    over = int(usage) - skipped - int(requested)
+    kv_plan = plan_kv_bytes(
+        over_budget_bytes=over,
+        kv_now_bytes=kv_now,
+        page_bytes=page,
+        margin_bytes=st.settings.margin_bytes,
+    )
     doc = startup_plan_document(
         fp, kv_plan, max(int(baseline or 0) - st.settings.plan_free_tolerance_bytes, 0)
     )
@@ -338,31 +334,16 @@ def write_plan(report: RunReport) -> None:
     )
     if report.estimate is not None:
         report.estimate.records.append(
-            EstimateRecord(
-                estimator="memest-plan",
-                kv_cache_bytes=kv_plan,
-                kv_tokens=(kv_plan // page) * spec.block_size if page else None,
-                usage_minus_budget_bytes=int(usage) - skipped - kv_now + kv_plan - int(requested),
+            plan_record(
+                kv_plan_bytes=kv_plan,
+                page_bytes=page,
+                block_size=spec.block_size,
+                usage_minus_budget_bytes=over + kv_plan - kv_now,
                 note=f"--kv-cache-memory-bytes {kv_plan} (startup plan {path.name}); "
                 f"{skipped} B that graph-memory profiling left allocated are not in a plan start",
             )
         )
     report.notes = list(st.notes)
-
-
-def graph_profiling_kept(report: RunReport) -> int:
-    """Bytes allocated during graph-memory profiling and still live at the end of init.
-
-    From the allocator history's retained view when it was recorded (Inductor output buffers
-    of the profiling capture, for instance); else the allocated growth over the profiling pass.
-    """
-    bd = report.breakdown
-    if bd is not None and bd.event_count and any(s.phase == "graph_profiling" for s in bd.stages):
-        return sum(r.bytes for r in bd.retained if r.phase == "graph_profiling")
-    gp = [p for p in report.phases if p.name == "graph_profiling.total"]
-    if not gp:
-        return 0
-    return max(gp[-1].end.torch_allocated_bytes - gp[-1].start.torch_allocated_bytes, 0)
 
 
 def _vllm_cache_root() -> str:

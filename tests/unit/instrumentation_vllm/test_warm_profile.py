@@ -7,9 +7,10 @@ from typing import Any
 
 import fake_start
 import pytest
-from memest_instrumentation.vllm import collect, finish
+from memest_instrumentation.vllm import collect
 from memest_instrumentation.vllm.state import reset_state, state
 
+from memest.estimate.startup_plan import graph_profiling_kept
 from memest.schema import MemoryReading, PhaseRecord, RetainedRow, RunReport, StageGrowth
 
 MiB = 1 << 20
@@ -101,8 +102,8 @@ def test_graph_profiling_kept_reads_the_retained_view_when_history_was_recorded(
             RetainedRow(stage="target.piecewise", owner="compiled_piece", bytes=5 * MiB),
         ],
     )
-    assert finish.graph_profiling_kept(report) == 32 * MiB
+    assert graph_profiling_kept(report) == 32 * MiB
 
 
 def test_graph_profiling_kept_falls_back_to_the_allocated_growth_of_the_pass() -> None:
-    assert finish.graph_profiling_kept(_report()) == 112 * MiB
+    assert graph_profiling_kept(_report()) == 112 * MiB
