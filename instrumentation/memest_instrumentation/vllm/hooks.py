@@ -13,6 +13,7 @@ from typing import Any
 
 from memest.analysis.tags import DEFAULT_POOL, pool_key
 from memest.estimate.phases import warm_pass_headroom
+from memest.plan.inputs import BLOCK_DRAFTERS
 from memest.schema import PhaseRecord, StageGrowth
 from memest_instrumentation.vllm import measure
 from memest_instrumentation.vllm.patches import Patch
@@ -150,7 +151,8 @@ def role_of(progress_bar_desc: str) -> str:
         return "draft.step0"
     if "decode" in text and "replay" not in text:
         return "draft.steps"
-    for name in ("dspark", "dflash", "lilicorr", "xpress"):
+    # Block drafters name themselves in the progress bar; "xpress" is one more such routine.
+    for name in (*BLOCK_DRAFTERS, "xpress"):
         if name in text:
             return "draft.block"
     if "multi-module mtp" in text:
