@@ -15,9 +15,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from memest.analysis.ranks import capture_stages
 from memest.cli._reports import load_report
 from memest.errors import CommandError
-from memest.reporters.views import capture_stages, estimator_error, run_facts
+from memest.reporters.views import estimator_error, run_facts
 from memest.schema import RunReport
 from memest.units import fmt_bytes, parse_bytes
 

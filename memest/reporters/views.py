@@ -11,8 +11,9 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from memest.analysis.ranks import capture_stages
 from memest.estimate import account
-from memest.schema import RunReport, StageGrowth, StartAccounting
+from memest.schema import RunReport, StartAccounting
 from memest.units import GiB
 
 #: Owner shown for the part of a stage's pool growth no trigger row claims.
@@ -23,8 +24,6 @@ KV_DROP_FRACTION = 0.01
 POOL_GROWTH_FRACTION = 0.05
 #: ... or the magnitude of its estimator error grows by more than this many bytes.
 ESTIMATE_ERROR_GROWTH_BYTES = GiB // 4
-#: Ranks agree when each stage's pool growth differs by at most this fraction of the largest.
-RANK_TOLERANCE_FRACTION = 0.02
 
 
 class OwnerSegment(BaseModel):
@@ -82,19 +81,6 @@ class RunFacts(BaseModel):
         default=None, description="memest's budget: usage minus budget, when the run carries it"
     )
     total_graphs: int | None = None
-
-
-def capture_stages(report: RunReport) -> list[StageGrowth]:
-    """The stages of the real capture (phase "capture"); all stages when no row names that phase.
-
-    A start also records the graph-memory profiling pass (phase "graph_profiling"), whose pool
-    is thrown away: counting both would double the graphs and the pool.
-    """
-    if report.breakdown is None:
-        return []
-    stages = report.breakdown.stages
-    real = [s for s in stages if s.phase == "capture"]
-    return real or list(stages)
 
 
 def kv_tokens(report: RunReport) -> int | None:
@@ -216,49 +202,6 @@ def runner_counts(report: RunReport) -> list[RunnerCount]:
         for s in capture_stages(report)
         if s.graph_count is not None
     ]
-
-
-class RankCheck(BaseModel):
-    """Do the ranks of one run agree on per-stage pool growth?"""
-
-    world_size: int
-    ranks_present: list[int]
-    ranks_missing: list[int]
-    agree: bool | None = Field(
-        description="None when fewer than two ranks reported; else every stage within tolerance"
-    )
-    tolerance_fraction: float = RANK_TOLERANCE_FRACTION
-    max_spread_bytes: int = 0
-    disagreeing_stages: list[str] = Field(default_factory=list)
-
-
-def rank_check(reports: Sequence[RunReport]) -> RankCheck:
-    """Compare the ranks of one run stage by stage."""
-    world = max((r.world_size for r in reports), default=1)
-    present = sorted({r.rank for r in reports})
-    missing = [i for i in range(world) if i not in present]
-    if len(present) < 2:
-        return RankCheck(world_size=world, ranks_present=present, ranks_missing=missing, agree=None)
-    per_stage: dict[str, list[int]] = {}
-    for r in reports:
-        for st in capture_stages(r):
-            per_stage.setdefault(st.stage, []).append(st.pool_growth_bytes)
-        per_stage.setdefault("(graph pool total)", []).append(graph_pool_bytes(r) or 0)
-    spread = 0
-    bad: list[str] = []
-    for stage, values in per_stage.items():
-        s = max(values) - min(values)
-        spread = max(spread, s)
-        if len(values) != len(present) or s > RANK_TOLERANCE_FRACTION * max(max(values), 1):
-            bad.append(stage)
-    return RankCheck(
-        world_size=world,
-        ranks_present=present,
-        ranks_missing=missing,
-        agree=not bad,
-        max_spread_bytes=spread,
-        disagreeing_stages=bad,
-    )
 
 
 class Delta(BaseModel):

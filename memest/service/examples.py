@@ -7,12 +7,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from memest.analysis.ranks import rank_check
 from memest.demo import demo_reports
 from memest.estimate import account
 from memest.reporters.views import (
     compare,
     history,
-    rank_check,
     run_facts,
     runner_counts,
     stage_bars,

@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from memest.reporters.views import RankCheck, RunFacts, RunnerCount, StageBar
+from memest.analysis.ranks import RankCheck
+from memest.reporters.views import RunFacts, RunnerCount, StageBar
 from memest.schema import (
     Breakdown,
     CapturePlan,

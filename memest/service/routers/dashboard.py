@@ -10,12 +10,12 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from memest.analysis.ranks import rank_check
 from memest.estimate import account
 from memest.reporters import plots
 from memest.reporters.views import (
     compare,
     history,
-    rank_check,
     run_facts,
     runner_counts,
     stage_bars,
