@@ -6,6 +6,9 @@ import fake_start
 import pytest
 from memest_instrumentation.vllm.state import state
 
+# A fake start runs memest's real hooks, which import torch and vLLM.
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("needs_vllm")]
+
 
 def _start(monkeypatch: pytest.MonkeyPatch, mode: str) -> tuple[fake_start.FakeDevice, int, int]:
     dev, worker, budget = fake_start.sized_start(monkeypatch, mode)

@@ -22,6 +22,8 @@ def _start(monkeypatch: pytest.MonkeyPatch, mode: str, compile_transient: int) -
     return dev, worker
 
 
+@pytest.mark.vllm
+@pytest.mark.usefixtures("needs_vllm")
 def test_apply_budgets_the_warm_pass_not_the_compiling_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -42,6 +44,8 @@ def test_off_mode_runs_no_second_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     assert worker.calls.count("profile_run") == 1
 
 
+@pytest.mark.vllm
+@pytest.mark.usefixtures("needs_vllm")
 def test_plan_is_sized_with_the_warm_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     dev, worker = _start(monkeypatch, "plan", compile_transient=900 * MiB)
     plan_kv = state().plan["kv_cache_memory_bytes"]
