@@ -30,15 +30,14 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
     """The full-initialization terms of this start, or None when graph profiling did not run."""
     st = state()
     gp = st.graph_profile
-    start: MemoryReading | None = gp.get("start")
-    end: MemoryReading | None = gp.get("end_settled")
+    start, end = gp.start, gp.end_settled
     requested = st.figures.get("requested_memory_bytes")
     if start is None or end is None or requested is None or now.device_used_bytes is None:
         return None
     if "profile_headroom_bytes" not in st.figures:
         st.notes.append("apply: the profile run's activation peak was not measured")
         return None
-    pool = gp.get("pool")
+    pool = gp.pool
     by_stage: dict[str, int] = {}
     for row in st.stages:
         if row.phase == "graph_profiling":
@@ -49,8 +48,8 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
         now=now,
         pool_growth_bytes=measure.private_pool_bytes(end, pool)
         - measure.private_pool_bytes(start, pool),
-        kv_init_added_bytes=int(gp.get("kv_init_added_bytes", 0)),
-        profiling_kv_bytes=int(st.kv.get("profiling_kv_bytes", 0)),
+        kv_init_added_bytes=gp.kv_init_added_bytes,
+        profiling_kv_bytes=st.kv.profiling_kv_bytes,
         weights_bytes=int(st.figures.get("weights_bytes") or 0),
         activation_bytes=int(st.figures.get("profile_headroom_bytes", 0)),
         requested_bytes=int(requested),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memest.schema import KVCacheSpec, RunConfig
 from memest_instrumentation.vllm import measure
 from memest_instrumentation.vllm.state import guarded, state
 
@@ -60,7 +61,7 @@ def read_config(worker: Any) -> None:
     sc = vc.scheduler_config
     spec = getattr(vc, "speculative_config", None)
     mc = vc.model_config
-    st.config.update(
+    st.config = RunConfig(
         model=str(getattr(mc, "served_model_name", None) or getattr(mc, "model", "unknown")),
         max_num_seqs=_int(getattr(sc, "max_num_seqs", None)),
         max_num_batched_tokens=_int(getattr(sc, "max_num_batched_tokens", None)),
@@ -157,16 +158,16 @@ def after_kv(worker: Any, kv_cache_config: Any) -> None:
     if not layers:
         return
     first = layers[0]
-    page_all = sum(int(s.page_size_bytes) for s in layers)
     dtype = getattr(first, "dtype", None)
-    st.kv.update(
-        kind=type(first).__name__,
+    kind = type(first).__name__
+    st.kv.spec = KVCacheSpec(
+        kind="full_attention" if kind == "FullAttentionSpec" else kind,
         num_layers=len(layers),
         num_kv_heads=_int(getattr(first, "num_kv_heads", 0)) or 0,
         head_size=_int(getattr(first, "head_size", 0)) or 0,
         dtype=str(dtype).replace("torch.", "") if dtype is not None else "bfloat16",
         dtype_bytes=int(getattr(dtype, "itemsize", 2) or 2),
         block_size=int(first.block_size),
-        page_size_bytes=page_all,
-        uniform=len({(type(s), int(s.page_size_bytes)) for s in layers}) == 1,
+        page_size_bytes=sum(int(s.page_size_bytes) for s in layers),
+        extra={"uniform": len({(type(s), int(s.page_size_bytes)) for s in layers}) == 1},
     )

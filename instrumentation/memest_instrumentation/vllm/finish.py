@@ -159,32 +159,11 @@ def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> 
     st = state()
     if not st.run_id:
         st.run_id = derive_run_id()
-    cfg = dict(st.config)
-    cfg.setdefault("model", "unknown")
-    config = RunConfig(**cfg)
+    config = st.config or RunConfig(model="unknown")
     gpu = guarded("report", _gpu_info)
     plans = guarded("capture_plans", _capture_plans, config, gpu) or []
-    kv: KVCacheSpec | None = None
-    num_blocks = st.figures.get("num_gpu_blocks") or st.kv.get("num_blocks")
-    if "block_size" in st.kv:
-        kv = KVCacheSpec(
-            kind="full_attention"
-            if st.kv.get("kind") == "FullAttentionSpec"
-            else str(st.kv["kind"]),
-            num_layers=st.kv["num_layers"],
-            num_kv_heads=st.kv["num_kv_heads"],
-            head_size=st.kv["head_size"],
-            dtype=st.kv["dtype"],
-            dtype_bytes=st.kv["dtype_bytes"],
-            block_size=st.kv["block_size"],
-            page_size_bytes=st.kv["page_size_bytes"],
-            num_blocks=num_blocks,
-            kv_tokens=num_blocks * st.kv["block_size"] if num_blocks is not None else None,
-            extra={
-                "kv_buffer_bytes": st.kv.get("kv_buffer_bytes"),
-                "uniform": st.kv.get("uniform"),
-            },
-        )
+    num_blocks = st.figures.get("num_gpu_blocks") or st.kv.num_blocks
+    kv = _kv_spec(num_blocks)
     f = st.figures
     figures = VllmFigures(
         requested_memory_bytes=f.get("requested_memory_bytes"),
@@ -220,6 +199,20 @@ def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> 
     return report
 
 
+def _kv_spec(num_blocks: int | None) -> KVCacheSpec | None:
+    """vLLM's KV-cache spec with this start's block count and backing buffer."""
+    kv = state().kv
+    if kv.spec is None:
+        return None
+    return kv.spec.model_copy(
+        update={
+            "num_blocks": num_blocks,
+            "kv_tokens": num_blocks * kv.spec.block_size if num_blocks is not None else None,
+            "extra": {"kv_buffer_bytes": kv.kv_buffer_bytes or None, **kv.spec.extra},
+        }
+    )
+
+
 def _errors() -> list[str]:
     st = state()
     return [
@@ -245,7 +238,7 @@ def _explain_graph_figures(report: RunReport) -> None:
         "{pool} B by reservation, plus {live} B of default-pool allocations made during the "
         "capture and still live".format(
             est=f.get("cudagraph_estimate_bytes"),
-            n=len(st.graph_profile.get("samples", [])),
+            n=len(st.graph_profile.samples),
             act=f.get("cudagraph_actual_bytes"),
             pool=pool,
             live=live,
@@ -257,11 +250,11 @@ def _estimate(report: RunReport) -> EstimateComparison:
     st = state()
     gp = st.graph_profile
     profile = None
-    if "measured_bytes" in gp:
+    if gp.measured_bytes is not None:
         profile = VllmGraphProfile(
-            measured_bytes=int(gp["measured_bytes"]),
-            full_samples_bytes=list(gp.get("samples", []))[:2],
-            full_graph_count=int(gp.get("full_graph_count", 0)),
+            measured_bytes=gp.measured_bytes,
+            full_samples_bytes=gp.samples[:2],
+            full_graph_count=gp.full_graph_count,
         )
     fp = st.plan.get("fingerprint")
     plan_inputs = None

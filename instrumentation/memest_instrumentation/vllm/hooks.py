@@ -198,7 +198,7 @@ def wrap_cg_capture(orig: Callable[..., Any]) -> Callable[..., Any]:
                 )
             return create_forward_fn(desc, warmup)
 
-        if st.graph_profile.get("lift_full_limit") and st.current_phase == "graph_profiling":
+        if st.graph_profile.lift_full_limit and st.current_phase == "graph_profiling":
             if getattr(self, "_max_full_descs_to_capture", None) is not None:
                 self._max_full_descs_to_capture = None
         try:
@@ -283,7 +283,7 @@ def _before_graph_profiling(self: Any, args: Any, kwargs: Any) -> None:
     from memest_instrumentation.vllm import recorder
 
     st = state()
-    st.graph_profile["lift_full_limit"] = st.settings.estimate == "apply"
+    st.graph_profile.lift_full_limit = st.settings.estimate == "apply"
     guarded("recorder", recorder.ensure_started, "graph_profiling")
 
 
@@ -295,8 +295,7 @@ def _before_v1_capture(self: Any, args: Any, kwargs: Any) -> None:
 
 def _after_graph_profiling(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
     st = state()
-    st.graph_profile["vllm_returned_bytes"] = int(result)
-    st.graph_profile["lift_full_limit"] = False
+    st.graph_profile.lift_full_limit = False
 
 
 def _before_profile_run(self: Any, args: Any, kwargs: Any) -> None:
@@ -430,12 +429,8 @@ def _note_capture(profile_only: bool, rec: PhaseRecord, result: Any) -> None:
         measure.settle()
         settled = measure.reading()
         pool = st.capture_pool
-        st.graph_profile.update(
-            measured_bytes=int(result),
-            start=rec.start,
-            end_settled=settled,
-            pool=pool,
-        )
+        gp = st.graph_profile
+        gp.measured_bytes, gp.start, gp.end_settled, gp.pool = int(result), rec.start, settled, pool
     else:
         st.figures["cudagraph_actual_bytes"] = int(result)
         st.figures["capture_pool"] = _global_pool_key()
@@ -460,7 +455,7 @@ def wrap_initialize_kv_cache(orig: Callable[..., Any]) -> Callable[..., Any]:
                 rec = guarded("kv_cache_alloc", _end_phase, name, token)
                 if rec is not None and profiling:
                     added = rec.end.torch_allocated_bytes - rec.start.torch_allocated_bytes
-                    st.graph_profile["kv_init_added_bytes"] = added
+                    st.graph_profile.kv_init_added_bytes = added
             st.profiling_kv = False
 
     return wrapper
@@ -484,10 +479,11 @@ def _note_kv_buffer(kv_cache_config: Any) -> None:
     st = state()
     sizes = {int(t.size) for t in getattr(kv_cache_config, "kv_cache_tensors", [])}
     total = sum(sizes)
-    key = "profiling_kv_bytes" if st.profiling_kv else "kv_buffer_bytes"
-    st.kv[key] = st.kv.get(key, 0) + total
-    if not st.profiling_kv:
-        st.kv["num_blocks"] = int(getattr(kv_cache_config, "num_blocks", 0))
+    if st.profiling_kv:
+        st.kv.profiling_kv_bytes += total
+        return
+    st.kv.kv_buffer_bytes += total
+    st.kv.num_blocks = int(getattr(kv_cache_config, "num_blocks", 0))
 
 
 def wrap_extrapolate(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -497,8 +493,8 @@ def wrap_extrapolate(orig: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(mem_samples: list[int], total_graphs: int) -> Any:
         st = state()
         if st.settings.enabled:
-            st.graph_profile["samples"] = [int(s) for s in mem_samples]
-            st.graph_profile["full_graph_count"] = int(total_graphs)
+            st.graph_profile.samples = [int(s) for s in mem_samples]
+            st.graph_profile.full_graph_count = int(total_graphs)
             if st.settings.estimate == "apply":
                 # Every FULL graph was captured: apply vLLM's own rule to its two usual
                 # samples, so the figure it logs is the one it would have computed.

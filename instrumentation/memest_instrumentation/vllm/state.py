@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from memest.schema import MemoryReading, PhaseRecord, StageGrowth
+from memest.schema import KVCacheSpec, MemoryReading, PhaseRecord, RunConfig, StageGrowth
 from memest_instrumentation.vllm.env import Settings
 
 logger = logging.getLogger("memest.vllm")
@@ -35,6 +35,30 @@ class StageWindow:
 
 
 @dataclass
+class GraphProfiling:
+    """vLLM's graph-memory profiling pass, as memest read it."""
+
+    lift_full_limit: bool = False  # apply mode: capture every FULL graph, not two samples
+    start: MemoryReading | None = None
+    end_settled: MemoryReading | None = None  # after empty_cache, the throwaway pool held
+    pool: str | None = None
+    measured_bytes: int | None = None  # what vLLM's profile_cudagraph_memory returned
+    samples: list[int] = field(default_factory=list)  # vLLM's FULL-graph samples
+    full_graph_count: int = 0
+    kv_init_added_bytes: int = 0  # allocated by the profiling pass's initialize_kv_cache
+
+
+@dataclass
+class KVState:
+    """The KV cache: vLLM's spec (without the block count) and the buffers allocated."""
+
+    spec: KVCacheSpec | None = None
+    num_blocks: int | None = None
+    profiling_kv_bytes: int = 0
+    kv_buffer_bytes: int = 0
+
+
+@dataclass
 class RunState:
     """Everything one worker process measured during its start."""
 
@@ -51,9 +75,9 @@ class RunState:
     warned: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
-    kv: dict[str, Any] = field(default_factory=dict)
-    graph_profile: dict[str, Any] = field(default_factory=dict)
+    config: RunConfig | None = None
+    kv: KVState = field(default_factory=KVState)
+    graph_profile: GraphProfiling = field(default_factory=GraphProfiling)
     apply_terms: dict[str, Any] = field(default_factory=dict)
     plan: dict[str, Any] = field(default_factory=dict)
     capture_pool: str | None = None
