@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from memest.schema import KVCacheSpec, RunConfig
-from memest_instrumentation.vllm import measure
 from memest_instrumentation.vllm.state import guarded, state
 
 
@@ -24,7 +23,6 @@ def baseline(worker: Any) -> None:
     st.world_size = int(getattr(pc, "world_size", 1) or 1)
     snap = getattr(worker, "init_snapshot", None)
     st.figures["init_free_bytes"] = _int(getattr(snap, "free_memory", None))
-    st.figures["total_bytes"] = _int(getattr(snap, "total_memory", None))
     st.figures["requested_memory_bytes"] = _int(getattr(worker, "requested_memory", None))
     from memest_instrumentation.vllm import recorder
 
@@ -134,19 +132,14 @@ def vllm_budget(worker: Any, result: Any) -> None:
                 f"profile-run activation peak taken from vLLM's own profiling ({headroom} B): "
                 "memest's profile_run hook did not measure it"
             )
-    applied = peak - st.figures.get("profile_headroom_bytes", 0) if peak is not None else None
     st.figures.update(
         weights_bytes=_int(getattr(worker.model_runner, "model_memory_usage", None)),
-        total_consumed_bytes=consumed,
         peak_activation_bytes=peak,
         cudagraph_estimate_bytes=estimate,
-        cudagraph_estimate_applied_bytes=applied,
         available_kv_cache_bytes=_int(getattr(worker, "available_kv_cache_memory_bytes", None)),
-        returned_kv_bytes=_int(result),
     )
     if consumed is not None and "profile_headroom_bytes" in st.figures:
         st.figures["non_kv_cache_memory_bytes"] = consumed + st.figures["profile_headroom_bytes"]
-    st.figures["used_after_profiling_bytes"] = measure.reading(pools=False).device_used_bytes
 
 
 def after_kv(worker: Any, kv_cache_config: Any) -> None:
