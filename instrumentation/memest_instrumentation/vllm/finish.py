@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from memest.analysis.replay import phase_split
 from memest.estimate.startup_plan import (
     graph_profiling_kept,
     plan_kv_bytes,
@@ -22,7 +23,6 @@ from memest.schema import (
     GpuInfo,
     KVCacheSpec,
     PhaseRecord,
-    PhaseSplit,
     RetainedRow,
     RunConfig,
     RunReport,
@@ -75,23 +75,7 @@ def _breakdown(end_pool_usage: dict[str, tuple[int, int]]) -> Breakdown:
     from memest_instrumentation.vllm import recorder
 
     history = guarded("analysis", recorder.analyze_history)
-    splits = [
-        PhaseSplit(
-            phase=p.name,
-            total_added_bytes=(p.end.device_used_bytes or 0) - (p.start.device_used_bytes or 0),
-            graph_pool_bytes=measure.private_pool_bytes(p.end)
-            - measure.private_pool_bytes(p.start),
-            other_torch_bytes=(p.end.torch_reserved_bytes - p.start.torch_reserved_bytes)
-            - (measure.private_pool_bytes(p.end) - measure.private_pool_bytes(p.start)),
-            outside_torch_bytes=(
-                (p.end.device_used_bytes or 0)
-                - (p.start.device_used_bytes or 0)
-                - (p.end.torch_reserved_bytes - p.start.torch_reserved_bytes)
-            ),
-        )
-        for p in st.phases
-        if p.name != "end"
-    ]
+    splits = [phase_split(p)[0] for p in st.phases if p.name != "end"]
     capture = [p for p in st.phases if p.name == "capture"]
     pool = st.figures.get("capture_pool")
     pool_growth = 0
