@@ -9,14 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from memest.analysis.stages import stage_bars
 from memest.estimate import account
-from memest.reporters.views import (
-    Comparison,
-    Delta,
-    run_facts,
-    runner_counts,
-    stage_bars,
-)
+from memest.reporters.views import Comparison, Delta, run_facts, runner_counts
 from memest.schema import RunReport
 from memest.units import count_cell, gib_cell, ratio_cell
 

@@ -8,15 +8,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from memest.analysis.ranks import rank_check
+from memest.analysis.stages import stage_bars
 from memest.demo import demo_reports
 from memest.estimate import account
-from memest.reporters.views import (
-    compare,
-    history,
-    run_facts,
-    runner_counts,
-    stage_bars,
-)
+from memest.reporters.views import compare, history, run_facts, runner_counts
 
 _DEMO = demo_reports()
 MAIN, CHANGE = _DEMO[0], _DEMO[1]

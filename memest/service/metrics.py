@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from memest.analysis.stages import stage_bars
 from memest.estimate import account
-from memest.reporters.views import stage_bars
 from memest.schema import RunReport
 
 

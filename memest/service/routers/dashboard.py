@@ -11,15 +11,10 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from memest.analysis.ranks import rank_check
+from memest.analysis.stages import stage_bars
 from memest.estimate import account
 from memest.reporters import plots
-from memest.reporters.views import (
-    compare,
-    history,
-    run_facts,
-    runner_counts,
-    stage_bars,
-)
+from memest.reporters.views import compare, history, run_facts, runner_counts
 from memest.service import store
 from memest.service.deps import CacheDep, ReadAuth, SessionDep
 from memest.service.errors import NotFound

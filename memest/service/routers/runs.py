@@ -10,8 +10,9 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
 from memest.analysis.ranks import rank_check
+from memest.analysis.stages import stage_bars
 from memest.estimate import account
-from memest.reporters.views import run_facts, runner_counts, stage_bars
+from memest.reporters.views import run_facts, runner_counts
 from memest.schema import RunReport
 from memest.service import examples, store
 from memest.service.deps import CacheDep, FactoryDep, ReadAuth, ResponseCacheDep, SessionDep
