@@ -56,7 +56,7 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
         margin_bytes=st.settings.margin_bytes,
         stage_pool_bytes=by_stage,
     )
-    st.apply_terms.update(capture_details(readings))
+    st.apply_terms.details = capture_details(readings)
     return profiling_terms(
         readings,
         source="measured in this start (graph-memory profiling with every stage captured)",
@@ -66,7 +66,7 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
 def applied_budget(worker: Any, vllm_result: Any) -> int | None:
     """The KV bytes determine_available_memory returns in apply mode (None keeps vLLM's)."""
     st = state()
-    if st.plan.get("kv_cache_memory_bytes_given"):
+    if st.plan.kv_cache_memory_bytes_given:
         st.notes.append("apply: kv_cache_memory_bytes was given, so vLLM did not profile")
         return None
     now = measure.reading()
@@ -77,8 +77,8 @@ def applied_budget(worker: Any, vllm_result: Any) -> int | None:
     memest_kv = full_init_kv_budget(terms)
     vllm_available = int(getattr(worker, "available_kv_cache_memory_bytes", vllm_result))
     reserved_elsewhere = vllm_available - int(vllm_result)  # multimodal IPC reservation
-    st.apply_terms["terms"] = terms
-    st.apply_terms["memest_kv_bytes"] = memest_kv
-    st.apply_terms["vllm_kv_bytes"] = vllm_available
+    st.apply_terms.terms = terms
+    st.apply_terms.memest_kv_bytes = memest_kv
+    st.apply_terms.vllm_kv_bytes = vllm_available
     worker.available_kv_cache_memory_bytes = memest_kv
     return max(memest_kv - max(reserved_elsewhere, 0), 0)

@@ -36,10 +36,10 @@ def fingerprint(worker: Any) -> None:
     next start computes when it looks for a plan.
     """
     st = state()
-    st.plan["kv_cache_memory_bytes_given"] = _int(
+    st.plan.kv_cache_memory_bytes_given = _int(
         getattr(worker.cache_config, "kv_cache_memory_bytes", None)
     )
-    st.plan["fingerprint"] = compute_fingerprint(worker)
+    st.plan.fingerprint = compute_fingerprint(worker)
 
 
 def compute_fingerprint(worker: Any) -> str:

@@ -240,7 +240,7 @@ def _estimate(report: RunReport) -> EstimateComparison:
             full_samples_bytes=gp.samples[:2],
             full_graph_count=gp.full_graph_count,
         )
-    fp = st.plan.get("fingerprint")
+    fp = st.plan.fingerprint
     plan_inputs = None
     if fp and st.figures.get("init_free_bytes") is not None:
         plan_inputs = StartupPlanInputs(
@@ -259,14 +259,12 @@ def _estimate(report: RunReport) -> EstimateComparison:
     except Exception as exc:
         st.notes.append(f"estimate comparison unavailable: {type(exc).__name__}: {exc}")
         comparison = report.estimate
-    terms = st.apply_terms.get("terms")
+    terms = st.apply_terms.terms
     if terms is not None:
         comparison.full_init = terms
-        comparison.components.update(
-            {k: int(v) for k, v in st.apply_terms.items() if k.endswith("_bytes")}
-        )
-    sized_by = "memest" if st.apply_terms.get("terms") is not None else "vllm"
-    if st.plan.get("kv_cache_memory_bytes_given"):
+        comparison.components.update(st.apply_terms.components())
+    sized_by = "memest" if st.apply_terms.terms is not None else "vllm"
+    if st.plan.kv_cache_memory_bytes_given:
         sized_by = "memest-plan"
     st.notes.append(f"KV cache of this start sized by {sized_by}")
     return comparison
@@ -277,7 +275,7 @@ def write_plan(report: RunReport) -> None:
     st = state()
     if st.settings.estimate == "off":
         return
-    fp = st.plan.get("fingerprint")
+    fp = st.plan.fingerprint
     usage = st.figures.get("usage_end_bytes")
     requested = st.figures.get("requested_memory_bytes")
     spec = report.kv_cache
@@ -291,7 +289,7 @@ def write_plan(report: RunReport) -> None:
     page = int(spec.page_size_bytes or 0)
     kv_now = int(spec.num_blocks) * page
     # A plan start skips graph-memory profiling, so what that pass left allocated is not there.
-    skipped = 0 if st.plan.get("kv_cache_memory_bytes_given") else graph_profiling_kept(report)
+    skipped = 0 if st.plan.kv_cache_memory_bytes_given else graph_profiling_kept(report)
     over = int(usage) - skipped - int(requested)
     kv_plan = plan_kv_bytes(
         over_budget_bytes=over,
@@ -304,7 +302,7 @@ def write_plan(report: RunReport) -> None:
     )
     root = Path(os.environ.get("VLLM_CACHE_ROOT") or _vllm_cache_root())
     path = write_startup_plan(startup_plan_dir(root), doc)
-    st.plan.update(path=str(path), kv_cache_memory_bytes=kv_plan)
+    st.plan.path, st.plan.kv_cache_memory_bytes = str(path), kv_plan
     st.notes.append(
         f"startup plan {path}: next start with VLLM_ENABLE_STARTUP_PLAN=1, or pass "
         f"--kv-cache-memory-bytes {kv_plan}"

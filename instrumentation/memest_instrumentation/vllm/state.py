@@ -11,7 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from memest.schema import KVCacheSpec, MemoryReading, PhaseRecord, RunConfig, StageGrowth
+from memest.schema import (
+    FullInitTerms,
+    KVCacheSpec,
+    MemoryReading,
+    PhaseRecord,
+    RunConfig,
+    StageGrowth,
+)
 from memest_instrumentation.vllm.env import Settings
 
 logger = logging.getLogger("memest.vllm")
@@ -59,6 +66,31 @@ class KVState:
 
 
 @dataclass
+class ApplyOutcome:
+    """MEMEST_ESTIMATE=apply: the terms measured and the KV budgets memest and vLLM gave."""
+
+    terms: FullInitTerms | None = None
+    memest_kv_bytes: int | None = None
+    vllm_kv_bytes: int | None = None
+    details: dict[str, int] = field(default_factory=dict)  # capture readings behind the terms
+
+    def components(self) -> dict[str, int]:
+        """What the report keeps beside the terms (EstimateComparison.components)."""
+        budgets = {"memest_kv_bytes": self.memest_kv_bytes, "vllm_kv_bytes": self.vllm_kv_bytes}
+        return {**self.details, **{k: v for k, v in budgets.items() if v is not None}}
+
+
+@dataclass
+class PlanState:
+    """vLLM's startup-plan fingerprint for this start, and the plan memest wrote."""
+
+    fingerprint: str | None = None
+    kv_cache_memory_bytes_given: int | None = None  # set: this start was sized by a plan
+    kv_cache_memory_bytes: int | None = None
+    path: str | None = None
+
+
+@dataclass
 class RunState:
     """Everything one worker process measured during its start."""
 
@@ -78,8 +110,8 @@ class RunState:
     config: RunConfig | None = None
     kv: KVState = field(default_factory=KVState)
     graph_profile: GraphProfiling = field(default_factory=GraphProfiling)
-    apply_terms: dict[str, Any] = field(default_factory=dict)
-    plan: dict[str, Any] = field(default_factory=dict)
+    apply_terms: ApplyOutcome = field(default_factory=ApplyOutcome)
+    plan: PlanState = field(default_factory=PlanState)
     capture_pool: str | None = None
     profiling_kv: bool = False
     finalized: bool = False

@@ -30,7 +30,7 @@ def test_apply_budgets_the_warm_pass_not_the_compiling_one(
     dev, worker = _start(monkeypatch, "apply", compile_transient=900 * MiB)
     st = state()
     assert worker.calls.count("profile_run") == 2
-    terms = st.apply_terms["terms"]
+    terms = st.apply_terms.terms
     assert terms.profile_peak_activation_bytes == dev.sizes["activation"]
     # the first pass's transients come one after the other: its peak is the larger one
     assert st.figures["profile_headroom_first_bytes"] == 900 * MiB
@@ -48,7 +48,7 @@ def test_off_mode_runs_no_second_pass(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("needs_vllm")
 def test_plan_is_sized_with_the_warm_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     dev, worker = _start(monkeypatch, "plan", compile_transient=900 * MiB)
-    plan_kv = state().plan["kv_cache_memory_bytes"]
+    plan_kv = state().plan.kv_cache_memory_bytes
     kv_now = worker.cache_config.num_gpu_blocks * fake_start.PAGE_ALL
     usage = dev.used() + dev.sizes["activation"]
     # the next start keeps the same non-KV memory and plan_kv of KV: within one block of budget
