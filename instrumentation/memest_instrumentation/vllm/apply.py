@@ -31,10 +31,10 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
     st = state()
     gp = st.graph_profile
     start, end = gp.start, gp.end_settled
-    requested = st.figures.get("requested_memory_bytes")
+    requested = st.vllm.requested_memory_bytes
     if start is None or end is None or requested is None or now.device_used_bytes is None:
         return None
-    if "profile_headroom_bytes" not in st.figures:
+    if st.figures.profile_headroom_bytes is None:
         st.notes.append("apply: the profile run's activation peak was not measured")
         return None
     pool = gp.pool
@@ -50,8 +50,8 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
         - measure.private_pool_bytes(start, pool),
         kv_init_added_bytes=gp.kv_init_added_bytes,
         profiling_kv_bytes=st.kv.profiling_kv_bytes,
-        weights_bytes=int(st.figures.get("weights_bytes") or 0),
-        activation_bytes=int(st.figures.get("profile_headroom_bytes", 0)),
+        weights_bytes=st.vllm.weights_bytes or 0,
+        activation_bytes=st.figures.profile_headroom_bytes,
         requested_bytes=int(requested),
         margin_bytes=st.settings.margin_bytes,
         stage_pool_bytes=by_stage,

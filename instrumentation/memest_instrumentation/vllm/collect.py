@@ -22,8 +22,8 @@ def baseline(worker: Any) -> None:
     pc = getattr(worker, "parallel_config", None)
     st.world_size = int(getattr(pc, "world_size", 1) or 1)
     snap = getattr(worker, "init_snapshot", None)
-    st.figures["init_free_bytes"] = _int(getattr(snap, "free_memory", None))
-    st.figures["requested_memory_bytes"] = _int(getattr(worker, "requested_memory", None))
+    st.figures.init_free_bytes = _int(getattr(snap, "free_memory", None))
+    st.vllm.requested_memory_bytes = _int(getattr(worker, "requested_memory", None))
     from memest_instrumentation.vllm import recorder
 
     guarded("recorder", recorder.ensure_started, "init")
@@ -121,31 +121,31 @@ def vllm_budget(worker: Any, result: Any) -> None:
     consumed = _int(getattr(worker, "total_consumed", None))
     peak = _int(getattr(worker, "peak_activation_memory", None))
     estimate = _int(getattr(worker, "cudagraph_memory_estimate", None))
-    if "profile_headroom_bytes" not in st.figures:
+    if st.figures.profile_headroom_bytes is None:
         # memest's profile_run hook did not run (its target was missing or wrapped by another
         # plugin); vLLM's own figure is the same quantity, so the estimate keeps its term.
         headroom = vllm_headroom(worker)
         if headroom is not None:
-            st.figures["profile_headroom_bytes"] = headroom
-            st.figures["profile_headroom_source"] = "vllm"
+            st.figures.profile_headroom_bytes = headroom
+            st.figures.profile_headroom_source = "vllm"
             st.notes.append(
                 f"profile-run activation peak taken from vLLM's own profiling ({headroom} B): "
                 "memest's profile_run hook did not measure it"
             )
-    st.figures.update(
-        weights_bytes=_int(getattr(worker.model_runner, "model_memory_usage", None)),
-        peak_activation_bytes=peak,
-        cudagraph_estimate_bytes=estimate,
-        available_kv_cache_bytes=_int(getattr(worker, "available_kv_cache_memory_bytes", None)),
-    )
-    if consumed is not None and "profile_headroom_bytes" in st.figures:
-        st.figures["non_kv_cache_memory_bytes"] = consumed + st.figures["profile_headroom_bytes"]
+    v = st.vllm
+    v.weights_bytes = _int(getattr(worker.model_runner, "model_memory_usage", None))
+    v.peak_activation_bytes = peak
+    v.cudagraph_estimate_bytes = estimate
+    v.available_kv_cache_bytes = _int(getattr(worker, "available_kv_cache_memory_bytes", None))
+    headroom = st.figures.profile_headroom_bytes
+    if consumed is not None and headroom is not None:
+        v.non_kv_cache_memory_bytes = consumed + headroom
 
 
 def after_kv(worker: Any, kv_cache_config: Any) -> None:
     """After initialize_from_config: block count and the KV-cache spec."""
     st = state()
-    st.figures["num_gpu_blocks"] = _int(getattr(worker.cache_config, "num_gpu_blocks", None))
+    st.vllm.num_gpu_blocks = _int(getattr(worker.cache_config, "num_gpu_blocks", None))
     specs = worker.get_kv_cache_spec()
     layers = list(specs.values())
     if not layers:

@@ -46,8 +46,8 @@ def end_of_init(worker: Any) -> RunReport | None:
     end = measure.reading()
     st.phases.append(PhaseRecord(name="end", start=end, end=end))
     pool_usage = guarded("report", measure.pool_usage) or {}
-    usage = (end.device_used_bytes or 0) + int(st.figures.get("profile_headroom_bytes", 0))
-    st.figures["usage_end_bytes"] = usage
+    usage = (end.device_used_bytes or 0) + (st.figures.profile_headroom_bytes or 0)
+    st.figures.usage_end_bytes = usage
     report = build_report(worker, end_pool_usage=pool_usage)
     guarded("startup_plan", write_plan, report)
     path = guarded("report_file", sink.write_report, st.settings, report)
@@ -77,7 +77,7 @@ def _breakdown(end_pool_usage: dict[str, tuple[int, int]]) -> Breakdown:
     history = guarded("analysis", recorder.analyze_history)
     splits = [phase_split(p)[0] for p in st.phases if p.name != "end"]
     capture = [p for p in st.phases if p.name == "capture"]
-    pool = st.figures.get("capture_pool")
+    pool = st.figures.capture_pool
     pool_growth = 0
     stages = list(st.stages)
     if capture:
@@ -146,19 +146,9 @@ def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> 
     config = st.config or RunConfig(model="unknown")
     gpu = guarded("report", _gpu_info)
     plans = guarded("capture_plans", _capture_plans, config, gpu) or []
-    num_blocks = st.figures.get("num_gpu_blocks") or st.kv.num_blocks
+    num_blocks = st.vllm.num_gpu_blocks or st.kv.num_blocks
     kv = _kv_spec(num_blocks)
-    f = st.figures
-    figures = VllmFigures(
-        requested_memory_bytes=f.get("requested_memory_bytes"),
-        weights_bytes=f.get("weights_bytes"),
-        non_kv_cache_memory_bytes=f.get("non_kv_cache_memory_bytes"),
-        peak_activation_bytes=f.get("peak_activation_bytes"),
-        cudagraph_estimate_bytes=f.get("cudagraph_estimate_bytes"),
-        cudagraph_actual_bytes=f.get("cudagraph_actual_bytes"),
-        available_kv_cache_bytes=f.get("available_kv_cache_bytes"),
-        num_gpu_blocks=num_blocks,
-    )
+    figures = VllmFigures.model_validate({**st.vllm.model_dump(), "num_gpu_blocks": num_blocks})
     breakdown = guarded("analysis", _breakdown, end_pool_usage)
     report = RunReport(
         run_id=st.run_id,
@@ -208,7 +198,7 @@ def _errors() -> list[str]:
 def _explain_graph_figures(report: RunReport) -> None:
     """One note putting vLLM's graph estimate and "actual" beside memest's pool reading."""
     st = state()
-    f = st.figures
+    f = st.vllm
     capture = [p for p in report.phases if p.name == "capture"]
     if not capture or report.breakdown is None:
         return
@@ -216,17 +206,11 @@ def _explain_graph_figures(report: RunReport) -> None:
     pool = report.breakdown.graph_pool_growth_bytes
     live = max(end.torch_allocated_bytes - start.torch_allocated_bytes - pool, 0)
     st.notes.append(
-        "graph memory: vLLM estimate {est} B (profiling pass, {n} FULL samples extrapolated); "
-        "vLLM actual {act} B (free-memory delta of capture_model: pool, allocations the "
+        f"graph memory: vLLM estimate {f.cudagraph_estimate_bytes} B (profiling pass, {len(st.graph_profile.samples)} FULL samples extrapolated); "
+        f"vLLM actual {f.cudagraph_actual_bytes} B (free-memory delta of capture_model: pool, allocations the "
         "capture keeps, allocator cache and memory outside PyTorch); memest: graph pool "
-        "{pool} B by reservation, plus {live} B of default-pool allocations made during the "
-        "capture and still live".format(
-            est=f.get("cudagraph_estimate_bytes"),
-            n=len(st.graph_profile.samples),
-            act=f.get("cudagraph_actual_bytes"),
-            pool=pool,
-            live=live,
-        )
+        f"{pool} B by reservation, plus {live} B of default-pool allocations made during the "
+        "capture and still live"
     )
 
 
@@ -242,12 +226,12 @@ def _estimate(report: RunReport) -> EstimateComparison:
         )
     fp = st.plan.fingerprint
     plan_inputs = None
-    if fp and st.figures.get("init_free_bytes") is not None:
+    if fp and st.figures.init_free_bytes is not None:
         plan_inputs = StartupPlanInputs(
-            fingerprint=fp, free_memory_baseline_bytes=int(st.figures["init_free_bytes"])
+            fingerprint=fp, free_memory_baseline_bytes=st.figures.init_free_bytes
         )
     report.estimate = EstimateComparison(
-        requested_bytes=st.figures.get("requested_memory_bytes"),
+        requested_bytes=st.vllm.requested_memory_bytes,
         vllm_graph_profile=profile,
         startup_plan=plan_inputs,
     )
@@ -276,14 +260,14 @@ def write_plan(report: RunReport) -> None:
     if st.settings.estimate == "off":
         return
     fp = st.plan.fingerprint
-    usage = st.figures.get("usage_end_bytes")
-    requested = st.figures.get("requested_memory_bytes")
+    usage = st.figures.usage_end_bytes
+    requested = st.vllm.requested_memory_bytes
     spec = report.kv_cache
-    baseline = st.figures.get("init_free_bytes")
+    baseline = st.figures.init_free_bytes
     if not fp or usage is None or requested is None or spec is None or not spec.num_blocks:
         st.notes.append("startup plan not written: fingerprint or end state missing")
         return
-    if "profile_headroom_bytes" not in st.figures:
+    if st.figures.profile_headroom_bytes is None:
         st.notes.append("startup plan not written: the profile run's activation peak is unknown")
         return
     page = int(spec.page_size_bytes or 0)

@@ -269,7 +269,7 @@ def _after_determine(self: Any, args: Any, kwargs: Any, result: Any, record: Any
 
     collect.vllm_budget(self, result)
     st = state()
-    if st.settings.estimate != "off" and "profile_headroom_bytes" in st.figures:
+    if st.settings.estimate != "off" and st.figures.profile_headroom_bytes is not None:
         if st.shedding:
             st.notes.append("warm profile pass skipped (work budget spent)")
         else:
@@ -303,22 +303,22 @@ def _before_profile_run(self: Any, args: Any, kwargs: Any) -> None:
 
     # Peak stats start here, as inside vLLM's memory_profiling (also when a plan skipped it).
     measure.reset_peak()
-    state().figures["compiles_before_profile_run"] = collect.compile_count()
+    state().figures.compiles_before_profile_run = collect.compile_count()
 
 
 def _after_profile_run(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
     from memest_instrumentation.vllm import collect
 
     st = state()
-    before = st.figures.pop("compiles_before_profile_run", None)
+    before, st.figures.compiles_before_profile_run = st.figures.compiles_before_profile_run, None
     after = collect.compile_count()
     if before is not None and after is not None and after > before:
-        st.figures["profile_run_compiled"] = after - before
+        st.figures.profile_run_compiled = after - before
     if record is not None:
-        st.figures["profile_headroom_bytes"] = max(
+        st.figures.profile_headroom_bytes = max(
             record.end.torch_allocated_peak_bytes - record.end.torch_allocated_bytes, 0
         )
-        st.figures["profile_headroom_source"] = "memest"
+        st.figures.profile_headroom_source = "memest"
 
 
 def warm_profile_peak(worker: Any) -> None:
@@ -349,7 +349,7 @@ def warm_profile_peak(worker: Any) -> None:
     except Exception:
         config_ctx = contextlib.nullcontext()
     # Read before the pass: a wrapper memest could not unwrap would overwrite it.
-    first = int(st.figures.get("profile_headroom_bytes", 0))
+    first = st.figures.profile_headroom_bytes or 0
     measure.settle()
     measure.reset_peak()
     start = measure.reading(pools=False)
@@ -362,9 +362,9 @@ def warm_profile_peak(worker: Any) -> None:
     measure.settle()
     st.phases.append(PhaseRecord(name="profile_run.warm", start=start, end=end))
     warm = warm_pass_headroom(start, end)
-    st.figures["profile_headroom_first_bytes"] = first
-    st.figures["profile_headroom_bytes"] = warm
-    compiled = " (it compiled the model)" if st.figures.get("profile_run_compiled") else ""
+    st.figures.profile_headroom_first_bytes = first
+    st.figures.profile_headroom_bytes = warm
+    compiled = " (it compiled the model)" if st.figures.profile_run_compiled else ""
     st.notes.append(
         f"activation headroom: vLLM's profile run{compiled} peaked {first} B above what it left "
         f"allocated; a second, warm profile pass added {warm} B of reservation; the estimate "
@@ -432,8 +432,8 @@ def _note_capture(profile_only: bool, rec: PhaseRecord, result: Any) -> None:
         gp = st.graph_profile
         gp.measured_bytes, gp.start, gp.end_settled, gp.pool = int(result), rec.start, settled, pool
     else:
-        st.figures["cudagraph_actual_bytes"] = int(result)
-        st.figures["capture_pool"] = _global_pool_key()
+        st.vllm.cudagraph_actual_bytes = int(result)
+        st.figures.capture_pool = _global_pool_key()
 
 
 def wrap_initialize_kv_cache(orig: Callable[..., Any]) -> Callable[..., Any]:

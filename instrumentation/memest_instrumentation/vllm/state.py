@@ -18,6 +18,7 @@ from memest.schema import (
     PhaseRecord,
     RunConfig,
     StageGrowth,
+    VllmFigures,
 )
 from memest_instrumentation.vllm.env import Settings
 
@@ -66,6 +67,20 @@ class KVState:
 
 
 @dataclass
+class Measured:
+    """memest's own figures of this start, beside vLLM's (RunState.vllm)."""
+
+    init_free_bytes: int | None = None  # vLLM's init snapshot: the startup plan's baseline
+    profile_headroom_bytes: int | None = None  # activation headroom; None: not measured
+    profile_headroom_source: str = ""  # "memest" (its profile_run hook) or "vllm"
+    profile_headroom_first_bytes: int | None = None  # vLLM's own (first) pass, when warm ran
+    profile_run_compiled: int = 0  # compilations during vLLM's profile run
+    compiles_before_profile_run: int | None = None
+    capture_pool: str | None = None  # the real capture's graph pool
+    usage_end_bytes: int | None = None  # in use at the end of init + the whole headroom
+
+
+@dataclass
 class ApplyOutcome:
     """MEMEST_ESTIMATE=apply: the terms measured and the KV budgets memest and vLLM gave."""
 
@@ -106,7 +121,8 @@ class RunState:
     error_counts: dict[str, int] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
-    figures: dict[str, Any] = field(default_factory=dict)
+    vllm: VllmFigures = field(default_factory=VllmFigures)
+    figures: Measured = field(default_factory=Measured)
     config: RunConfig | None = None
     kv: KVState = field(default_factory=KVState)
     graph_profile: GraphProfiling = field(default_factory=GraphProfiling)

@@ -33,7 +33,7 @@ def test_apply_budgets_the_warm_pass_not_the_compiling_one(
     terms = st.apply_terms.terms
     assert terms.profile_peak_activation_bytes == dev.sizes["activation"]
     # the first pass's transients come one after the other: its peak is the larger one
-    assert st.figures["profile_headroom_first_bytes"] == 900 * MiB
+    assert st.figures.profile_headroom_first_bytes == 900 * MiB
     usage = dev.used() + dev.sizes["activation"]
     assert -fake_start.PAGE_ALL < usage - worker.requested_memory <= 0
     assert any(p.name == "profile_run.warm" for p in st.phases)
@@ -67,8 +67,8 @@ def test_vllm_headroom_stands_in_when_memests_hook_did_not_measure() -> None:
     collect.vllm_budget(worker, 1)
     st = state()
     # vLLM 0.33.0 applies its graph estimate by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS)
-    assert st.figures["profile_headroom_bytes"] == 400 * MiB
-    assert st.figures["profile_headroom_source"] == "vllm"
+    assert st.figures.profile_headroom_bytes == 400 * MiB
+    assert st.figures.profile_headroom_source == "vllm"
 
 
 def _reading(allocated: int) -> MemoryReading:
