@@ -1,38 +1,30 @@
-"""End of init on each rank: the last reading, the report, its file and push, the startup plan."""
+"""End of init on each rank: the last reading, the report, its file and push, the startup plan.
+
+The breakdown is built in ``breakdown``, the estimates and the plan in ``estimates``.
+"""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
-from memest.analysis.replay import phase_split
-from memest.estimate.startup_plan import (
-    graph_profiling_kept,
-    plan_kv_bytes,
-    plan_record,
-    startup_plan_dir,
-    startup_plan_document,
-    write_startup_plan,
-)
 from memest.schema import (
-    Breakdown,
     BuildInfo,
     CapturePlan,
-    EstimateComparison,
     GpuInfo,
     KVCacheSpec,
     PhaseRecord,
-    RetainedRow,
     RunConfig,
     RunReport,
-    StageGrowth,
-    StartupPlanInputs,
     VllmFigures,
-    VllmGraphProfile,
 )
 from memest_instrumentation.vllm import measure, sink
+from memest_instrumentation.vllm.breakdown import start_breakdown
 from memest_instrumentation.vllm.env import derive_run_id
+from memest_instrumentation.vllm.estimates import (
+    estimate_comparison,
+    explain_graph_figures,
+    write_plan,
+)
 from memest_instrumentation.vllm.state import guarded, logger, state
 
 
@@ -70,74 +62,6 @@ def _capture_plans(config: RunConfig, gpu: GpuInfo | None) -> list[CapturePlan]:
     return plans.capture_plans(config, sm100=sm100, gpu=gpu.name if gpu else "")
 
 
-def _breakdown(end_pool_usage: dict[str, tuple[int, int]]) -> Breakdown:
-    st = state()
-    from memest_instrumentation.vllm import recorder
-
-    history = guarded("analysis", recorder.analyze_history)
-    splits = [phase_split(p)[0] for p in st.phases if p.name != "end"]
-    capture = [p for p in st.phases if p.name == "capture"]
-    pool = st.figures.capture_pool
-    pool_growth = 0
-    stages = list(st.stages)
-    if capture:
-        pool_growth = max(
-            measure.private_pool_bytes(capture[-1].end, pool)
-            - measure.private_pool_bytes(capture[-1].start, pool),
-            0,
-        )
-        staged = sum(s.pool_growth_bytes for s in stages if s.phase == "capture")
-        if staged < pool_growth:
-            stages.append(
-                StageGrowth(stage="between_stages", pool_growth_bytes=pool_growth - staged)
-            )
-    retained: list[RetainedRow] = []
-    if pool is not None and pool in end_pool_usage:
-        retained.append(
-            RetainedRow(
-                stage="capture",
-                owner="graph_pool_live_blocks",
-                bytes=end_pool_usage[pool][1],
-            )
-        )
-    if capture:
-        live = capture[-1].end.torch_allocated_bytes - capture[-1].start.torch_allocated_bytes
-        in_pool = end_pool_usage.get(pool or "", (0, 0))[1]
-        retained.append(
-            RetainedRow(
-                stage="capture",
-                owner="default_pool_allocated_during_capture",
-                bytes=max(live - in_pool, 0),
-            )
-        )
-    if history is not None:
-        # Stage rows stay the edge readings (reservation of the capture pool at stage edges);
-        # triggers, owners and the retained view come from the allocator history.
-        history.phases = history.phases or splits
-        for row in history.stages:
-            st.notes.append(
-                f"history stage row: {row.phase}/{row.stage} pool growth "
-                f"{row.pool_growth_bytes} B, default-pool growth {row.default_pool_growth_bytes} B"
-            )
-        history.stages = stages
-        history.graph_pool_growth_bytes = pool_growth
-        history.retained = list(history.retained) + retained
-        history.warnings.append(
-            "stages: capture-pool reservation at stage edges; triggers/retained: allocator history"
-        )
-        return history
-    return Breakdown(
-        phases=splits,
-        stages=stages,
-        retained=retained,
-        graph_pool_growth_bytes=pool_growth,
-        warnings=[
-            "stage growth measured by pool reservation at stage edges; no allocator history, "
-            "so no trigger table or per-owner split"
-        ],
-    )
-
-
 def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> RunReport:
     """Assemble the RunReport of this rank from what the hooks measured."""
     st = state()
@@ -149,7 +73,7 @@ def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> 
     num_blocks = st.vllm.num_gpu_blocks or st.kv.num_blocks
     kv = _kv_spec(num_blocks)
     figures = VllmFigures.model_validate({**st.vllm.model_dump(), "num_gpu_blocks": num_blocks})
-    breakdown = guarded("analysis", _breakdown, end_pool_usage)
+    breakdown = guarded("analysis", start_breakdown, end_pool_usage)
     report = RunReport(
         run_id=st.run_id,
         rank=st.rank,
@@ -166,8 +90,8 @@ def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> 
         notes=list(st.notes),
         hook_errors=_errors(),
     )
-    report.estimate = guarded("estimate", _estimate, report)
-    guarded("report", _explain_graph_figures, report)
+    report.estimate = guarded("estimate", estimate_comparison, report)
+    guarded("report", explain_graph_figures, report)
     report.notes = list(st.notes)
     report.hook_errors = _errors()
     return report
@@ -193,122 +117,6 @@ def _errors() -> list[str]:
         msg if st.error_counts.get(msg, 1) == 1 else f"{msg} (x{st.error_counts[msg]})"
         for msg in st.hook_errors
     ]
-
-
-def _explain_graph_figures(report: RunReport) -> None:
-    """One note putting vLLM's graph estimate and "actual" beside memest's pool reading."""
-    st = state()
-    f = st.vllm
-    capture = [p for p in report.phases if p.name == "capture"]
-    if not capture or report.breakdown is None:
-        return
-    start, end = capture[-1].start, capture[-1].end
-    pool = report.breakdown.graph_pool_growth_bytes
-    live = max(end.torch_allocated_bytes - start.torch_allocated_bytes - pool, 0)
-    st.notes.append(
-        f"graph memory: vLLM estimate {f.cudagraph_estimate_bytes} B (profiling pass, {len(st.graph_profile.samples)} FULL samples extrapolated); "
-        f"vLLM actual {f.cudagraph_actual_bytes} B (free-memory delta of capture_model: pool, allocations the "
-        "capture keeps, allocator cache and memory outside PyTorch); memest: graph pool "
-        f"{pool} B by reservation, plus {live} B of default-pool allocations made during the "
-        "capture and still live"
-    )
-
-
-def _estimate(report: RunReport) -> EstimateComparison:
-    st = state()
-    gp = st.graph_profile
-    profile = None
-    if gp.measured_bytes is not None:
-        profile = VllmGraphProfile(
-            measured_bytes=gp.measured_bytes,
-            full_samples_bytes=gp.samples[:2],
-            full_graph_count=gp.full_graph_count,
-        )
-    fp = st.plan.fingerprint
-    plan_inputs = None
-    if fp and st.figures.init_free_bytes is not None:
-        plan_inputs = StartupPlanInputs(
-            fingerprint=fp, free_memory_baseline_bytes=st.figures.init_free_bytes
-        )
-    report.estimate = EstimateComparison(
-        requested_bytes=st.vllm.requested_memory_bytes,
-        vllm_graph_profile=profile,
-        startup_plan=plan_inputs,
-    )
-    comparison: EstimateComparison | None = None
-    try:
-        from memest.estimate import compare
-
-        comparison = compare(report, margin_bytes=st.settings.margin_bytes)
-    except Exception as exc:
-        st.notes.append(f"estimate comparison unavailable: {type(exc).__name__}: {exc}")
-        comparison = report.estimate
-    terms = st.apply_terms.terms
-    if terms is not None:
-        comparison.full_init = terms
-        comparison.components.update(st.apply_terms.components())
-    sized_by = "memest" if st.apply_terms.terms is not None else "vllm"
-    if st.plan.kv_cache_memory_bytes_given:
-        sized_by = "memest-plan"
-    st.notes.append(f"KV cache of this start sized by {sized_by}")
-    return comparison
-
-
-def write_plan(report: RunReport) -> None:
-    """Write a vLLM 0.33.0 startup plan sized from this start's measured end state."""
-    st = state()
-    if st.settings.estimate == "off":
-        return
-    fp = st.plan.fingerprint
-    usage = st.figures.usage_end_bytes
-    requested = st.vllm.requested_memory_bytes
-    spec = report.kv_cache
-    baseline = st.figures.init_free_bytes
-    if not fp or usage is None or requested is None or spec is None or not spec.num_blocks:
-        st.notes.append("startup plan not written: fingerprint or end state missing")
-        return
-    if st.figures.profile_headroom_bytes is None:
-        st.notes.append("startup plan not written: the profile run's activation peak is unknown")
-        return
-    page = int(spec.page_size_bytes or 0)
-    kv_now = int(spec.num_blocks) * page
-    # A plan start skips graph-memory profiling, so what that pass left allocated is not there.
-    skipped = 0 if st.plan.kv_cache_memory_bytes_given else graph_profiling_kept(report)
-    over = int(usage) - skipped - int(requested)
-    kv_plan = plan_kv_bytes(
-        over_budget_bytes=over,
-        kv_now_bytes=kv_now,
-        page_bytes=page,
-        margin_bytes=st.settings.margin_bytes,
-    )
-    doc = startup_plan_document(
-        fp, kv_plan, max(int(baseline or 0) - st.settings.plan_free_tolerance_bytes, 0)
-    )
-    root = Path(os.environ.get("VLLM_CACHE_ROOT") or _vllm_cache_root())
-    path = write_startup_plan(startup_plan_dir(root), doc)
-    st.plan.path, st.plan.kv_cache_memory_bytes = str(path), kv_plan
-    st.notes.append(
-        f"startup plan {path}: next start with VLLM_ENABLE_STARTUP_PLAN=1, or pass "
-        f"--kv-cache-memory-bytes {kv_plan}"
-    )
-    if report.estimate is not None:
-        report.estimate.records.append(
-            plan_record(
-                kv_plan_bytes=kv_plan,
-                page_bytes=page,
-                block_size=spec.block_size,
-                usage_minus_budget_bytes=over + kv_plan - kv_now,
-                note=f"--kv-cache-memory-bytes {kv_plan} (startup plan {path.name}); "
-                f"{skipped} B that graph-memory profiling left allocated are not in a plan start",
-            )
-        )
-    report.notes = list(st.notes)
-
-
-def _vllm_cache_root() -> str:
-    import vllm.envs as envs
-
-    return str(envs.VLLM_CACHE_ROOT)
 
 
 def _build_info() -> BuildInfo:
