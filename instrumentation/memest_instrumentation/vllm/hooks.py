@@ -1,5 +1,7 @@
 """The wrappers around vLLM 0.33.0's startup methods, and the list of patches that install them.
 
+Phase and stage windows live in ``windows``, stage detection in ``detect``.
+
 Every wrapper calls the original unchanged and returns its value; memest's own work runs in
 ``guarded`` blocks, so a failing hook is logged once, kept in ``report.hook_errors`` and vLLM goes
 on. Targets and line numbers: shared hook map (vllm-0.33-hooks.md), sections 1-3.
@@ -11,13 +13,20 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from memest.analysis.tags import DEFAULT_POOL, pool_key
+from memest.analysis.tags import pool_key
 from memest.estimate.phases import warm_pass_headroom
-from memest.plan.inputs import BLOCK_DRAFTERS
-from memest.schema import PhaseRecord, StageGrowth
+from memest.schema import PhaseRecord
 from memest_instrumentation.vllm import measure
+from memest_instrumentation.vllm.detect import role_of, stage_of
 from memest_instrumentation.vllm.patches import Patch
-from memest_instrumentation.vllm.state import StageWindow, guarded, state
+from memest_instrumentation.vllm.state import guarded, state
+from memest_instrumentation.vllm.windows import (
+    begin_phase,
+    close_stage,
+    end_phase,
+    enter_stage,
+    phase_wrapper,
+)
 
 W2 = "vllm.v1.worker.gpu.model_runner"
 W1 = "vllm.v1.worker.gpu_model_runner"
@@ -26,156 +35,6 @@ CG = "vllm.v1.worker.gpu.cudagraph_utils"
 
 # Lifts the FULL-graph sample limit of vLLM's graph-memory profiling in apply mode.
 _ALL_GRAPHS = 1 << 30
-
-
-# --------------------------------------------------------------------------- phases
-def _begin_phase(name: str) -> tuple[str, Any]:
-    st = state()
-    previous = st.current_phase
-    st.current_phase = name
-    rec = st.recorder
-    ctx = None
-    if rec is not None:
-        ctx = rec.phase(name)
-        ctx.__enter__()
-    return previous, (ctx, measure.reading())
-
-
-def _end_phase(name: str, token: tuple[str, Any], *, settle: bool = False) -> PhaseRecord:
-    st = state()
-    previous, (ctx, start) = token
-    _close_stage()
-    if settle:
-        measure.settle()
-    end = measure.reading()
-    record = PhaseRecord(name=name, start=start, end=end)
-    st.phases.append(record)
-    st.current_phase = previous
-    if ctx is not None:
-        ctx.__exit__(None, None, None)
-    return record
-
-
-def phase_wrapper(
-    name: str,
-    hook: str,
-    *,
-    settle_end: bool = False,
-    before: Callable[..., None] | None = None,
-    after: Callable[..., Any] | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Wrap a method in a named phase with readings at both edges.
-
-    ``after(self, args, kwargs, result, record)`` may return a replacement for the result
-    (apply mode); ``None`` keeps vLLM's value.
-    """
-
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(orig)
-        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            st = state()
-            if not st.settings.enabled:
-                return orig(self, *args, **kwargs)
-            if before is not None:
-                guarded(f"{hook}.before", before, self, args, kwargs)
-            token = guarded(hook, _begin_phase, name)
-            result = orig(self, *args, **kwargs)
-            record = None
-            if token is not None:
-                record = guarded(hook, _end_phase, name, token, settle=settle_end)
-            if after is not None:
-                replaced = guarded(f"{hook}.after", after, self, args, kwargs, result, record)
-                if replaced is not None:
-                    return replaced
-            return result
-
-        return wrapper
-
-    return make
-
-
-# --------------------------------------------------------------------------- stages
-def _close_stage() -> None:
-    st = state()
-    window = st.open_stage
-    if window is None:
-        return
-    st.open_stage = None
-    end = measure.reading()
-    growth = measure.private_pool_bytes(end, window.pool) - measure.private_pool_bytes(
-        window.start, window.pool
-    )
-    default = end.pool_reserved_bytes.get(DEFAULT_POOL, 0) - window.start.pool_reserved_bytes.get(
-        DEFAULT_POOL, 0
-    )
-    st.stages.append(
-        StageGrowth(
-            stage=window.stage,
-            phase=window.phase,
-            pool_growth_bytes=max(growth, 0),
-            pool_released_bytes=max(-growth, 0),
-            default_pool_growth_bytes=max(default, 0),
-            graph_count=len(window.sizes),
-            capture_sizes=sorted(set(window.sizes), reverse=True),
-            widest=str(max(window.sizes)) + " tokens" if window.sizes else None,
-            pools=[window.pool] if window.pool and growth > 0 else [],
-        )
-    )
-    if st.recorder is not None and getattr(st, "_stage_ctx", None) is not None:
-        ctx = st._stage_ctx  # type: ignore[attr-defined]
-        st._stage_ctx = None  # type: ignore[attr-defined]
-        ctx.__exit__(None, None, None)
-
-
-def enter_stage(stage: str, pool: str | None, size: int | None) -> None:
-    """Mark the capture stage now running; a new stage closes the previous one."""
-    st = state()
-    phase = "graph_profiling" if st.current_phase == "graph_profiling" else "capture"
-    window = st.open_stage
-    if window is None or window.stage != stage or window.phase != phase or window.pool != pool:
-        _close_stage()
-        window = StageWindow(phase=phase, stage=stage, pool=pool, start=measure.reading())
-        st.open_stage = window
-        if st.recorder is not None:
-            ctx = st.recorder.stage(stage)
-            ctx.__enter__()
-            st._stage_ctx = ctx  # type: ignore[attr-defined]
-    if size is not None:
-        window.sizes.append(int(size))
-
-
-def role_of(progress_bar_desc: str) -> str:
-    """Which graph family a CudaGraphManager.capture call is, from its progress-bar text."""
-    text = progress_bar_desc.lower()
-    if "prefill" in text:
-        return "draft.step0"
-    if "decode" in text and "replay" not in text:
-        return "draft.steps"
-    # Block drafters name themselves in the progress bar; "xpress" is one more such routine.
-    for name in (*BLOCK_DRAFTERS, "xpress"):
-        if name in text:
-            return "draft.block"
-    if "multi-module mtp" in text:
-        return "draft.mtp"
-    if "decoder replay" in text:
-        return "target.replay"
-    return "target"
-
-
-def stage_of(role: str, desc: Any) -> str:
-    """Stage name from the role and a BatchExecutionDescriptor (hook map 3.2)."""
-    mode = getattr(getattr(desc, "cg_mode", None), "name", str(getattr(desc, "cg_mode", "")))
-    if mode == "PIECEWISE":
-        return f"{role}.piecewise"
-    if (
-        role == "target"
-        and getattr(desc, "uniform_token_count", None) is None
-        and getattr(desc, "max_query_len", None)
-    ):
-        return "target.av"
-    if role == "draft.steps":
-        return "draft.steps.full"
-    return f"{role}.full"
 
 
 def wrap_cg_capture(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -204,7 +63,7 @@ def wrap_cg_capture(orig: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return orig(self, tagged, *args, **kwargs)
         finally:
-            guarded("capture_stage", _close_stage)
+            guarded("capture_stage", close_stage)
 
     return wrapper
 
@@ -243,7 +102,7 @@ def wrap_av_batches(orig: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 yield from batches
             finally:
-                guarded("capture_stage", _close_stage)
+                guarded("capture_stage", close_stage)
 
         return tagged()
 
@@ -399,15 +258,15 @@ def wrap_capture_model(orig: Callable[..., Any]) -> Callable[..., Any]:
         if profile_only:
             guarded("graph_profiling", measure.settle)
             st.capture_pool = guarded("graph_profiling", _global_pool_key)
-            token = guarded("graph_profiling", _begin_phase, "graph_profiling")
+            token = guarded("graph_profiling", begin_phase, "graph_profiling")
         else:
             from memest_instrumentation.vllm import recorder
 
             guarded("recorder", recorder.ensure_started, "capture")
-            token = guarded("capture", _begin_phase, "capture")
+            token = guarded("capture", begin_phase, "capture")
         result = orig(self, *args, **kwargs)
         if token is not None:
-            rec = guarded(name, _end_phase, "graph_profiling" if profile_only else "capture", token)
+            rec = guarded(name, end_phase, "graph_profiling" if profile_only else "capture", token)
             if rec is not None:
                 guarded(name, _note_capture, profile_only, rec, result)
         return result
@@ -447,12 +306,12 @@ def wrap_initialize_kv_cache(orig: Callable[..., Any]) -> Callable[..., Any]:
         profiling = bool(kwargs.get("is_profiling", args[0] if args else False))
         st.profiling_kv = profiling
         name = "graph_profiling.kv" if profiling else "kv_cache_alloc"
-        token = guarded("kv_cache_alloc", _begin_phase, name)
+        token = guarded("kv_cache_alloc", begin_phase, name)
         try:
             return orig(self, kv_cache_config, *args, **kwargs)
         finally:
             if token is not None:
-                rec = guarded("kv_cache_alloc", _end_phase, name, token)
+                rec = guarded("kv_cache_alloc", end_phase, name, token)
                 if rec is not None and profiling:
                     added = rec.end.torch_allocated_bytes - rec.start.torch_allocated_bytes
                     st.graph_profile.kv_init_added_bytes = added
