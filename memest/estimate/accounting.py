@@ -22,8 +22,10 @@ def account(report: RunReport, *, margin_bytes: int = 0) -> StartAccounting:
     """The accounting of one start: recomputed when the report allows it, else as stored."""
     try:
         comparison = compare(report, margin_bytes=margin_bytes)
-    except MemestError as exc:
-        return _stored(report, f"{exc}")
+    except (MemestError, ValueError) as exc:
+        # A figure the model cannot take (a negative stage growth, say) is a report memest
+        # cannot recompute, never a failure of the surface showing it.
+        return _stored(report, f"{exc}".splitlines()[0])
     return _current(report, comparison)
 
 

@@ -50,8 +50,10 @@ class StartAccounting(MemestModel):
     non_kv_bytes: Bytes | None = Field(
         default=None, description="usage - KV cache: every byte the start keeps besides the KV"
     )
-    graph_pool_bytes: NonNegativeBytes | None = Field(
-        default=None, description="Reserved graph-pool growth over the real capture"
+    graph_pool_bytes: Bytes | None = Field(
+        default=None,
+        description="Reserved graph-pool growth over the real capture (a stored phase split "
+        "may show a shrinking pool)",
     )
     graph_pool_by_stage_bytes: dict[str, NonNegativeBytes] = Field(default_factory=dict)
     capture_added_bytes: Bytes | None = Field(

@@ -55,3 +55,14 @@ def test_a_report_memest_cannot_recompute_keeps_its_figures_flagged() -> None:
     assert acc.graph_pool_bytes == published.breakdown.graph_pool_growth_bytes  # type: ignore[union-attr]
     names = [r.estimator for r in acc.estimators]
     assert names and len(names) == len(set(names))
+
+
+def test_a_shrinking_stored_pool_is_shown_not_refused() -> None:
+    published = demo_reports()[0]
+    assert published.breakdown is not None
+    split = published.breakdown.phases[0].model_copy(update={"graph_pool_bytes": -1})
+    bd = published.breakdown.model_copy(
+        update={"stages": [], "graph_pool_growth_bytes": 0, "phases": [split]}
+    )
+    acc = account(published.model_copy(update={"breakdown": bd}))
+    assert acc.definition == "stored" and acc.graph_pool_bytes == -1
