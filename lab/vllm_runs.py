@@ -30,6 +30,7 @@ Run on the device from the repo root (carry [".vllm_h200"]):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -354,9 +355,9 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         "memest_enabled": st.settings.enabled,
         "memest_plugin_registered": bool(st.run_id),
         "memest_hook_errors": list(st.hook_errors),
-        "memest_apply_kv_bytes": st.apply_terms.get("memest_kv_bytes"),
-        "memest_plan": {k: v for k, v in st.plan.items() if isinstance(v, (int, str, type(None)))},
-        "memest_figures": {k: v for k, v in st.figures.items() if isinstance(v, (int, float, str))},
+        "memest_apply_kv_bytes": st.apply_terms.memest_kv_bytes,
+        "memest_plan": dataclasses.asdict(st.plan),
+        "memest_figures": {**st.vllm.model_dump(), **dataclasses.asdict(st.figures)},
         "cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode),
         "memest_work_s": {k: round(v, 3) for k, v in getattr(st, "work_s", {}).items()},
         "memest_shed": getattr(st, "shed_reason", None),

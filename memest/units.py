@@ -71,3 +71,22 @@ def fmt_bytes(n_bytes: int | float) -> str:
     if n >= KiB:
         return f"{sign}{n / KiB:.1f} KiB"
     return f"{sign}{int(n)} B"
+
+
+#: What a table cell shows for a figure the report does not have.
+MISSING = "–"
+
+
+def gib_cell(n_bytes: int | None, digits: int = 3, *, signed: bool = False) -> str:
+    """A table cell in GiB (``fmt_gib``), or ``MISSING``."""
+    return MISSING if n_bytes is None else fmt_gib(n_bytes, digits, signed=signed)
+
+
+def count_cell(value: int | None) -> str:
+    """A count with thousands separators, or ``MISSING``."""
+    return MISSING if value is None else f"{value:,}"
+
+
+def ratio_cell(value: float | None) -> str:
+    """A ratio such as ``1.25×``, or ``MISSING``."""
+    return MISSING if value is None else f"{value:.2f}×"

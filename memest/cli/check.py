@@ -4,8 +4,9 @@
   memest check pr.json --baseline main.json --max-kv-drop 0.05 --max-pool-growth 0.10
   memest check pr.json --max-stage target.full=4GiB --min-kv-tokens 6000000
 
-Estimator error is |usage minus budget| of one estimator's record (--estimator; "auto" takes
-memest's record, else vLLM's). A limit the report has no figure for is an error (exit 2), never
+Every figure comes from the start's accounting (memest.estimate.account), as in `memest
+estimate`, the service and the dashboard. Estimator error is |usage minus budget| of one
+estimator's record (--estimator; "auto" takes memest's record, else vLLM's). A limit the report has no figure for is an error (exit 2), never
 a silent pass. Exit codes: 0 every limit holds, 1 a limit is breached, 2 bad input.
 """
 
@@ -15,9 +16,10 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from memest.analysis.ranks import capture_stages
 from memest.cli._reports import load_report
 from memest.errors import CommandError
-from memest.reporters.views import capture_stages, estimator_error, run_facts
+from memest.reporters.views import estimator_error, run_facts
 from memest.schema import RunReport
 from memest.units import fmt_bytes, parse_bytes
 

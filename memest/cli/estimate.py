@@ -23,7 +23,11 @@ max_num_seqs that still holds them at G's utilization.
 DIR, which should be {VLLM_CACHE_ROOT}/startup_plan; the report must carry the worker's plan
 fingerprint and free-memory baseline (estimate.startup_plan). A plan for G' cannot be written
 (its fingerprint is computed by vLLM's worker). The matching vLLM flag is printed either way:
---kv-cache-memory-bytes=N, for G and, after a what-if, for G'."""
+--kv-cache-memory-bytes=N, for G and, after a what-if, for G'.
+--json prints {"accounting": the start's figures as every memest surface shows them,
+"comparison": the estimators and terms, "what_if", "kv_cache_memory_bytes",
+"kv_cache_memory_bytes_to", "inverse", "startup_plan_path"}.
+"""
 
 from __future__ import annotations
 
@@ -36,13 +40,13 @@ from typing import Any
 from memest.cli._reports import load_report
 from memest.errors import CommandError, ConfigError
 from memest.estimate import (
+    account,
     compare,
-    record,
     startup_plan_document,
     what_if,
     write_startup_plan,
 )
-from memest.reporters.estimate import render_comparison, render_what_if
+from memest.reporters.estimate import render_accounting, render_what_if
 from memest.snapshot import load_snapshot
 from memest.units import parse_bytes
 
@@ -108,6 +112,7 @@ class EstimateCommand:
         if args.snapshot is not None and not args.grid:
             raise ConfigError("--snapshot", str(args.snapshot), "only used with --grid")
         comparison = compare(report, margin_bytes=margin)
+        accounting = account(report, margin_bytes=margin)
         grid_result = None
         target = _target_tokens(args, report)
         if target is not None and not args.grid:
@@ -126,7 +131,7 @@ class EstimateCommand:
             if target is not None and grid_result is not None
             else None
         )
-        memest = record(comparison, "memest")
+        memest = accounting.estimator("memest")
         kv_bytes = memest.kv_cache_bytes if memest is not None else None
         plan_path: Path | None = None
         if args.write_startup_plan is not None:
@@ -143,7 +148,10 @@ class EstimateCommand:
             )
             plan_path = write_startup_plan(args.write_startup_plan, document)
         if args.json:
-            payload: dict[str, Any] = {"comparison": comparison.model_dump(mode="json")}
+            payload: dict[str, Any] = {
+                "accounting": accounting.model_dump(mode="json"),
+                "comparison": comparison.model_dump(mode="json"),
+            }
             if grid_result is not None:
                 payload["what_if"] = grid_result.model_dump(mode="json")
             payload["kv_cache_memory_bytes"] = kv_bytes
@@ -154,7 +162,7 @@ class EstimateCommand:
             payload["startup_plan_path"] = str(plan_path) if plan_path else None
             sys.stdout.write(json.dumps(payload, indent=2) + "\n")
             return 0
-        sys.stdout.write(render_comparison(comparison))
+        sys.stdout.write(render_accounting(accounting))
         if grid_result is not None:
             sys.stdout.write("\nWhat-if\n\n" + render_what_if(grid_result))
         if kv_bytes:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from memest.analysis.stages import stage_bars
 from memest.cli._reports import load_report
 from memest.errors import CommandError
 from memest.reporters import html, plots
 from memest.reporters.markdown import comparison_markdown, run_markdown
-from memest.reporters.views import compare, stage_bars
+from memest.reporters.views import compare
 
 
 class ReportCommand:

@@ -3,7 +3,8 @@
 Pure Python: reads RunReports (memest.schema), never imports torch.
 """
 
-from memest.estimate.compare import compare, record
+from memest.estimate.accounting import account
+from memest.estimate.compare import compare, record, usage_bytes
 from memest.estimate.kv import kv_bytes_per_token, kv_page_bytes, kv_tokens
 from memest.estimate.phases import (
     check_report,
@@ -26,6 +27,7 @@ from memest.schema import FullInitTerms
 __all__ = [
     "PLAN_SCHEMA_VERSION",
     "FullInitTerms",
+    "account",
     "check_report",
     "compare",
     "extrapolate_full_graph_memory",
@@ -43,6 +45,7 @@ __all__ = [
     "startup_plan_dir",
     "startup_plan_document",
     "startup_plan_filename",
+    "usage_bytes",
     "vllm_cudagraph_estimate",
     "what_if",
     "write_startup_plan",

@@ -17,6 +17,7 @@ from memest.estimate.vllm_estimate import vllm_cudagraph_estimate
 from memest.schema import (
     EstimateComparison,
     EstimateRecord,
+    FullInitTerms,
     KVCacheSpec,
     MemoryReading,
     RunReport,
@@ -37,6 +38,23 @@ def default_pool_cached(report: RunReport, end: MemoryReading) -> int:
         )
     free = end.torch_reserved_bytes - end.torch_allocated_bytes
     return max(free - max(private - live, 0), 0)
+
+
+def usage_bytes(report: RunReport, terms: FullInitTerms) -> int:
+    """Usage: device memory in use at the end of init plus what serving's first full-size step adds.
+
+    That step needs the activation headroom again, beyond what the allocator already holds
+    cached in its default pool at the final reading (graph pools' free space serves only
+    replays): a reading taken after ``empty_cache()`` adds the whole headroom, a reading taken
+    after a full-size step adds nothing.
+
+    Raises:
+        ReportFormatError: the final reading has no device-memory figure.
+    """
+    end = final_reading(report)
+    cached = default_pool_cached(report, end)
+    transient = max(terms.profile_peak_activation_bytes - cached, 0)
+    return device_used(end, report, "the final reading") + transient
 
 
 def _allocated(spec: KVCacheSpec, kv_bytes: int) -> int:
@@ -95,11 +113,7 @@ def compare(report: RunReport, *, margin_bytes: int = 0) -> EstimateComparison:
     had with that estimator's KV cache: the measured non-KV memory plus its whole KV blocks,
     minus the budget. For the estimator that sized this start it equals the measured value.
 
-    Usage counts the profile run's activation peak, which serving's first full-size batch needs
-    again, beyond what the allocator already holds cached in its default pool at the final
-    reading (graph pools' free space serves only replays): a reading taken
-    after ``empty_cache()`` (as the vLLM plugin's is) adds the whole peak, a reading taken after a
-    full-size step adds nothing.
+    Usage is ``usage_bytes``: the end of init plus what serving's first full-size step adds.
 
     Args:
         report: one complete start (see ``full_init_terms`` for what it must hold).
@@ -113,10 +127,7 @@ def compare(report: RunReport, *, margin_bytes: int = 0) -> EstimateComparison:
     spec = report.kv_cache
     assert spec is not None
     requested = terms.requested_bytes
-    end = final_reading(report)
-    cached = default_pool_cached(report, end)
-    transient = max(terms.profile_peak_activation_bytes - cached, 0)
-    usage_end = device_used(end, report, "the final reading") + transient
+    usage_end = usage_bytes(report, terms)
     kv_measured = measured_kv_bytes(report)
     retained_non_kv = usage_end - kv_measured
 

@@ -244,16 +244,7 @@ def non_kv_bytes(terms: FullInitTerms) -> int:
                 f"graph_pool_by_stage_bytes sums to {split}, graph_pool_bytes is "
                 f"{terms.graph_pool_bytes}"
             )
-    return (
-        terms.baseline_torch_bytes
-        + terms.weights_bytes
-        + terms.profile_peak_activation_bytes
-        + terms.outside_torch_bytes
-        + terms.graph_pool_bytes
-        + terms.runner_buffer_bytes
-        + terms.profiling_residue_bytes
-        + terms.margin_bytes
-    )
+    return sum(terms_components(terms).values())
 
 
 def full_init_kv_budget(terms: FullInitTerms) -> int:
@@ -265,15 +256,20 @@ def full_init_kv_budget(terms: FullInitTerms) -> int:
     return max(terms.requested_bytes - non_kv_bytes(terms), 0)
 
 
+#: The terms that sum to non-KV memory, in the order tables show them.
+TERM_FIELDS = (
+    "baseline_torch_bytes",
+    "weights_bytes",
+    "profile_peak_activation_bytes",
+    "outside_torch_bytes",
+    "graph_pool_bytes",
+    "runner_buffer_bytes",
+    "profiling_residue_bytes",
+    "margin_bytes",
+)
+
+
 def terms_components(terms: FullInitTerms) -> dict[str, int]:
     """The terms as the ``components`` mapping of an EstimateComparison (they sum to non-KV)."""
-    return {
-        "baseline_torch_bytes": terms.baseline_torch_bytes,
-        "weights_bytes": terms.weights_bytes,
-        "profile_peak_activation_bytes": terms.profile_peak_activation_bytes,
-        "outside_torch_bytes": terms.outside_torch_bytes,
-        "graph_pool_bytes": terms.graph_pool_bytes,
-        "runner_buffer_bytes": terms.runner_buffer_bytes,
-        "profiling_residue_bytes": terms.profiling_residue_bytes,
-        "margin_bytes": terms.margin_bytes,
-    }
+    values = terms.model_dump(include=set(TERM_FIELDS))
+    return {name: int(values[name]) for name in TERM_FIELDS}

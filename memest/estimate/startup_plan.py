@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from memest.errors import ConfigError
+from memest.schema import EstimateRecord, RunReport
 
 PLAN_SCHEMA_VERSION = 1
 PLAN_DIRNAME = "startup_plan"
@@ -93,3 +94,48 @@ def write_startup_plan(directory: Path, document: dict[str, Any]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def graph_profiling_kept(report: RunReport) -> int:
+    """Bytes allocated during graph-memory profiling and still live at the end of init.
+
+    A plan start skips that pass, so its plan adds them back. From the allocator history's
+    retained view when it was recorded (Inductor output buffers of the profiling capture, for
+    instance); else the allocated growth over the profiling pass.
+    """
+    bd = report.breakdown
+    if bd is not None and bd.event_count and any(s.phase == "graph_profiling" for s in bd.stages):
+        return sum(r.bytes for r in bd.retained if r.phase == "graph_profiling")
+    gp = [p for p in report.phases if p.name == "graph_profiling.total"]
+    if not gp:
+        return 0
+    return max(gp[-1].end.torch_allocated_bytes - gp[-1].start.torch_allocated_bytes, 0)
+
+
+def plan_kv_bytes(
+    *, over_budget_bytes: int, kv_now_bytes: int, page_bytes: int, margin_bytes: int
+) -> int:
+    """KV bytes for the next start's plan: this start's KV less what it ended over budget.
+
+    ``over_budget_bytes`` is this start's usage minus budget with what graph-memory profiling
+    left allocated taken out (a plan start skips that pass); whole blocks only.
+    """
+    return ((kv_now_bytes - over_budget_bytes - margin_bytes) // page_bytes) * page_bytes
+
+
+def plan_record(
+    *,
+    kv_plan_bytes: int,
+    page_bytes: int,
+    block_size: int,
+    usage_minus_budget_bytes: int,
+    note: str,
+) -> EstimateRecord:
+    """The ``memest-plan`` estimate record: the plan's KV and the usage minus budget it predicts."""
+    return EstimateRecord(
+        estimator="memest-plan",
+        kv_cache_bytes=kv_plan_bytes,
+        kv_tokens=(kv_plan_bytes // page_bytes) * block_size if page_bytes else None,
+        usage_minus_budget_bytes=usage_minus_budget_bytes,
+        note=note,
+    )

@@ -27,6 +27,13 @@ GPU_PRESETS: dict[str, bool] = {"gb200": True, "b200": True, "h100": False, "h20
 SERVE_DEFAULTS: dict[bool, tuple[int, int]] = {True: (1024, 16384), False: (1024, 8192)}
 
 DrafterKind = Literal["target_dependent_ar", "multi_module_mtp", "block", "none"]
+#: Block drafters (one FULL block routine each) and the names their tables and plots show.
+BLOCK_DRAFTERS: dict[str, str] = {
+    "dspark": "DSpark",
+    "dflash": "DFlash",
+    "dflash2": "DFlash2",
+    "lilicorr": "LiLiCorr",
+}
 #: speculative method → how its drafter captures graphs (vllm/v1/worker/gpu/spec_decode).
 SPEC_METHODS: dict[str, DrafterKind] = {
     "eagle": "target_dependent_ar",
@@ -34,10 +41,7 @@ SPEC_METHODS: dict[str, DrafterKind] = {
     "mtp": "target_dependent_ar",
     "gemma4_mtp": "target_dependent_ar",
     "multi_module_mtp": "multi_module_mtp",
-    "dspark": "block",
-    "dflash": "block",
-    "dflash2": "block",
-    "lilicorr": "block",
+    **dict.fromkeys(BLOCK_DRAFTERS, "block"),
     "ngram": "none",
     "ngram_gpu": "none",
     "suffix": "none",

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memest.errors import ConfigError
-from memest.plan.inputs import PlanInput
+from memest.plan.inputs import BLOCK_DRAFTERS, PlanInput
 from memest.plan.seed import SeedSizes, one_token_tier_ks, resolve_seed
 from memest.plan.vllm033 import (
-    CudaGraphMode,
+    MODE_HALVES,
     capture_sizes,
     decode_query_lens,
     uniform_decode_requests,
@@ -29,14 +29,6 @@ _LABELS = {
     "draft.mtp.full": "Multi-module MTP FULL",
     "draft.none": "Drafter runs eagerly (no graphs)",
 }
-
-
-def _decode_half(mode: CudaGraphMode) -> str:
-    return {"FULL_DECODE_ONLY": "FULL", "FULL_AND_PIECEWISE": "FULL"}.get(mode, mode)
-
-
-def _mixed_half(mode: CudaGraphMode) -> str:
-    return {"FULL_DECODE_ONLY": "NONE", "FULL_AND_PIECEWISE": "PIECEWISE"}.get(mode, mode)
 
 
 def token_row(
@@ -102,8 +94,7 @@ def _block_q(inp: PlanInput) -> int:
 
 
 def _block_label(inp: PlanInput) -> str:
-    name = {"dspark": "DSpark", "dflash": "DFlash", "dflash2": "DFlash2", "lilicorr": "LiLiCorr"}
-    return f"{name.get(inp.spec_method or '', 'Drafter')} FULL block routine"
+    return f"{BLOCK_DRAFTERS.get(inp.spec_method or '', 'Drafter')} FULL block routine"
 
 
 def _main_plan(inp: PlanInput) -> CapturePlan:
@@ -143,8 +134,9 @@ def _main_plan(inp: PlanInput) -> CapturePlan:
     mode = inp.cudagraph_mode
     if inp.adaptive_verification and mode != "FULL_DECODE_ONLY":
         mode = "FULL_AND_PIECEWISE"  # resolve_adaptive_cudagraph_mode with piecewise available
-    decode_full = _decode_half(mode) == "FULL"
-    has_pw = _mixed_half(mode) == "PIECEWISE"
+    decode_half, mixed_half = MODE_HALVES[mode]
+    decode_full = decode_half == "FULL"
+    has_pw = mixed_half == "PIECEWISE"
     rows: list[RunnerRow] = []
     if mode == "NONE" or not sizes:
         return _plan(inp, "vllm-0.33.0", rows, main.max_size, sizes, main.warnings, {})
@@ -215,8 +207,9 @@ def _seed_plan(inp: PlanInput) -> CapturePlan:
     seqs = inp.max_num_seqs
     mode = inp.cudagraph_mode
     rows: list[RunnerRow] = []
-    decode_full = _decode_half(mode) == "FULL"
-    has_pw = _mixed_half(mode) == "PIECEWISE"
+    decode_half, mixed_half = MODE_HALVES[mode]
+    decode_full = decode_half == "FULL"
+    has_pw = mixed_half == "PIECEWISE"
     prefill = sizes.prefill_tokens if mode != "NONE" else []
 
     if has_pw:

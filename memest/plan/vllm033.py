@@ -28,7 +28,7 @@ CUDAGRAPH_MODES: tuple[CudaGraphMode, ...] = (
     "FULL_AND_PIECEWISE",
 )
 #: (decode_mode, mixed_mode) per mode, as CUDAGraphMode.decode_mode() / mixed_mode().
-_MODE_HALVES: dict[CudaGraphMode, tuple[str, str]] = {
+MODE_HALVES: dict[CudaGraphMode, tuple[str, str]] = {
     "NONE": ("NONE", "NONE"),
     "PIECEWISE": ("PIECEWISE", "PIECEWISE"),
     "FULL": ("FULL", "FULL"),
@@ -348,7 +348,7 @@ def manager_descriptors(
     out: dict[str, list[Descriptor]] = {}
     if cudagraph_mode == "NONE" or not sizes:
         return out
-    decode_mode, mixed_mode = _MODE_HALVES[cudagraph_mode]
+    decode_mode, mixed_mode = MODE_HALVES[cudagraph_mode]
     separate = decode_mode != mixed_mode
     max_decode_tokens = max_num_seqs * decode_query_len
     query_lens = decode_query_lens(

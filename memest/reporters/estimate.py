@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from memest.schema import EstimateComparison, WhatIf
-from memest.units import fmt_gib
+from memest.estimate.phases import TERM_FIELDS
+from memest.schema import EstimateRecord, StartAccounting, WhatIf
+from memest.units import count_cell, gib_cell, ratio_cell
 
 
 def _gib(value: int | None, *, signed: bool = False) -> str:
-    return "-" if value is None else fmt_gib(value, signed=signed)
+    return gib_cell(value, signed=signed)
 
 
-def _int(value: int | None) -> str:
-    return "-" if value is None else f"{value:,}"
+_int = count_cell
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -20,10 +20,26 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_comparison(comparison: EstimateComparison) -> str:
-    """Estimators side by side, then the full-initialization terms (GiB)."""
-    out = [f"Budget (requested): {_gib(comparison.requested_bytes)} GiB\n\n"]
-    rows = [
+def _summary(acc: StartAccounting) -> str:
+    usage = {
+        "end_of_init_plus_first_step": "end of init + serving's first full-size step",
+        "end_of_init": "end of init",
+    }.get(acc.usage_kind or "", "unknown")
+    lines = [
+        f"Budget (requested): {_gib(acc.budget_bytes)} GiB",
+        f"Usage ({usage}): {_gib(acc.usage_bytes)} GiB, "
+        f"usage - budget {_gib(acc.usage_minus_budget_bytes, signed=True)} GiB",
+        f"KV cache: {_gib(acc.kv_cache_bytes)} GiB, {_int(acc.kv_tokens)} tokens, "
+        f"max concurrency {ratio_cell(acc.max_concurrency)} at max_model_len {_int(acc.max_model_len)}",
+        f"Non-KV: {_gib(acc.non_kv_bytes)} GiB; graph pool {_gib(acc.graph_pool_bytes)} GiB",
+    ]
+    if acc.definition == "stored":
+        lines.append(f"Note: {acc.definition_note}")
+    return "\n".join(lines) + "\n\n"
+
+
+def _estimator_rows(records: list[EstimateRecord]) -> list[list[str]]:
+    return [
         [
             r.estimator,
             _gib(r.cudagraph_estimate_bytes),
@@ -32,8 +48,12 @@ def render_comparison(comparison: EstimateComparison) -> str:
             _int(r.kv_tokens),
             _gib(r.usage_minus_budget_bytes, signed=True),
         ]
-        for r in comparison.records
+        for r in records
     ]
+
+
+def render_accounting(acc: StartAccounting) -> str:
+    """The start's figures, the estimators side by side, then the full-initialization terms."""
     header = [
         "estimator",
         "graph memory GiB",
@@ -42,18 +62,15 @@ def render_comparison(comparison: EstimateComparison) -> str:
         "KV tokens",
         "usage - budget GiB",
     ]
-    out.append(_table(header, rows))
-    if comparison.components:
+    out = [_summary(acc), _table(header, _estimator_rows(acc.estimators))]
+    if acc.terms is not None:
         out.append("\nFull-initialization terms (memest)\n\n")
-        terms = [
-            [name.removesuffix("_bytes"), _gib(v)] for name, v in comparison.components.items()
-        ]
-        out.append(_table(["term", "GiB"], terms))
-    if comparison.full_init is not None and comparison.full_init.graph_pool_by_stage_bytes:
+        terms = acc.terms.model_dump(include=set(TERM_FIELDS))
+        rows = [[name.removesuffix("_bytes"), _gib(terms[name])] for name in TERM_FIELDS]
+        out.append(_table(["term", "GiB"], rows))
+    if acc.graph_pool_by_stage_bytes:
         out.append("\nGraph pool by stage (reservation)\n\n")
-        stages = [
-            [stage, _gib(v)] for stage, v in comparison.full_init.graph_pool_by_stage_bytes.items()
-        ]
+        stages = [[stage, _gib(v)] for stage, v in acc.graph_pool_by_stage_bytes.items()]
         out.append(_table(["stage", "GiB"], stages))
     return "".join(out)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
+from memest.analysis.stages import stage_bars
 from memest.reporters import plots
 from memest.reporters.markdown import Table, comparison_tables, run_tables
-from memest.reporters.views import Comparison, stage_bars
+from memest.reporters.views import Comparison
 from memest.schema import RunReport
 
 _CSS = """

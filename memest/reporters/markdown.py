@@ -9,15 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memest.reporters.views import (
-    Comparison,
-    Delta,
-    run_facts,
-    runner_counts,
-    stage_bars,
-)
+from memest.analysis.stages import stage_bars
+from memest.estimate import account
+from memest.reporters.views import Comparison, Delta, run_facts, runner_counts
 from memest.schema import RunReport
-from memest.units import fmt_gib
+from memest.units import count_cell, gib_cell, ratio_cell
 
 
 @dataclass(frozen=True)
@@ -28,38 +24,35 @@ class Table:
 
 
 def _g(v: int | None, digits: int = 3) -> str:
-    return "–" if v is None else fmt_gib(v, digits)
+    return gib_cell(v, digits)
 
 
 def _sg(v: int | None) -> str:
-    return "–" if v is None else fmt_gib(v, 3, signed=True)
+    return gib_cell(v, signed=True)
 
 
-def _n(v: int | None) -> str:
-    return "–" if v is None else f"{v:,}"
-
-
-def _r(v: float | None) -> str:
-    return "–" if v is None else f"{v:.2f}×"
+_n = count_cell
+_r = ratio_cell
 
 
 def run_tables(report: RunReport) -> list[Table]:
     """Facts, phase split, stage x owner, graph counts and estimates of one report."""
     f = run_facts(report)
-    out = [
-        Table(
-            "Summary",
-            ["Figure", "Value"],
-            [
-                ["Graph-pool growth, GiB", _g(f.graph_pool_bytes)],
-                ["Added during capture, GiB", _g(f.total_added_bytes)],
-                ["KV capacity, tokens", _n(f.kv_tokens)],
-                ["vLLM CUDA-graph estimate, GiB", _g(f.cudagraph_estimate_bytes, 2)],
-                ["Usage minus budget (vLLM), GiB", _sg(f.estimator_error_bytes)],
-                ["Usage minus budget (memest), GiB", _sg(f.memest_error_bytes)],
-            ],
-        )
+    summary = [
+        ["Graph-pool growth, GiB", _g(f.graph_pool_bytes)],
+        ["Added during capture, GiB", _g(f.total_added_bytes)],
+        ["KV capacity, tokens", _n(f.kv_tokens)],
+        ["KV cache, GiB", _g(f.kv_cache_bytes)],
+        ["Non-KV memory, GiB", _g(f.non_kv_bytes)],
+        ["Requests at max_model_len", _r(f.max_concurrency)],
+        ["vLLM CUDA-graph estimate, GiB", _g(f.cudagraph_estimate_bytes, 2)],
+        ["Usage minus budget (this start), GiB", _sg(f.usage_minus_budget_bytes)],
+        ["Usage minus budget (vLLM), GiB", _sg(f.estimator_error_bytes)],
+        ["Usage minus budget (memest), GiB", _sg(f.memest_error_bytes)],
     ]
+    if f.definition == "stored":
+        summary.append(["Definition", f.definition_note])
+    out = [Table("Summary", ["Figure", "Value"], summary)]
     bd = report.breakdown
     if bd is not None and bd.phases:
         out.append(
@@ -96,7 +89,8 @@ def run_tables(report: RunReport) -> list[Table]:
                 + [["**Total**", "", f"**{sum(counted)}**", ""]],
             )
         )
-    if report.estimate is not None and report.estimate.records:
+    estimators = account(report).estimators
+    if estimators:
         out.append(
             Table(
                 "Estimates",
@@ -108,7 +102,7 @@ def run_tables(report: RunReport) -> list[Table]:
                         _n(r.kv_tokens),
                         _sg(r.usage_minus_budget_bytes),
                     ]
-                    for r in report.estimate.records
+                    for r in estimators
                 ],
             )
         )

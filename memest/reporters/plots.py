@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from html import escape
 from pathlib import Path
 
-from memest.reporters.views import Comparison, History, StageBar
+from memest.analysis.stages import StageBar
+from memest.reporters.views import Comparison, History
 from memest.units import GiB, fmt_gib
 
 _PALETTE = {

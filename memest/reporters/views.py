@@ -11,38 +11,18 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from memest.schema import RunReport, StageGrowth
+from memest.analysis.ranks import capture_stages
+from memest.analysis.stages import stage_bars
+from memest.estimate import account
+from memest.schema import RunReport, StartAccounting
 from memest.units import GiB
 
-#: Owner shown for the part of a stage's pool growth no trigger row claims.
-REMAINDER_OWNER = "unattributed:remainder"
 #: A later build regresses when its KV tokens drop by more than this fraction ...
 KV_DROP_FRACTION = 0.01
 #: ... or its graph pool grows by more than this fraction ...
 POOL_GROWTH_FRACTION = 0.05
 #: ... or the magnitude of its estimator error grows by more than this many bytes.
 ESTIMATE_ERROR_GROWTH_BYTES = GiB // 4
-#: Ranks agree when each stage's pool growth differs by at most this fraction of the largest.
-RANK_TOLERANCE_FRACTION = 0.02
-
-
-class OwnerSegment(BaseModel):
-    """One owner's share of a stage's pool growth (one segment of a stacked bar)."""
-
-    owner: str
-    bytes: int
-    note: str = ""
-
-
-class StageBar(BaseModel):
-    """One capture stage: its pool growth split by owner, and how many graphs it captured."""
-
-    stage: str
-    phase: str = "capture"
-    pool_growth_bytes: int
-    graph_count: int | None = None
-    widest: str | None = None
-    owners: list[OwnerSegment] = Field(default_factory=list)
 
 
 class RunnerCount(BaseModel):
@@ -57,12 +37,23 @@ class RunnerCount(BaseModel):
 
 
 class RunFacts(BaseModel):
-    """The handful of numbers tracked per build."""
+    """The handful of numbers tracked per build, read from the start's accounting."""
 
+    definition: str = Field(
+        default="current", description="'current' (recomputed) or 'stored' (older definition)"
+    )
+    definition_note: str = ""
     kv_tokens: int | None = None
+    kv_cache_bytes: int | None = None
+    non_kv_bytes: int | None = None
+    max_concurrency: float | None = None
     graph_pool_bytes: int | None = None
     total_added_bytes: int | None = None
     cudagraph_estimate_bytes: int | None = None
+    usage_kind: str | None = None
+    usage_minus_budget_bytes: int | None = Field(
+        default=None, description="This start: usage minus budget (positive = over budget)"
+    )
     estimator_error_bytes: int | None = Field(
         default=None, description="vLLM's budget: usage minus budget (positive = over budget)"
     )
@@ -72,122 +63,46 @@ class RunFacts(BaseModel):
     total_graphs: int | None = None
 
 
-def capture_stages(report: RunReport) -> list[StageGrowth]:
-    """The stages of the real capture (phase "capture"); all stages when no row names that phase.
-
-    A start also records the graph-memory profiling pass (phase "graph_profiling"), whose pool
-    is thrown away: counting both would double the graphs and the pool.
-    """
-    if report.breakdown is None:
-        return []
-    stages = report.breakdown.stages
-    real = [s for s in stages if s.phase == "capture"]
-    return real or list(stages)
-
-
 def kv_tokens(report: RunReport) -> int | None:
-    """KV capacity in tokens: the KV spec, else the 'measured' estimate record."""
-    if report.kv_cache is not None and report.kv_cache.kv_tokens is not None:
-        return report.kv_cache.kv_tokens
-    if report.estimate is not None:
-        for rec in report.estimate.records:
-            if rec.estimator == "measured" and rec.kv_tokens is not None:
-                return rec.kv_tokens
-    return None
+    """KV capacity in tokens (the start's accounting)."""
+    return account(report).kv_tokens
 
 
 def graph_pool_bytes(report: RunReport) -> int | None:
-    """Reserved growth of all graph pools over capture, from the breakdown."""
-    bd = report.breakdown
-    if bd is None:
-        return None
-    if bd.graph_pool_growth_bytes:
-        return bd.graph_pool_growth_bytes
-    if bd.stages:
-        return sum(s.pool_growth_bytes for s in capture_stages(report))
-    for ph in bd.phases:
-        if ph.phase == "capture":
-            return ph.graph_pool_bytes
-    return 0
+    """Reserved growth of all graph pools over the real capture (the start's accounting)."""
+    return account(report).graph_pool_bytes
+
+
+def _error(accounting: StartAccounting, estimator: str) -> int | None:
+    rec = accounting.estimator(estimator)
+    return rec.usage_minus_budget_bytes if rec is not None else None
 
 
 def estimator_error(report: RunReport, estimator: str) -> int | None:
     """Usage minus budget of one estimator's record, in bytes (None when absent)."""
-    if report.estimate is None:
-        return None
-    for rec in report.estimate.records:
-        if rec.estimator == estimator and rec.usage_minus_budget_bytes is not None:
-            return rec.usage_minus_budget_bytes
-    return None
+    return _error(account(report), estimator)
 
 
 def run_facts(report: RunReport) -> RunFacts:
     """Per-build numbers of one report."""
-    total = None
-    if report.breakdown is not None:
-        for ph in report.breakdown.phases:
-            if ph.phase == "capture":
-                total = ph.total_added_bytes
-    cg = None
-    if report.vllm is not None and report.vllm.cudagraph_estimate_bytes is not None:
-        cg = report.vllm.cudagraph_estimate_bytes
-    elif report.estimate is not None:
-        for rec in report.estimate.records:
-            if rec.estimator == "vllm" and rec.cudagraph_estimate_bytes is not None:
-                cg = rec.cudagraph_estimate_bytes
-    runners = runner_counts(report)
-    counts = [r.graph_count for r in runners if r.graph_count is not None]
+    acc = account(report)
+    counts = [r.graph_count for r in runner_counts(report) if r.graph_count is not None]
     return RunFacts(
-        kv_tokens=kv_tokens(report),
-        graph_pool_bytes=graph_pool_bytes(report),
-        total_added_bytes=total,
-        cudagraph_estimate_bytes=cg,
-        estimator_error_bytes=estimator_error(report, "vllm"),
-        memest_error_bytes=estimator_error(report, "memest"),
+        definition=acc.definition,
+        definition_note=acc.definition_note,
+        kv_tokens=acc.kv_tokens,
+        kv_cache_bytes=acc.kv_cache_bytes,
+        non_kv_bytes=acc.non_kv_bytes,
+        max_concurrency=acc.max_concurrency,
+        graph_pool_bytes=acc.graph_pool_bytes,
+        total_added_bytes=acc.capture_added_bytes,
+        cudagraph_estimate_bytes=acc.vllm_cudagraph_estimate_bytes,
+        usage_kind=acc.usage_kind,
+        usage_minus_budget_bytes=acc.usage_minus_budget_bytes,
+        estimator_error_bytes=_error(acc, "vllm"),
+        memest_error_bytes=_error(acc, "memest"),
         total_graphs=sum(counts) if counts else None,
     )
-
-
-def stage_bars(report: RunReport) -> list[StageBar]:
-    """Pool growth per capture stage, split by the owners of the trigger rows.
-
-    A stage without trigger rows is split by its retained rows instead. Growth no row claims becomes
-    ``unattributed:remainder``; a stage with no rows at all is one segment of that owner.
-    """
-    bd = report.breakdown
-    if bd is None:
-        return []
-    bars: list[StageBar] = []
-    for st in capture_stages(report):
-        owners: dict[str, OwnerSegment] = {}
-        for t in bd.triggers:
-            if t.stage == st.stage and t.phase == st.phase:
-                seg = owners.setdefault(t.owner, OwnerSegment(owner=t.owner, bytes=0, note=t.note))
-                seg.bytes += t.bytes
-        if not owners:
-            # Without trigger rows, tensors retained in the stage's pool are the best-known owners.
-            for r in bd.retained:
-                if r.stage == st.stage and r.phase == st.phase:
-                    seg = owners.setdefault(
-                        r.owner,
-                        OwnerSegment(owner=r.owner, bytes=0, note="retained at end of init"),
-                    )
-                    seg.bytes += r.bytes
-        claimed = sum(o.bytes for o in owners.values())
-        rest = st.pool_growth_bytes - claimed
-        if rest > 0 and (rest > GiB // 1000 or not owners):
-            owners[REMAINDER_OWNER] = OwnerSegment(owner=REMAINDER_OWNER, bytes=rest)
-        bars.append(
-            StageBar(
-                stage=st.stage,
-                phase=st.phase,
-                pool_growth_bytes=st.pool_growth_bytes,
-                graph_count=st.graph_count,
-                widest=st.widest,
-                owners=sorted(owners.values(), key=lambda o: -o.bytes),
-            )
-        )
-    return bars
 
 
 def runner_counts(report: RunReport) -> list[RunnerCount]:
@@ -225,49 +140,6 @@ def runner_counts(report: RunReport) -> list[RunnerCount]:
         for s in capture_stages(report)
         if s.graph_count is not None
     ]
-
-
-class RankCheck(BaseModel):
-    """Do the ranks of one run agree on per-stage pool growth?"""
-
-    world_size: int
-    ranks_present: list[int]
-    ranks_missing: list[int]
-    agree: bool | None = Field(
-        description="None when fewer than two ranks reported; else every stage within tolerance"
-    )
-    tolerance_fraction: float = RANK_TOLERANCE_FRACTION
-    max_spread_bytes: int = 0
-    disagreeing_stages: list[str] = Field(default_factory=list)
-
-
-def rank_check(reports: Sequence[RunReport]) -> RankCheck:
-    """Compare the ranks of one run stage by stage."""
-    world = max((r.world_size for r in reports), default=1)
-    present = sorted({r.rank for r in reports})
-    missing = [i for i in range(world) if i not in present]
-    if len(present) < 2:
-        return RankCheck(world_size=world, ranks_present=present, ranks_missing=missing, agree=None)
-    per_stage: dict[str, list[int]] = {}
-    for r in reports:
-        for st in capture_stages(r):
-            per_stage.setdefault(st.stage, []).append(st.pool_growth_bytes)
-        per_stage.setdefault("(graph pool total)", []).append(graph_pool_bytes(r) or 0)
-    spread = 0
-    bad: list[str] = []
-    for stage, values in per_stage.items():
-        s = max(values) - min(values)
-        spread = max(spread, s)
-        if len(values) != len(present) or s > RANK_TOLERANCE_FRACTION * max(max(values), 1):
-            bad.append(stage)
-    return RankCheck(
-        world_size=world,
-        ranks_present=present,
-        ranks_missing=missing,
-        agree=not bad,
-        max_spread_bytes=spread,
-        disagreeing_stages=bad,
-    )
 
 
 class Delta(BaseModel):

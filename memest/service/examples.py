@@ -7,15 +7,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from memest.analysis.ranks import rank_check
+from memest.analysis.stages import stage_bars
 from memest.demo import demo_reports
-from memest.reporters.views import (
-    compare,
-    history,
-    rank_check,
-    run_facts,
-    runner_counts,
-    stage_bars,
-)
+from memest.estimate import account
+from memest.reporters.views import compare, history, run_facts, runner_counts
 
 _DEMO = demo_reports()
 MAIN, CHANGE = _DEMO[0], _DEMO[1]
@@ -52,6 +48,7 @@ RUN_SUMMARY = {
 RUN_DETAIL = {
     "run": RUN_SUMMARY,
     "lead_rank": 0,
+    "accounting": dump(account(CHANGE)),
     "facts": FACTS,
     "phases": REPORT["breakdown"]["phases"],
     "stages": STAGES,

@@ -9,52 +9,62 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from memest.reporters.views import run_facts, stage_bars
+from memest.analysis.stages import stage_bars
+from memest.estimate import account
 from memest.schema import RunReport
 
 
+def _gauge(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=["model", "build", *labels])
+
+
 class _StoredReports(Collector):
-    """Gauges computed at scrape time from the newest run of every (model, build)."""
+    """Gauges computed at scrape time from the newest run of every (model, build).
+
+    Every figure comes from the run's accounting (memest.estimate.account), one series each.
+    """
 
     def __init__(self, latest: Callable[[], list[RunReport]]) -> None:
         self._latest = latest
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        pool = GaugeMetricFamily(
+        pool = _gauge(
             "memest_graph_pool_bytes",
             "Graph-pool growth of the newest run per model and build, by capture stage and owner",
-            labels=["model", "build", "stage", "owner"],
+            "stage",
+            "owner",
         )
-        pool_total = GaugeMetricFamily(
+        pool_total = _gauge(
             "memest_graph_pool_total_bytes",
             "Graph-pool growth over capture of the newest run per model and build",
-            labels=["model", "build"],
         )
-        kv = GaugeMetricFamily(
-            "memest_kv_tokens", "KV-cache capacity in tokens", labels=["model", "build"]
-        )
-        err = GaugeMetricFamily(
+        kv = _gauge("memest_kv_tokens", "KV-cache capacity in tokens")
+        kv_bytes = _gauge("memest_kv_cache_bytes", "KV cache the start allocated, bytes")
+        non_kv = _gauge("memest_non_kv_bytes", "Usage minus the KV cache: every other byte kept")
+        err = _gauge(
             "memest_estimator_error_bytes",
-            "Usage minus budget at the end of init (positive = over budget), per estimator",
-            labels=["model", "build", "estimator"],
+            "Usage minus budget (positive = over budget), per estimator; 'measured' is the start "
+            "itself",
+            "estimator",
         )
         for rep in self._latest():
-            build = rep.build.label
+            labels = [rep.model, rep.build.label]
             for bar in stage_bars(rep):
                 for seg in bar.owners:
-                    pool.add_metric([rep.model, build, bar.stage, seg.owner], seg.bytes)
-            facts = run_facts(rep)
-            if facts.graph_pool_bytes is not None:
-                pool_total.add_metric([rep.model, build], facts.graph_pool_bytes)
-            if facts.kv_tokens is not None:
-                kv.add_metric([rep.model, build], facts.kv_tokens)
-            for rec in rep.estimate.records if rep.estimate else []:
+                    pool.add_metric([*labels, bar.stage, seg.owner], seg.bytes)
+            acc = account(rep)
+            for family, value in (
+                (pool_total, acc.graph_pool_bytes),
+                (kv, acc.kv_tokens),
+                (kv_bytes, acc.kv_cache_bytes),
+                (non_kv, acc.non_kv_bytes),
+            ):
+                if value is not None:
+                    family.add_metric(labels, value)
+            for rec in acc.estimators:
                 if rec.usage_minus_budget_bytes is not None:
-                    err.add_metric([rep.model, build, rec.estimator], rec.usage_minus_budget_bytes)
-        yield pool
-        yield pool_total
-        yield kv
-        yield err
+                    err.add_metric([*labels, rec.estimator], rec.usage_minus_budget_bytes)
+        yield from (pool, pool_total, kv, kv_bytes, non_kv, err)
 
 
 class ServiceMetrics:

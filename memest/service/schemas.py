@@ -7,7 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from memest.reporters.views import RankCheck, RunFacts, RunnerCount, StageBar
+from memest.analysis.ranks import RankCheck
+from memest.analysis.stages import StageBar
+from memest.reporters.views import RunFacts, RunnerCount
 from memest.schema import (
     Breakdown,
     CapturePlan,
@@ -15,6 +17,7 @@ from memest.schema import (
     LivePeak,
     PhaseSplit,
     RetainedRow,
+    StartAccounting,
 )
 
 
@@ -70,6 +73,10 @@ class RunDetail(BaseModel):
 
     run: RunSummary
     lead_rank: int = Field(description="Rank whose report the breakdown shows (lowest stored)")
+    accounting: StartAccounting = Field(
+        description="The lead rank's accounting (memest.estimate.account): the figures every "
+        "surface shows"
+    )
     facts: RunFacts
     phases: list[PhaseSplit]
     stages: list[StageBar] = Field(description="Pool growth per stage, split by owner")

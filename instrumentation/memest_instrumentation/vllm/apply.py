@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from memest.estimate import full_init_kv_budget
+from memest.estimate.profiling import ProfilingReadings, capture_details, profiling_terms
 from memest.schema import FullInitTerms, MemoryReading
 from memest_instrumentation.vllm import measure
 from memest_instrumentation.vllm.state import state
@@ -29,60 +30,35 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
     """The full-initialization terms of this start, or None when graph profiling did not run."""
     st = state()
     gp = st.graph_profile
-    start: MemoryReading | None = gp.get("start")
-    end: MemoryReading | None = gp.get("end_settled")
-    requested = st.figures.get("requested_memory_bytes")
+    start, end = gp.start, gp.end_settled
+    requested = st.vllm.requested_memory_bytes
     if start is None or end is None or requested is None or now.device_used_bytes is None:
         return None
-    if "profile_headroom_bytes" not in st.figures:
+    if st.figures.profile_headroom_bytes is None:
         st.notes.append("apply: the profile run's activation peak was not measured")
         return None
-    pool = gp.get("pool")
-    pool_growth = max(
-        measure.private_pool_bytes(end, pool) - measure.private_pool_bytes(start, pool), 0
-    )
-    reserved_growth = end.torch_reserved_bytes - start.torch_reserved_bytes
-    capture_default = max(reserved_growth - pool_growth, 0)
-    # Outside-PyTorch memory the profiling graphs hold until teardown (graph objects). Growth
-    # over the capture would also count lazily loaded kernels and library handles, which stay
-    # after teardown and are already in the device memory in use now.
-    outside_end = (end.device_used_bytes or 0) - end.torch_reserved_bytes
-    outside_now = (now.device_used_bytes or 0) - now.torch_reserved_bytes
-    capture_outside = max(outside_end - outside_now, 0)
-    kv_added = int(gp.get("kv_init_added_bytes", 0))
-    runner = max(kv_added - int(st.kv.get("profiling_kv_bytes", 0)), 0)
-
+    pool = gp.pool
     by_stage: dict[str, int] = {}
     for row in st.stages:
         if row.phase == "graph_profiling":
             by_stage[row.stage] = by_stage.get(row.stage, 0) + row.pool_growth_bytes
-    staged = sum(by_stage.values())
-    if staged > pool_growth:
-        pool_growth = staged
-    elif staged < pool_growth:
-        by_stage["between_stages"] = pool_growth - staged
-
-    weights = int(st.figures.get("weights_bytes") or 0)
-    reserved_now = now.torch_reserved_bytes
-    st.apply_terms.update(
-        capture_default_pool_bytes=capture_default,
-        capture_outside_torch_bytes=capture_outside,
-        capture_outside_torch_growth_bytes=max(
-            (end.device_used_bytes or 0) - (start.device_used_bytes or 0) - reserved_growth, 0
-        ),
-        profiling_runner_buffer_bytes=runner,
-        used_before_kv_bytes=now.device_used_bytes,
-    )
-    return FullInitTerms(
+    readings = ProfilingReadings(
+        start=start,
+        end=end,
+        now=now,
+        pool_growth_bytes=measure.private_pool_bytes(end, pool)
+        - measure.private_pool_bytes(start, pool),
+        kv_init_added_bytes=gp.kv_init_added_bytes,
+        profiling_kv_bytes=st.kv.profiling_kv_bytes,
+        weights_bytes=st.vllm.weights_bytes or 0,
+        activation_bytes=st.figures.profile_headroom_bytes,
         requested_bytes=int(requested),
-        weights_bytes=weights,
-        profile_peak_activation_bytes=int(st.figures.get("profile_headroom_bytes", 0)),
-        outside_torch_bytes=max(now.device_used_bytes - reserved_now, 0) + capture_outside,
-        graph_pool_bytes=pool_growth,
-        graph_pool_by_stage_bytes=by_stage,
-        runner_buffer_bytes=runner + capture_default,
-        profiling_residue_bytes=max(reserved_now - weights, 0),
         margin_bytes=st.settings.margin_bytes,
+        stage_pool_bytes=by_stage,
+    )
+    st.apply_terms.details = capture_details(readings)
+    return profiling_terms(
+        readings,
         source="measured in this start (graph-memory profiling with every stage captured)",
     )
 
@@ -90,7 +66,7 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
 def applied_budget(worker: Any, vllm_result: Any) -> int | None:
     """The KV bytes determine_available_memory returns in apply mode (None keeps vLLM's)."""
     st = state()
-    if st.plan.get("kv_cache_memory_bytes_given"):
+    if st.plan.kv_cache_memory_bytes_given:
         st.notes.append("apply: kv_cache_memory_bytes was given, so vLLM did not profile")
         return None
     now = measure.reading()
@@ -101,8 +77,8 @@ def applied_budget(worker: Any, vllm_result: Any) -> int | None:
     memest_kv = full_init_kv_budget(terms)
     vllm_available = int(getattr(worker, "available_kv_cache_memory_bytes", vllm_result))
     reserved_elsewhere = vllm_available - int(vllm_result)  # multimodal IPC reservation
-    st.apply_terms["terms"] = terms
-    st.apply_terms["memest_kv_bytes"] = memest_kv
-    st.apply_terms["vllm_kv_bytes"] = vllm_available
+    st.apply_terms.terms = terms
+    st.apply_terms.memest_kv_bytes = memest_kv
+    st.apply_terms.vllm_kv_bytes = vllm_available
     worker.available_kv_cache_memory_bytes = memest_kv
     return max(memest_kv - max(reserved_elsewhere, 0), 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memest_instrumentation.vllm import measure
+from memest.schema import KVCacheSpec, RunConfig
 from memest_instrumentation.vllm.state import guarded, state
 
 
@@ -22,9 +22,8 @@ def baseline(worker: Any) -> None:
     pc = getattr(worker, "parallel_config", None)
     st.world_size = int(getattr(pc, "world_size", 1) or 1)
     snap = getattr(worker, "init_snapshot", None)
-    st.figures["init_free_bytes"] = _int(getattr(snap, "free_memory", None))
-    st.figures["total_bytes"] = _int(getattr(snap, "total_memory", None))
-    st.figures["requested_memory_bytes"] = _int(getattr(worker, "requested_memory", None))
+    st.figures.init_free_bytes = _int(getattr(snap, "free_memory", None))
+    st.vllm.requested_memory_bytes = _int(getattr(worker, "requested_memory", None))
     from memest_instrumentation.vllm import recorder
 
     guarded("recorder", recorder.ensure_started, "init")
@@ -37,10 +36,10 @@ def fingerprint(worker: Any) -> None:
     next start computes when it looks for a plan.
     """
     st = state()
-    st.plan["kv_cache_memory_bytes_given"] = _int(
+    st.plan.kv_cache_memory_bytes_given = _int(
         getattr(worker.cache_config, "kv_cache_memory_bytes", None)
     )
-    st.plan["fingerprint"] = compute_fingerprint(worker)
+    st.plan.fingerprint = compute_fingerprint(worker)
 
 
 def compute_fingerprint(worker: Any) -> str:
@@ -60,7 +59,7 @@ def read_config(worker: Any) -> None:
     sc = vc.scheduler_config
     spec = getattr(vc, "speculative_config", None)
     mc = vc.model_config
-    st.config.update(
+    st.config = RunConfig(
         model=str(getattr(mc, "served_model_name", None) or getattr(mc, "model", "unknown")),
         max_num_seqs=_int(getattr(sc, "max_num_seqs", None)),
         max_num_batched_tokens=_int(getattr(sc, "max_num_batched_tokens", None)),
@@ -122,51 +121,46 @@ def vllm_budget(worker: Any, result: Any) -> None:
     consumed = _int(getattr(worker, "total_consumed", None))
     peak = _int(getattr(worker, "peak_activation_memory", None))
     estimate = _int(getattr(worker, "cudagraph_memory_estimate", None))
-    if "profile_headroom_bytes" not in st.figures:
+    if st.figures.profile_headroom_bytes is None:
         # memest's profile_run hook did not run (its target was missing or wrapped by another
         # plugin); vLLM's own figure is the same quantity, so the estimate keeps its term.
         headroom = vllm_headroom(worker)
         if headroom is not None:
-            st.figures["profile_headroom_bytes"] = headroom
-            st.figures["profile_headroom_source"] = "vllm"
+            st.figures.profile_headroom_bytes = headroom
+            st.figures.profile_headroom_source = "vllm"
             st.notes.append(
                 f"profile-run activation peak taken from vLLM's own profiling ({headroom} B): "
                 "memest's profile_run hook did not measure it"
             )
-    applied = peak - st.figures.get("profile_headroom_bytes", 0) if peak is not None else None
-    st.figures.update(
-        weights_bytes=_int(getattr(worker.model_runner, "model_memory_usage", None)),
-        total_consumed_bytes=consumed,
-        peak_activation_bytes=peak,
-        cudagraph_estimate_bytes=estimate,
-        cudagraph_estimate_applied_bytes=applied,
-        available_kv_cache_bytes=_int(getattr(worker, "available_kv_cache_memory_bytes", None)),
-        returned_kv_bytes=_int(result),
-    )
-    if consumed is not None and "profile_headroom_bytes" in st.figures:
-        st.figures["non_kv_cache_memory_bytes"] = consumed + st.figures["profile_headroom_bytes"]
-    st.figures["used_after_profiling_bytes"] = measure.reading(pools=False).device_used_bytes
+    v = st.vllm
+    v.weights_bytes = _int(getattr(worker.model_runner, "model_memory_usage", None))
+    v.peak_activation_bytes = peak
+    v.cudagraph_estimate_bytes = estimate
+    v.available_kv_cache_bytes = _int(getattr(worker, "available_kv_cache_memory_bytes", None))
+    headroom = st.figures.profile_headroom_bytes
+    if consumed is not None and headroom is not None:
+        v.non_kv_cache_memory_bytes = consumed + headroom
 
 
 def after_kv(worker: Any, kv_cache_config: Any) -> None:
     """After initialize_from_config: block count and the KV-cache spec."""
     st = state()
-    st.figures["num_gpu_blocks"] = _int(getattr(worker.cache_config, "num_gpu_blocks", None))
+    st.vllm.num_gpu_blocks = _int(getattr(worker.cache_config, "num_gpu_blocks", None))
     specs = worker.get_kv_cache_spec()
     layers = list(specs.values())
     if not layers:
         return
     first = layers[0]
-    page_all = sum(int(s.page_size_bytes) for s in layers)
     dtype = getattr(first, "dtype", None)
-    st.kv.update(
-        kind=type(first).__name__,
+    kind = type(first).__name__
+    st.kv.spec = KVCacheSpec(
+        kind="full_attention" if kind == "FullAttentionSpec" else kind,
         num_layers=len(layers),
         num_kv_heads=_int(getattr(first, "num_kv_heads", 0)) or 0,
         head_size=_int(getattr(first, "head_size", 0)) or 0,
         dtype=str(dtype).replace("torch.", "") if dtype is not None else "bfloat16",
         dtype_bytes=int(getattr(dtype, "itemsize", 2) or 2),
         block_size=int(first.block_size),
-        page_size_bytes=page_all,
-        uniform=len({(type(s), int(s.page_size_bytes)) for s in layers}) == 1,
+        page_size_bytes=sum(int(s.page_size_bytes) for s in layers),
+        extra={"uniform": len({(type(s), int(s.page_size_bytes)) for s in layers}) == 1},
     )

@@ -1,5 +1,7 @@
 """The wrappers around vLLM 0.33.0's startup methods, and the list of patches that install them.
 
+Phase and stage windows live in ``windows``, stage detection in ``detect``.
+
 Every wrapper calls the original unchanged and returns its value; memest's own work runs in
 ``guarded`` blocks, so a failing hook is logged once, kept in ``report.hook_errors`` and vLLM goes
 on. Targets and line numbers: shared hook map (vllm-0.33-hooks.md), sections 1-3.
@@ -11,12 +13,20 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from memest.analysis.tags import DEFAULT_POOL, pool_key
+from memest.analysis.tags import pool_key
 from memest.estimate.phases import warm_pass_headroom
-from memest.schema import PhaseRecord, StageGrowth
+from memest.schema import PhaseRecord
 from memest_instrumentation.vllm import measure
+from memest_instrumentation.vllm.detect import role_of, stage_of
 from memest_instrumentation.vllm.patches import Patch
-from memest_instrumentation.vllm.state import StageWindow, guarded, state
+from memest_instrumentation.vllm.state import guarded, state
+from memest_instrumentation.vllm.windows import (
+    begin_phase,
+    close_stage,
+    end_phase,
+    enter_stage,
+    phase_wrapper,
+)
 
 W2 = "vllm.v1.worker.gpu.model_runner"
 W1 = "vllm.v1.worker.gpu_model_runner"
@@ -25,155 +35,6 @@ CG = "vllm.v1.worker.gpu.cudagraph_utils"
 
 # Lifts the FULL-graph sample limit of vLLM's graph-memory profiling in apply mode.
 _ALL_GRAPHS = 1 << 30
-
-
-# --------------------------------------------------------------------------- phases
-def _begin_phase(name: str) -> tuple[str, Any]:
-    st = state()
-    previous = st.current_phase
-    st.current_phase = name
-    rec = st.recorder
-    ctx = None
-    if rec is not None:
-        ctx = rec.phase(name)
-        ctx.__enter__()
-    return previous, (ctx, measure.reading())
-
-
-def _end_phase(name: str, token: tuple[str, Any], *, settle: bool = False) -> PhaseRecord:
-    st = state()
-    previous, (ctx, start) = token
-    _close_stage()
-    if settle:
-        measure.settle()
-    end = measure.reading()
-    record = PhaseRecord(name=name, start=start, end=end)
-    st.phases.append(record)
-    st.current_phase = previous
-    if ctx is not None:
-        ctx.__exit__(None, None, None)
-    return record
-
-
-def phase_wrapper(
-    name: str,
-    hook: str,
-    *,
-    settle_end: bool = False,
-    before: Callable[..., None] | None = None,
-    after: Callable[..., Any] | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Wrap a method in a named phase with readings at both edges.
-
-    ``after(self, args, kwargs, result, record)`` may return a replacement for the result
-    (apply mode); ``None`` keeps vLLM's value.
-    """
-
-    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(orig)
-        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            st = state()
-            if not st.settings.enabled:
-                return orig(self, *args, **kwargs)
-            if before is not None:
-                guarded(f"{hook}.before", before, self, args, kwargs)
-            token = guarded(hook, _begin_phase, name)
-            result = orig(self, *args, **kwargs)
-            record = None
-            if token is not None:
-                record = guarded(hook, _end_phase, name, token, settle=settle_end)
-            if after is not None:
-                replaced = guarded(f"{hook}.after", after, self, args, kwargs, result, record)
-                if replaced is not None:
-                    return replaced
-            return result
-
-        return wrapper
-
-    return make
-
-
-# --------------------------------------------------------------------------- stages
-def _close_stage() -> None:
-    st = state()
-    window = st.open_stage
-    if window is None:
-        return
-    st.open_stage = None
-    end = measure.reading()
-    growth = measure.private_pool_bytes(end, window.pool) - measure.private_pool_bytes(
-        window.start, window.pool
-    )
-    default = end.pool_reserved_bytes.get(DEFAULT_POOL, 0) - window.start.pool_reserved_bytes.get(
-        DEFAULT_POOL, 0
-    )
-    st.stages.append(
-        StageGrowth(
-            stage=window.stage,
-            phase=window.phase,
-            pool_growth_bytes=max(growth, 0),
-            pool_released_bytes=max(-growth, 0),
-            default_pool_growth_bytes=max(default, 0),
-            graph_count=len(window.sizes),
-            capture_sizes=sorted(set(window.sizes), reverse=True),
-            widest=str(max(window.sizes)) + " tokens" if window.sizes else None,
-            pools=[window.pool] if window.pool and growth > 0 else [],
-        )
-    )
-    if st.recorder is not None and getattr(st, "_stage_ctx", None) is not None:
-        ctx = st._stage_ctx  # type: ignore[attr-defined]
-        st._stage_ctx = None  # type: ignore[attr-defined]
-        ctx.__exit__(None, None, None)
-
-
-def enter_stage(stage: str, pool: str | None, size: int | None) -> None:
-    """Mark the capture stage now running; a new stage closes the previous one."""
-    st = state()
-    phase = "graph_profiling" if st.current_phase == "graph_profiling" else "capture"
-    window = st.open_stage
-    if window is None or window.stage != stage or window.phase != phase or window.pool != pool:
-        _close_stage()
-        window = StageWindow(phase=phase, stage=stage, pool=pool, start=measure.reading())
-        st.open_stage = window
-        if st.recorder is not None:
-            ctx = st.recorder.stage(stage)
-            ctx.__enter__()
-            st._stage_ctx = ctx  # type: ignore[attr-defined]
-    if size is not None:
-        window.sizes.append(int(size))
-
-
-def role_of(progress_bar_desc: str) -> str:
-    """Which graph family a CudaGraphManager.capture call is, from its progress-bar text."""
-    text = progress_bar_desc.lower()
-    if "prefill" in text:
-        return "draft.step0"
-    if "decode" in text and "replay" not in text:
-        return "draft.steps"
-    for name in ("dspark", "dflash", "lilicorr", "xpress"):
-        if name in text:
-            return "draft.block"
-    if "multi-module mtp" in text:
-        return "draft.mtp"
-    if "decoder replay" in text:
-        return "target.replay"
-    return "target"
-
-
-def stage_of(role: str, desc: Any) -> str:
-    """Stage name from the role and a BatchExecutionDescriptor (hook map 3.2)."""
-    mode = getattr(getattr(desc, "cg_mode", None), "name", str(getattr(desc, "cg_mode", "")))
-    if mode == "PIECEWISE":
-        return f"{role}.piecewise"
-    if (
-        role == "target"
-        and getattr(desc, "uniform_token_count", None) is None
-        and getattr(desc, "max_query_len", None)
-    ):
-        return "target.av"
-    if role == "draft.steps":
-        return "draft.steps.full"
-    return f"{role}.full"
 
 
 def wrap_cg_capture(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -196,13 +57,13 @@ def wrap_cg_capture(orig: Callable[..., Any]) -> Callable[..., Any]:
                 )
             return create_forward_fn(desc, warmup)
 
-        if st.graph_profile.get("lift_full_limit") and st.current_phase == "graph_profiling":
+        if st.graph_profile.lift_full_limit and st.current_phase == "graph_profiling":
             if getattr(self, "_max_full_descs_to_capture", None) is not None:
                 self._max_full_descs_to_capture = None
         try:
             return orig(self, tagged, *args, **kwargs)
         finally:
-            guarded("capture_stage", _close_stage)
+            guarded("capture_stage", close_stage)
 
     return wrapper
 
@@ -241,7 +102,7 @@ def wrap_av_batches(orig: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 yield from batches
             finally:
-                guarded("capture_stage", _close_stage)
+                guarded("capture_stage", close_stage)
 
         return tagged()
 
@@ -267,7 +128,7 @@ def _after_determine(self: Any, args: Any, kwargs: Any, result: Any, record: Any
 
     collect.vllm_budget(self, result)
     st = state()
-    if st.settings.estimate != "off" and "profile_headroom_bytes" in st.figures:
+    if st.settings.estimate != "off" and st.figures.profile_headroom_bytes is not None:
         if st.shedding:
             st.notes.append("warm profile pass skipped (work budget spent)")
         else:
@@ -281,7 +142,7 @@ def _before_graph_profiling(self: Any, args: Any, kwargs: Any) -> None:
     from memest_instrumentation.vllm import recorder
 
     st = state()
-    st.graph_profile["lift_full_limit"] = st.settings.estimate == "apply"
+    st.graph_profile.lift_full_limit = st.settings.estimate == "apply"
     guarded("recorder", recorder.ensure_started, "graph_profiling")
 
 
@@ -293,8 +154,7 @@ def _before_v1_capture(self: Any, args: Any, kwargs: Any) -> None:
 
 def _after_graph_profiling(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
     st = state()
-    st.graph_profile["vllm_returned_bytes"] = int(result)
-    st.graph_profile["lift_full_limit"] = False
+    st.graph_profile.lift_full_limit = False
 
 
 def _before_profile_run(self: Any, args: Any, kwargs: Any) -> None:
@@ -302,22 +162,22 @@ def _before_profile_run(self: Any, args: Any, kwargs: Any) -> None:
 
     # Peak stats start here, as inside vLLM's memory_profiling (also when a plan skipped it).
     measure.reset_peak()
-    state().figures["compiles_before_profile_run"] = collect.compile_count()
+    state().figures.compiles_before_profile_run = collect.compile_count()
 
 
 def _after_profile_run(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
     from memest_instrumentation.vllm import collect
 
     st = state()
-    before = st.figures.pop("compiles_before_profile_run", None)
+    before, st.figures.compiles_before_profile_run = st.figures.compiles_before_profile_run, None
     after = collect.compile_count()
     if before is not None and after is not None and after > before:
-        st.figures["profile_run_compiled"] = after - before
+        st.figures.profile_run_compiled = after - before
     if record is not None:
-        st.figures["profile_headroom_bytes"] = max(
+        st.figures.profile_headroom_bytes = max(
             record.end.torch_allocated_peak_bytes - record.end.torch_allocated_bytes, 0
         )
-        st.figures["profile_headroom_source"] = "memest"
+        st.figures.profile_headroom_source = "memest"
 
 
 def warm_profile_peak(worker: Any) -> None:
@@ -348,7 +208,7 @@ def warm_profile_peak(worker: Any) -> None:
     except Exception:
         config_ctx = contextlib.nullcontext()
     # Read before the pass: a wrapper memest could not unwrap would overwrite it.
-    first = int(st.figures.get("profile_headroom_bytes", 0))
+    first = st.figures.profile_headroom_bytes or 0
     measure.settle()
     measure.reset_peak()
     start = measure.reading(pools=False)
@@ -361,9 +221,9 @@ def warm_profile_peak(worker: Any) -> None:
     measure.settle()
     st.phases.append(PhaseRecord(name="profile_run.warm", start=start, end=end))
     warm = warm_pass_headroom(start, end)
-    st.figures["profile_headroom_first_bytes"] = first
-    st.figures["profile_headroom_bytes"] = warm
-    compiled = " (it compiled the model)" if st.figures.get("profile_run_compiled") else ""
+    st.figures.profile_headroom_first_bytes = first
+    st.figures.profile_headroom_bytes = warm
+    compiled = " (it compiled the model)" if st.figures.profile_run_compiled else ""
     st.notes.append(
         f"activation headroom: vLLM's profile run{compiled} peaked {first} B above what it left "
         f"allocated; a second, warm profile pass added {warm} B of reservation; the estimate "
@@ -398,15 +258,15 @@ def wrap_capture_model(orig: Callable[..., Any]) -> Callable[..., Any]:
         if profile_only:
             guarded("graph_profiling", measure.settle)
             st.capture_pool = guarded("graph_profiling", _global_pool_key)
-            token = guarded("graph_profiling", _begin_phase, "graph_profiling")
+            token = guarded("graph_profiling", begin_phase, "graph_profiling")
         else:
             from memest_instrumentation.vllm import recorder
 
             guarded("recorder", recorder.ensure_started, "capture")
-            token = guarded("capture", _begin_phase, "capture")
+            token = guarded("capture", begin_phase, "capture")
         result = orig(self, *args, **kwargs)
         if token is not None:
-            rec = guarded(name, _end_phase, "graph_profiling" if profile_only else "capture", token)
+            rec = guarded(name, end_phase, "graph_profiling" if profile_only else "capture", token)
             if rec is not None:
                 guarded(name, _note_capture, profile_only, rec, result)
         return result
@@ -428,15 +288,11 @@ def _note_capture(profile_only: bool, rec: PhaseRecord, result: Any) -> None:
         measure.settle()
         settled = measure.reading()
         pool = st.capture_pool
-        st.graph_profile.update(
-            measured_bytes=int(result),
-            start=rec.start,
-            end_settled=settled,
-            pool=pool,
-        )
+        gp = st.graph_profile
+        gp.measured_bytes, gp.start, gp.end_settled, gp.pool = int(result), rec.start, settled, pool
     else:
-        st.figures["cudagraph_actual_bytes"] = int(result)
-        st.figures["capture_pool"] = _global_pool_key()
+        st.vllm.cudagraph_actual_bytes = int(result)
+        st.figures.capture_pool = _global_pool_key()
 
 
 def wrap_initialize_kv_cache(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -450,15 +306,15 @@ def wrap_initialize_kv_cache(orig: Callable[..., Any]) -> Callable[..., Any]:
         profiling = bool(kwargs.get("is_profiling", args[0] if args else False))
         st.profiling_kv = profiling
         name = "graph_profiling.kv" if profiling else "kv_cache_alloc"
-        token = guarded("kv_cache_alloc", _begin_phase, name)
+        token = guarded("kv_cache_alloc", begin_phase, name)
         try:
             return orig(self, kv_cache_config, *args, **kwargs)
         finally:
             if token is not None:
-                rec = guarded("kv_cache_alloc", _end_phase, name, token)
+                rec = guarded("kv_cache_alloc", end_phase, name, token)
                 if rec is not None and profiling:
                     added = rec.end.torch_allocated_bytes - rec.start.torch_allocated_bytes
-                    st.graph_profile["kv_init_added_bytes"] = added
+                    st.graph_profile.kv_init_added_bytes = added
             st.profiling_kv = False
 
     return wrapper
@@ -482,10 +338,11 @@ def _note_kv_buffer(kv_cache_config: Any) -> None:
     st = state()
     sizes = {int(t.size) for t in getattr(kv_cache_config, "kv_cache_tensors", [])}
     total = sum(sizes)
-    key = "profiling_kv_bytes" if st.profiling_kv else "kv_buffer_bytes"
-    st.kv[key] = st.kv.get(key, 0) + total
-    if not st.profiling_kv:
-        st.kv["num_blocks"] = int(getattr(kv_cache_config, "num_blocks", 0))
+    if st.profiling_kv:
+        st.kv.profiling_kv_bytes += total
+        return
+    st.kv.kv_buffer_bytes += total
+    st.kv.num_blocks = int(getattr(kv_cache_config, "num_blocks", 0))
 
 
 def wrap_extrapolate(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -495,8 +352,8 @@ def wrap_extrapolate(orig: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(mem_samples: list[int], total_graphs: int) -> Any:
         st = state()
         if st.settings.enabled:
-            st.graph_profile["samples"] = [int(s) for s in mem_samples]
-            st.graph_profile["full_graph_count"] = int(total_graphs)
+            st.graph_profile.samples = [int(s) for s in mem_samples]
+            st.graph_profile.full_graph_count = int(total_graphs)
             if st.settings.estimate == "apply":
                 # Every FULL graph was captured: apply vLLM's own rule to its two usual
                 # samples, so the figure it logs is the one it would have computed.

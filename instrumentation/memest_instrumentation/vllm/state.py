@@ -11,7 +11,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from memest.schema import MemoryReading, PhaseRecord, StageGrowth
+from memest.schema import (
+    FullInitTerms,
+    KVCacheSpec,
+    MemoryReading,
+    PhaseRecord,
+    RunConfig,
+    StageGrowth,
+    VllmFigures,
+)
 from memest_instrumentation.vllm.env import Settings
 
 logger = logging.getLogger("memest.vllm")
@@ -35,6 +43,69 @@ class StageWindow:
 
 
 @dataclass
+class GraphProfiling:
+    """vLLM's graph-memory profiling pass, as memest read it."""
+
+    lift_full_limit: bool = False  # apply mode: capture every FULL graph, not two samples
+    start: MemoryReading | None = None
+    end_settled: MemoryReading | None = None  # after empty_cache, the throwaway pool held
+    pool: str | None = None
+    measured_bytes: int | None = None  # what vLLM's profile_cudagraph_memory returned
+    samples: list[int] = field(default_factory=list)  # vLLM's FULL-graph samples
+    full_graph_count: int = 0
+    kv_init_added_bytes: int = 0  # allocated by the profiling pass's initialize_kv_cache
+
+
+@dataclass
+class KVState:
+    """The KV cache: vLLM's spec (without the block count) and the buffers allocated."""
+
+    spec: KVCacheSpec | None = None
+    num_blocks: int | None = None
+    profiling_kv_bytes: int = 0
+    kv_buffer_bytes: int = 0
+
+
+@dataclass
+class Measured:
+    """memest's own figures of this start, beside vLLM's (RunState.vllm)."""
+
+    init_free_bytes: int | None = None  # vLLM's init snapshot: the startup plan's baseline
+    profile_headroom_bytes: int | None = None  # activation headroom; None: not measured
+    profile_headroom_source: str = ""  # "memest" (its profile_run hook) or "vllm"
+    profile_headroom_first_bytes: int | None = None  # vLLM's own (first) pass, when warm ran
+    profile_run_compiled: int = 0  # compilations during vLLM's profile run
+    compiles_before_profile_run: int | None = None
+    capture_pool: str | None = None  # the real capture's graph pool
+    usage_end_bytes: int | None = None  # in use at the end of init + the whole headroom
+
+
+@dataclass
+class ApplyOutcome:
+    """MEMEST_ESTIMATE=apply: the terms measured and the KV budgets memest and vLLM gave."""
+
+    terms: FullInitTerms | None = None
+    memest_kv_bytes: int | None = None
+    vllm_kv_bytes: int | None = None
+    details: dict[str, int] = field(default_factory=dict)  # capture readings behind the terms
+
+    def components(self) -> dict[str, int]:
+        """What the report keeps beside the terms (EstimateComparison.components)."""
+        budgets = {"memest_kv_bytes": self.memest_kv_bytes, "vllm_kv_bytes": self.vllm_kv_bytes}
+        return {**self.details, **{k: v for k, v in budgets.items() if v is not None}}
+
+
+@dataclass
+class PlanState:
+    """vLLM's startup-plan fingerprint for this start, and the plan memest wrote."""
+
+    fingerprint: str | None = None
+    kv_cache_memory_bytes_given: int | None = None  # set: this start was sized by a plan
+    kv_cache_memory_bytes: int | None = None
+    path: str | None = None
+
+
+@dataclass
 class RunState:
     """Everything one worker process measured during its start."""
 
@@ -50,12 +121,13 @@ class RunState:
     error_counts: dict[str, int] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
-    figures: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
-    kv: dict[str, Any] = field(default_factory=dict)
-    graph_profile: dict[str, Any] = field(default_factory=dict)
-    apply_terms: dict[str, Any] = field(default_factory=dict)
-    plan: dict[str, Any] = field(default_factory=dict)
+    vllm: VllmFigures = field(default_factory=VllmFigures)
+    figures: Measured = field(default_factory=Measured)
+    config: RunConfig | None = None
+    kv: KVState = field(default_factory=KVState)
+    graph_profile: GraphProfiling = field(default_factory=GraphProfiling)
+    apply_terms: ApplyOutcome = field(default_factory=ApplyOutcome)
+    plan: PlanState = field(default_factory=PlanState)
     capture_pool: str | None = None
     profiling_kv: bool = False
     finalized: bool = False

@@ -10,19 +10,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from memest.analysis.ranks import rank_check
+from memest.analysis.stages import stage_bars
+from memest.estimate import account
 from memest.reporters import plots
-from memest.reporters.views import (
-    compare,
-    history,
-    rank_check,
-    run_facts,
-    runner_counts,
-    stage_bars,
-)
+from memest.reporters.views import compare, history, run_facts, runner_counts
 from memest.service import store
 from memest.service.deps import CacheDep, ReadAuth, SessionDep
 from memest.service.errors import NotFound
-from memest.units import fmt_gib
+from memest.units import count_cell, gib_cell, ratio_cell
 
 router = APIRouter(tags=["dashboard"], dependencies=[ReadAuth])
 
@@ -30,23 +26,15 @@ templates = Jinja2Templates(directory=str(resources.files("memest.service") / "t
 
 
 def _gib(value: int | None, digits: int = 3) -> str:
-    return "–" if value is None else fmt_gib(value, digits)
+    return gib_cell(value, digits)
 
 
 def _sgib(value: int | None) -> str:
-    return "–" if value is None else fmt_gib(value, 3, signed=True)
-
-
-def _count(value: int | None) -> str:
-    return "–" if value is None else f"{value:,}"
-
-
-def _ratio(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}×"
+    return gib_cell(value, signed=True)
 
 
 templates.env.filters.update(
-    gib=_gib, sgib=_sgib, count=_count, ratio=_ratio, owner_color=plots.owner_color
+    gib=_gib, sgib=_sgib, count=count_cell, ratio=ratio_cell, owner_color=plots.owner_color
 )
 
 #: Live-peak and retained rows shown on the model page (largest first); the API has them all.
@@ -97,6 +85,7 @@ def model_page(
     rows = store.run_reports(session, chosen.run_id)
     all_ranks = [cache.get(r) for r in rows]
     rep = all_ranks[0]
+    accounting = account(rep)
     bd = rep.breakdown
     bars = stage_bars(rep)
     pairs = [(a, b) for a, b in zip(runs, runs[1:], strict=False)]
@@ -117,6 +106,7 @@ def model_page(
         bars=bars,
         runners=runner_counts(rep),
         facts=run_facts(rep),
+        accounting=accounting,
         svg=plots.stage_owner_svg(
             bars, f"Graph-pool growth by stage and owner · {rep.build.label}"
         ),

@@ -39,6 +39,6 @@ def healthz(session: SessionDep) -> dict[str, str]:
 )
 def metrics(service_metrics: MetricsDep) -> Response:
     """Prometheus metrics: memest_graph_pool_bytes{model,build,stage,owner},
-    memest_graph_pool_total_bytes, memest_kv_tokens, memest_estimator_error_bytes{estimator}
-    (newest run per model and build) and memest_ingest_reports_total{outcome}."""
+    memest_graph_pool_total_bytes, memest_kv_tokens, memest_kv_cache_bytes, memest_non_kv_bytes,
+    memest_estimator_error_bytes{estimator} (newest run per model and build, from its accounting) and memest_ingest_reports_total{outcome}."""
     return Response(generate_latest(service_metrics.registry), media_type=CONTENT_TYPE_LATEST)

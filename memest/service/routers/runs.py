@@ -9,7 +9,10 @@ from fastapi import APIRouter, Path, Query, Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
-from memest.reporters.views import rank_check, run_facts, runner_counts, stage_bars
+from memest.analysis.ranks import rank_check
+from memest.analysis.stages import stage_bars
+from memest.estimate import account
+from memest.reporters.views import run_facts, runner_counts
 from memest.schema import RunReport
 from memest.service import examples, store
 from memest.service.deps import CacheDep, FactoryDep, ReadAuth, ResponseCacheDep, SessionDep
@@ -115,6 +118,7 @@ def read_run(run_id: RunIdPath, session: SessionDep, cache: CacheDep) -> RunDeta
     return RunDetail(
         run=summary(run, [r.rank for r in reports]),
         lead_rank=lead.rank,
+        accounting=account(lead),
         facts=run_facts(lead),
         phases=bd.phases if bd else [],
         stages=stage_bars(lead),

@@ -2,9 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from memest.analysis.ranks import aggregate_ranks
+from memest.analysis.ranks import aggregate_ranks, rank_check
 from memest.errors import ReportFormatError
-from memest.schema import KVCacheSpec, RunConfig, RunReport, VllmFigures
+from memest.schema import (
+    Breakdown,
+    KVCacheSpec,
+    RunConfig,
+    RunReport,
+    StageGrowth,
+    VllmFigures,
+)
 
 GiB = 1 << 30
 
@@ -57,3 +64,35 @@ def test_bad_input_is_named() -> None:
         aggregate_ranks([_rep(0, GiB, 1, run="a"), _rep(1, GiB, 1, run="b")])
     with pytest.raises(ReportFormatError, match="rank 0 reported twice"):
         aggregate_ranks([_rep(0, GiB, 1), _rep(0, GiB, 1)])
+
+
+def _staged(rank: int, stages: dict[str, int]) -> RunReport:
+    rep = _rep(rank, 4 * GiB, 1000, world=2)
+    rep.breakdown = Breakdown(
+        stages=[StageGrowth(stage=name, pool_growth_bytes=b) for name, b in stages.items()]
+    )
+    return rep
+
+
+def test_rank_check_names_the_stage_a_rank_disagrees_on() -> None:
+    check = rank_check([_staged(0, {"target.full": 2 * GiB}), _staged(1, {"target.full": 3 * GiB})])
+    assert check.agree is False
+    assert check.disagreeing_stages == ["target.full"]
+    assert check.max_spread_bytes == GiB
+
+
+def test_rank_check_tolerates_what_the_aggregate_tolerates() -> None:
+    # 32 MiB apart: under the 64 MiB floor, so the ranks agree by the one rule.
+    near = [_staged(0, {"target.full": GiB}), _staged(1, {"target.full": GiB + 32 * 1024**2})]
+    assert rank_check(near).agree is True
+    assert aggregate_ranks(near).consistent
+
+
+def test_rank_check_flags_a_stage_only_one_rank_captured() -> None:
+    check = rank_check([_staged(0, {"target.full": GiB}), _staged(1, {})])
+    assert check.agree is False
+
+
+def test_rank_check_of_one_rank_has_no_verdict() -> None:
+    check = rank_check([_staged(0, {"target.full": GiB})])
+    assert check.agree is None and check.ranks_missing == [1]

@@ -34,3 +34,9 @@ def vllm_or_skip() -> None:
         from tests.conftest import require_or_skip
 
         require_or_skip("MEMEST_REQUIRE_VLLM", f"vLLM 0.33.0 is not importable: {exc}")
+
+
+@pytest.fixture
+def needs_vllm() -> None:
+    """For fake starts: their hooks import torch and vLLM's own modules."""
+    vllm_or_skip()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from memest_instrumentation.vllm import apply
-from memest_instrumentation.vllm.state import state
+from memest_instrumentation.vllm.state import GraphProfiling, state
 
 from memest.estimate import full_init_kv_budget
 from memest.schema import MemoryReading, StageGrowth
@@ -23,15 +23,13 @@ def _r(used: int, reserved: int, pools: dict[str, int]) -> MemoryReading:
 
 def _setup() -> MemoryReading:
     st = state()
-    st.figures.update(
-        requested_memory_bytes=100_000 * MiB,
-        weights_bytes=15_000 * MiB,
-        profile_headroom_bytes=384 * MiB,
-    )
-    st.kv["profiling_kv_bytes"] = 256 * MiB
+    st.vllm.requested_memory_bytes = 100_000 * MiB
+    st.vllm.weights_bytes = 15_000 * MiB
+    st.figures.profile_headroom_bytes = 384 * MiB
+    st.kv.profiling_kv_bytes = 256 * MiB
     # profiling capture: pool (0,2) grows 62 MiB, default pool +48 MiB, outside torch +178 MiB
     # of which 20 MiB is held by the graphs until teardown.
-    st.graph_profile.update(
+    st.graph_profile = GraphProfiling(
         start=_r(16_500 * MiB, 15_700 * MiB, {"0,0": 15_700 * MiB}),
         end_settled=_r(16_788 * MiB, 15_810 * MiB, {"0,0": 15_748 * MiB, "0,2": 62 * MiB}),
         pool="0,2",
@@ -66,5 +64,5 @@ def test_terms_count_pool_by_reservation_and_what_teardown_released() -> None:
 
 def test_no_profiling_keeps_vllm_budget() -> None:
     st = state()
-    st.figures["requested_memory_bytes"] = 1
+    st.vllm.requested_memory_bytes = 1
     assert apply.measured_terms(object(), _r(1, 1, {})) is None

@@ -6,6 +6,9 @@ import fake_start
 import pytest
 from memest_instrumentation.vllm.state import state
 
+# A fake start runs memest's real hooks, which import torch and vLLM.
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("needs_vllm")]
+
 
 def _start(monkeypatch: pytest.MonkeyPatch, mode: str) -> tuple[fake_start.FakeDevice, int, int]:
     dev, worker, budget = fake_start.sized_start(monkeypatch, mode)
@@ -19,7 +22,7 @@ def test_apply_sizes_the_kv_cache_to_the_budget(monkeypatch: pytest.MonkeyPatch)
     # in use at the end + the activation peak serving needs again
     usage = dev.used() + z["activation"]
     assert -fake_start.PAGE_ALL < usage - requested <= 0
-    terms = state().apply_terms["terms"]
+    terms = state().apply_terms.terms
     assert terms.graph_pool_bytes == z["pool"]
     assert terms.runner_buffer_bytes == z["runner"] + z["outputs"]
     assert terms.profile_peak_activation_bytes == z["activation"]
@@ -33,7 +36,7 @@ def test_plan_mode_keeps_vllms_budget_and_writes_a_plan_that_fits(
 ) -> None:
     dev, kv_budget, requested = _start(monkeypatch, "plan")
     assert kv_budget == fake_start.RETURNS["determine_available_memory"]
-    plan_kv = state().plan["kv_cache_memory_bytes"]
+    plan_kv = state().plan.kv_cache_memory_bytes
     usage = dev.used() + dev.sizes["activation"]
     kv_now = (kv_budget // fake_start.PAGE_ALL) * fake_start.PAGE_ALL
     # the next start with that KV size: same non-KV memory, plan_kv of KV

@@ -46,6 +46,9 @@ HOOKS = [
     "all",
 ]
 
+# A fake start runs memest's real hooks, which import torch and vLLM.
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("needs_vllm")]
+
 
 def _vllm_calls(calls: list[str]) -> list[str]:
     """The calls vLLM made: without memest's own second, warm profile pass."""

@@ -7,9 +7,10 @@ from typing import Any
 
 import fake_start
 import pytest
-from memest_instrumentation.vllm import collect, finish
+from memest_instrumentation.vllm import collect
 from memest_instrumentation.vllm.state import reset_state, state
 
+from memest.estimate.startup_plan import graph_profiling_kept
 from memest.schema import MemoryReading, PhaseRecord, RetainedRow, RunReport, StageGrowth
 
 MiB = 1 << 20
@@ -21,16 +22,18 @@ def _start(monkeypatch: pytest.MonkeyPatch, mode: str, compile_transient: int) -
     return dev, worker
 
 
+@pytest.mark.vllm
+@pytest.mark.usefixtures("needs_vllm")
 def test_apply_budgets_the_warm_pass_not_the_compiling_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     dev, worker = _start(monkeypatch, "apply", compile_transient=900 * MiB)
     st = state()
     assert worker.calls.count("profile_run") == 2
-    terms = st.apply_terms["terms"]
+    terms = st.apply_terms.terms
     assert terms.profile_peak_activation_bytes == dev.sizes["activation"]
     # the first pass's transients come one after the other: its peak is the larger one
-    assert st.figures["profile_headroom_first_bytes"] == 900 * MiB
+    assert st.figures.profile_headroom_first_bytes == 900 * MiB
     usage = dev.used() + dev.sizes["activation"]
     assert -fake_start.PAGE_ALL < usage - worker.requested_memory <= 0
     assert any(p.name == "profile_run.warm" for p in st.phases)
@@ -41,9 +44,11 @@ def test_off_mode_runs_no_second_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     assert worker.calls.count("profile_run") == 1
 
 
+@pytest.mark.vllm
+@pytest.mark.usefixtures("needs_vllm")
 def test_plan_is_sized_with_the_warm_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     dev, worker = _start(monkeypatch, "plan", compile_transient=900 * MiB)
-    plan_kv = state().plan["kv_cache_memory_bytes"]
+    plan_kv = state().plan.kv_cache_memory_bytes
     kv_now = worker.cache_config.num_gpu_blocks * fake_start.PAGE_ALL
     usage = dev.used() + dev.sizes["activation"]
     # the next start keeps the same non-KV memory and plan_kv of KV: within one block of budget
@@ -62,8 +67,8 @@ def test_vllm_headroom_stands_in_when_memests_hook_did_not_measure() -> None:
     collect.vllm_budget(worker, 1)
     st = state()
     # vLLM 0.33.0 applies its graph estimate by default (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS)
-    assert st.figures["profile_headroom_bytes"] == 400 * MiB
-    assert st.figures["profile_headroom_source"] == "vllm"
+    assert st.figures.profile_headroom_bytes == 400 * MiB
+    assert st.figures.profile_headroom_source == "vllm"
 
 
 def _reading(allocated: int) -> MemoryReading:
@@ -101,8 +106,8 @@ def test_graph_profiling_kept_reads_the_retained_view_when_history_was_recorded(
             RetainedRow(stage="target.piecewise", owner="compiled_piece", bytes=5 * MiB),
         ],
     )
-    assert finish.graph_profiling_kept(report) == 32 * MiB
+    assert graph_profiling_kept(report) == 32 * MiB
 
 
 def test_graph_profiling_kept_falls_back_to_the_allocated_growth_of_the_pass() -> None:
-    assert finish.graph_profiling_kept(_report()) == 112 * MiB
+    assert graph_profiling_kept(_report()) == 112 * MiB

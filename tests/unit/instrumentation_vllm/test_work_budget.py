@@ -52,7 +52,11 @@ def test_a_slow_hook_is_logged_with_its_stack_while_it_runs(
     st = reset_state(Settings(enabled=True, slow_hook_s=0.2))
 
     def slow_reading() -> None:
-        time.sleep(0.8)
+        # Runs until the watchdog has reported it (the watchdog thread may still be in a sleep
+        # sized by an earlier test's limit), bounded so a broken watchdog fails, not hangs.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any("slow hook" in n for n in st.notes):
+            time.sleep(0.05)
 
     with caplog.at_level(logging.WARNING, logger="memest.vllm"):
         guarded("capture_stage", slow_reading)

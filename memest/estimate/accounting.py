@@ -1,0 +1,142 @@
+"""One accounting of a start, computed once: the figures every surface shows.
+
+``account(report)`` recomputes a report's figures with this version's definitions (the
+full-initialization terms, usage at serving's first full-size step, each estimator's budget).
+A report without the phase readings that needs (the seed's published figures, for instance) keeps
+its stored figures, flagged as measured by an older definition.
+"""
+
+from __future__ import annotations
+
+from memest.errors import MemestError
+from memest.estimate.compare import compare
+from memest.estimate.phases import graph_pool_by_stage
+from memest.estimate.startup_plan import graph_profiling_kept
+from memest.schema import EstimateComparison, EstimateRecord, RunReport, StartAccounting
+
+#: Order of the estimator records in an accounting (and on every surface).
+ESTIMATOR_ORDER = ("vllm", "memest", "memest-plan", "published", "measured")
+
+
+def account(report: RunReport, *, margin_bytes: int = 0) -> StartAccounting:
+    """The accounting of one start: recomputed when the report allows it, else as stored."""
+    try:
+        comparison = compare(report, margin_bytes=margin_bytes)
+    except (MemestError, ValueError) as exc:
+        # A figure the model cannot take (a negative stage growth, say) is a report memest
+        # cannot recompute, never a failure of the surface showing it.
+        return _stored(report, f"{exc}".splitlines()[0])
+    return _current(report, comparison)
+
+
+def _first_per_estimator(records: list[EstimateRecord]) -> list[EstimateRecord]:
+    """One record per estimator (the first), in ESTIMATOR_ORDER."""
+    seen: dict[str, EstimateRecord] = {}
+    for rec in records:
+        seen.setdefault(rec.estimator, rec)
+    rank = {name: i for i, name in enumerate(ESTIMATOR_ORDER)}
+    return sorted(seen.values(), key=lambda r: rank.get(r.estimator, len(rank)))
+
+
+def _stored_plan(report: RunReport, usage_minus_budget: int, kv_now: int) -> list[EstimateRecord]:
+    """The plugin's startup-plan record, its predicted usage recomputed by today's usage.
+
+    A plan start has this start's non-KV memory less what graph-memory profiling left
+    allocated, and the plan's KV cache instead of this start's.
+    """
+    stored = [] if report.estimate is None else report.estimate.records
+    plan = next((r for r in stored if r.estimator == "memest-plan"), None)
+    if plan is None or plan.kv_cache_bytes is None:
+        return []
+    predicted = usage_minus_budget - graph_profiling_kept(report) + plan.kv_cache_bytes - kv_now
+    return [plan.model_copy(update={"usage_minus_budget_bytes": predicted})]
+
+
+def _capture_added(report: RunReport) -> int | None:
+    if report.breakdown is None:
+        return None
+    rows = [p.total_added_bytes for p in report.breakdown.phases if p.phase == "capture"]
+    return rows[-1] if rows else None
+
+
+def _concurrency(report: RunReport, kv_tokens: int | None) -> float | None:
+    length = report.config.max_model_len
+    if kv_tokens is None or not length:
+        return None
+    return kv_tokens / length
+
+
+def _current(report: RunReport, comparison: EstimateComparison) -> StartAccounting:
+    terms = comparison.full_init
+    measured = next(r for r in comparison.records if r.estimator == "measured")
+    assert terms is not None and measured.usage_minus_budget_bytes is not None
+    assert measured.kv_cache_bytes is not None and measured.non_kv_cache_bytes is not None
+    budget = terms.requested_bytes
+    usage = budget + measured.usage_minus_budget_bytes
+    plan = _stored_plan(report, measured.usage_minus_budget_bytes, measured.kv_cache_bytes)
+    figures = report.vllm
+    spec = report.kv_cache
+    return StartAccounting(
+        report_id=report.report_id,
+        usage_kind="end_of_init_plus_first_step",
+        budget_bytes=budget,
+        usage_bytes=usage,
+        usage_minus_budget_bytes=measured.usage_minus_budget_bytes,
+        kv_cache_bytes=measured.kv_cache_bytes,
+        kv_tokens=measured.kv_tokens,
+        kv_blocks=spec.num_blocks if spec is not None else None,
+        max_model_len=report.config.max_model_len,
+        max_concurrency=_concurrency(report, measured.kv_tokens),
+        non_kv_bytes=measured.non_kv_cache_bytes,
+        graph_pool_bytes=terms.graph_pool_bytes,
+        graph_pool_by_stage_bytes=terms.graph_pool_by_stage_bytes,
+        capture_added_bytes=_capture_added(report),
+        terms=terms,
+        estimators=_first_per_estimator(comparison.records + plan),
+        vllm_cudagraph_estimate_bytes=figures.cudagraph_estimate_bytes if figures else None,
+        vllm_cudagraph_actual_bytes=figures.cudagraph_actual_bytes if figures else None,
+    )
+
+
+def _stored_graph_pool(report: RunReport) -> tuple[int | None, dict[str, int]]:
+    by_stage = graph_pool_by_stage(report)
+    bd = report.breakdown
+    if bd is not None and bd.graph_pool_growth_bytes:
+        return bd.graph_pool_growth_bytes, by_stage
+    if by_stage:
+        return sum(by_stage.values()), by_stage
+    split = None if bd is None else next((p for p in bd.phases if p.phase == "capture"), None)
+    return (split.graph_pool_bytes if split is not None else None), by_stage
+
+
+def _stored(report: RunReport, reason: str) -> StartAccounting:
+    """The report's stored figures, flagged: its readings do not allow a recomputation."""
+    records = _first_per_estimator([] if report.estimate is None else report.estimate.records)
+    measured = next((r for r in records if r.estimator == "measured"), None)
+    spec = report.kv_cache
+    tokens = spec.kv_tokens if spec is not None else None
+    if tokens is None and measured is not None:
+        tokens = measured.kv_tokens
+    pool, by_stage = _stored_graph_pool(report)
+    figures = report.vllm
+    return StartAccounting(
+        report_id=report.report_id,
+        definition="stored",
+        definition_note="measured by an older definition: figures as stored in the report, "
+        f"which memest cannot recompute ({reason})",
+        usage_kind="end_of_init" if measured and measured.usage_minus_budget_bytes else None,
+        budget_bytes=report.estimate.requested_bytes if report.estimate else None,
+        usage_minus_budget_bytes=measured.usage_minus_budget_bytes if measured else None,
+        kv_cache_bytes=measured.kv_cache_bytes if measured else None,
+        kv_tokens=tokens,
+        kv_blocks=spec.num_blocks if spec is not None else None,
+        max_model_len=report.config.max_model_len,
+        max_concurrency=_concurrency(report, tokens),
+        non_kv_bytes=measured.non_kv_cache_bytes if measured else None,
+        graph_pool_bytes=pool,
+        graph_pool_by_stage_bytes=by_stage,
+        capture_added_bytes=_capture_added(report),
+        estimators=records,
+        vllm_cudagraph_estimate_bytes=figures.cudagraph_estimate_bytes if figures else None,
+        vllm_cudagraph_actual_bytes=figures.cudagraph_actual_bytes if figures else None,
+    )

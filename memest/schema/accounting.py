@@ -1,0 +1,79 @@
+"""One start's memory, computed once by ``memest.estimate.account`` and read by every surface."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from memest.schema._base import Bytes, Field, MemestModel, NonNegativeBytes
+from memest.schema.estimate import EstimateRecord, FullInitTerms
+
+#: "current": recomputed from the report's phase readings by this version of memest.
+#: "stored": the report lacks those readings, so its stored figures are shown as they are,
+#: measured by an older definition.
+Definition = Literal["current", "stored"]
+
+#: What "usage" holds: device memory in use at the end of init plus the reservation serving's
+#: first full-size step adds ("end_of_init_plus_first_step"), or the end-of-init reading alone
+#: that older reports carry ("end_of_init").
+UsageKind = Literal["end_of_init_plus_first_step", "end_of_init"]
+
+
+class StartAccounting(MemestModel):
+    """Where one start's memory went and how much KV cache it holds, every figure defined once.
+
+    The CLI, the service API, the dashboard and ``/metrics`` all show these fields; none of them
+    recomputes a figure.
+    """
+
+    report_id: str
+    definition: Definition = "current"
+    definition_note: str = Field(
+        default="", description="Why the figures are stored ones, when definition is 'stored'"
+    )
+    usage_kind: UsageKind | None = None
+    budget_bytes: NonNegativeBytes | None = Field(
+        default=None, description="vLLM's requested memory: ceil(gpu_memory_utilization x total)"
+    )
+    usage_bytes: NonNegativeBytes | None = Field(default=None, description="See usage_kind")
+    usage_minus_budget_bytes: Bytes | None = Field(
+        default=None, description="usage - budget; positive = over budget (OOM risk)"
+    )
+    kv_cache_bytes: NonNegativeBytes | None = Field(
+        default=None, description="KV cache this start allocated (whole blocks, all layers)"
+    )
+    kv_tokens: int | None = Field(default=None, ge=0, description="KV capacity in tokens")
+    kv_blocks: int | None = Field(default=None, ge=0)
+    max_model_len: int | None = Field(default=None, ge=1)
+    max_concurrency: float | None = Field(
+        default=None, ge=0, description="Requests of max_model_len tokens the KV cache holds"
+    )
+    non_kv_bytes: Bytes | None = Field(
+        default=None, description="usage - KV cache: every byte the start keeps besides the KV"
+    )
+    graph_pool_bytes: Bytes | None = Field(
+        default=None,
+        description="Reserved graph-pool growth over the real capture (a stored phase split "
+        "may show a shrinking pool)",
+    )
+    graph_pool_by_stage_bytes: dict[str, NonNegativeBytes] = Field(default_factory=dict)
+    capture_added_bytes: Bytes | None = Field(
+        default=None, description="Device memory added during the real capture (all kinds)"
+    )
+    terms: FullInitTerms | None = Field(
+        default=None, description="memest's full-initialization terms of this start"
+    )
+    estimators: list[EstimateRecord] = Field(
+        default_factory=list,
+        description="One record per estimator (vllm, memest, memest-plan, measured): the KV "
+        "budget each gives and the usage minus budget this start would have had with it",
+    )
+    vllm_cudagraph_estimate_bytes: int | None = Field(
+        default=None, description="vLLM's graph-memory estimate, as vLLM logged it"
+    )
+    vllm_cudagraph_actual_bytes: int | None = Field(
+        default=None, description="vLLM's 'actual' graph memory (free-memory delta of capture)"
+    )
+
+    def estimator(self, name: str) -> EstimateRecord | None:
+        """The record of estimator ``name``, or None."""
+        return next((r for r in self.estimators if r.estimator == name), None)

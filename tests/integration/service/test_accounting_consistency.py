@@ -1,0 +1,148 @@
+"""Every surface shows the same figures for one start: CLI, API, dashboard page and /metrics.
+
+Each real vLLM report under tests/data/reports is stored in a fresh service; the five figures
+an operator reads (usage minus budget, KV tokens, KV bytes, graph pool, non-KV bytes) are read
+from `memest estimate --json`, `memest report`, the run JSON, the model page's text and
+`/metrics`, and must be identical. `/metrics` never repeats a series.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from memest.cli import main
+from tests.integration.service.conftest import AUTH, MakeClient
+
+REPORTS = sorted((Path(__file__).parents[2] / "data" / "reports").glob("*.json"))
+FIGURES = (
+    "usage_minus_budget_bytes",
+    "kv_tokens",
+    "kv_cache_bytes",
+    "graph_pool_bytes",
+    "non_kv_bytes",
+)
+#: Model-page element id and /metrics series of each figure.
+PAGE_IDS = {
+    "usage_minus_budget_bytes": "fact-usage-minus-budget",
+    "kv_tokens": "fact-kv-tokens",
+    "kv_cache_bytes": "fact-kv-bytes",
+    "graph_pool_bytes": "fact-graph-pool",
+    "non_kv_bytes": "fact-non-kv",
+}
+SERIES = {
+    "kv_tokens": "memest_kv_tokens",
+    "kv_cache_bytes": "memest_kv_cache_bytes",
+    "graph_pool_bytes": "memest_graph_pool_total_bytes",
+    "non_kv_bytes": "memest_non_kv_bytes",
+}
+
+
+def test_the_data_holds_the_reports_the_check_needs() -> None:
+    names = {p.name for p in REPORTS}
+    assert "call8.E_llama8b_eagle3k5_s96_t4096_u088.apply.report.rank0.json" in names
+    eagle = [n for n in names if "eagle3" in n]
+    plain = [n for n in names if "eagle3" not in n]
+    assert eagle and plain
+
+
+def _cli_json(path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any] | None:
+    code = main(["estimate", "--from", str(path), "--json"])
+    out, err = capsys.readouterr()
+    if code == 2:
+        return None  # a report memest cannot recompute: refused with a reason, checked below
+    assert code == 0, err
+    accounting: dict[str, Any] = json.loads(out)["accounting"]
+    return accounting
+
+
+def _page_figures(page: str) -> dict[str, tuple[str, str]]:
+    """figure -> (data attribute, shown text) of the model page's fact cards."""
+    out = {}
+    for figure, element in PAGE_IDS.items():
+        m = re.search(rf'id="{element}" data-(?:bytes|value)="([^"]*)">([^<]*)<', page)
+        assert m is not None, element
+        out[figure] = (html.unescape(m.group(1)), html.unescape(m.group(2)))
+    return out
+
+
+def _metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics by (name, labels); a repeated series fails the test."""
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = (s.name, tuple(sorted(s.labels.items())))
+            assert key not in samples, f"/metrics repeats {key}"
+            samples[key] = s.value
+    return samples
+
+
+def _shown(figure: str, value: int | None) -> str:
+    from memest.units import count_cell, gib_cell
+
+    if figure == "kv_tokens":
+        return count_cell(value)
+    return gib_cell(value, signed=figure == "usage_minus_budget_bytes")
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=[p.name.split(".report")[0] for p in REPORTS])
+def test_every_surface_shows_the_same_figures(
+    path: Path, make_client: MakeClient, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    report = json.loads(path.read_text())
+    client: TestClient = make_client()
+    assert client.post("/api/v1/reports", json=report, headers=AUTH).status_code == 201
+
+    run = client.get(f"/api/v1/runs/{quote(report['run_id'], safe='')}").json()
+    api = run["accounting"]
+    assert {f: run["facts"][f] for f in FIGURES} == {f: api[f] for f in FIGURES}
+    assert api["report_id"] == report["report_id"]
+
+    cli = _cli_json(path, capsys)
+    if cli is None:
+        assert api["definition"] == "stored"
+        assert "older definition" in api["definition_note"]
+    else:
+        assert api["definition"] == "current"
+        assert {f: cli[f] for f in FIGURES} == {f: api[f] for f in FIGURES}
+        assert cli["estimators"] == api["estimators"]
+
+    page = client.get(f"/models/{quote(report['model'], safe='')}").text
+    for figure, (attribute, text) in _page_figures(page).items():
+        assert attribute == ("None" if api[figure] is None else str(api[figure])), figure
+        assert text == _shown(figure, api[figure]), figure
+    if api["definition"] == "stored":
+        assert "Measured by an older definition" in page
+
+    labels = (("build", report["build"]["label"]), ("model", report["model"]))
+    samples = _metric_samples(client.get("/metrics").text)
+    for figure, name in SERIES.items():
+        assert samples.get((name, labels)) == api[figure], figure
+    errors = {
+        dict(k[1])["estimator"]: v
+        for k, v in samples.items()
+        if k[0] == "memest_estimator_error_bytes"
+    }
+    stated = {
+        r["estimator"]: r["usage_minus_budget_bytes"]
+        for r in api["estimators"]
+        if r["usage_minus_budget_bytes"] is not None
+    }
+    assert errors == stated
+    assert errors.get("measured") == api["usage_minus_budget_bytes"]
+
+    assert main(["report", str(path), "--out", str(tmp_path), "--stdout"]) == 0
+    markdown = capsys.readouterr().out
+    assert (
+        f"| Usage minus budget (this start), GiB | {_shown('usage_minus_budget_bytes', api['usage_minus_budget_bytes'])} |"
+        in markdown
+    )
+    assert f"| KV capacity, tokens | {_shown('kv_tokens', api['kv_tokens'])} |" in markdown
