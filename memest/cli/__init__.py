@@ -5,7 +5,8 @@ Each command lives in its own module of this package and exposes ``COMMAND``, an
 ``run(args) -> int``. Commands are discovered, so a new module needs no edit here.
 
 A ``MemestError`` (bad input, a refused file) is printed as one line on stderr and exits 2; no
-traceback reaches the user.
+traceback reaches the user. Input files are read through ``memest.files`` (regular files only,
+bounded sizes).
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except OSError as exc:
         print(f"memest {command.name}: {exc}", file=sys.stderr)
+        return 2
+    except (RecursionError, MemoryError) as exc:  # input shaped to exhaust the stack or memory
+        print(
+            f"memest {command.name}: input too deeply nested or too large ({exc!r:.80})",
+            file=sys.stderr,
+        )
         return 2
 
 

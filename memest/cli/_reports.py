@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from memest.errors import ReportFormatError
+from memest.files import MAX_REPORT_BYTES, load_json_file
 from memest.schema import SCHEMA_VERSION, RunReport
 
 
@@ -15,24 +15,21 @@ def load_report(path: Path) -> RunReport:
     """Read one RunReport JSON file.
 
     Raises:
-        ReportFormatError: unreadable, not JSON, another schema version, or an invalid field
-            (the first failing field is named).
+        ReportFormatError: unreadable, not a regular file, over MAX_REPORT_BYTES, not UTF-8
+            JSON, another schema version, or an invalid field (the first failing one is named).
     """
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise ReportFormatError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ReportFormatError(f"{path}: invalid JSON at line {exc.lineno}") from None
+    data = load_json_file(path, limit=MAX_REPORT_BYTES, error=ReportFormatError)
     if not isinstance(data, dict):
         raise ReportFormatError(f"{path}: expected a RunReport JSON object")
     version = data.get("schema_version", SCHEMA_VERSION)  # absent: the model default
     if version != SCHEMA_VERSION:
         raise ReportFormatError(
-            f"{path}: schema_version {version!r}, memest reads {SCHEMA_VERSION!r}"
+            f"{path}: schema_version {str(version)[:20]!r}, memest reads {SCHEMA_VERSION!r}"
         )
     try:
         return RunReport.model_validate(data)
+    except RecursionError:
+        raise ReportFormatError(f"{path}: nested too deeply") from None
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(p) for p in first["loc"])

@@ -1,7 +1,7 @@
 """KV budget of one start: vLLM's estimate, memest's full-initialization one, the end state.
 
 memest estimate --from REPORT.json [--grid JSON [--snapshot PATH]] [--margin SIZE] [--json]
-                [--write-startup-plan DIR]
+                [--write-startup-plan DIR [--create-dir]]
 
 REPORT.json is a RunReport (schema version 1) with the phases weights, profile_run,
 kv_cache_alloc and capture or end, and its KV-cache spec. --grid predicts each owner's graph-pool
@@ -12,8 +12,9 @@ requests, resized for G', through a model of the caching allocator (pool growth 
 segments, which linear laws miss by up to a segment per trigger).
 --write-startup-plan writes vLLM 0.33.0's startup-plan file (VLLM_ENABLE_STARTUP_PLAN=1) into
 DIR, which should be {VLLM_CACHE_ROOT}/startup_plan; the report must carry the worker's plan
-fingerprint and free-memory baseline (estimate.startup_plan). The matching vLLM flag is printed
-either way: --kv-cache-memory-bytes=N.
+fingerprint and free-memory baseline (estimate.startup_plan). DIR must exist unless --create-dir
+is given (an unset $VLLM_CACHE_ROOT would otherwise write /startup_plan). The matching vLLM flag
+is printed either way: --kv-cache-memory-bytes=N.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from memest.estimate import (
     what_if,
     write_startup_plan,
 )
+from memest.files import load_json_file, parse_json
 from memest.reporters.estimate import render_comparison, render_what_if
 from memest.snapshot import load_snapshot
 from memest.units import parse_bytes
@@ -40,19 +42,28 @@ from memest.units import parse_bytes
 
 def load_grid(text: str) -> dict[str, Any]:
     """The --grid value: inline JSON (starting with '{') or a path to a JSON file."""
-    raw = text
-    if not text.lstrip().startswith("{"):
-        path = Path(text)
-        if not path.is_file():
-            raise ConfigError("--grid", text, "not a JSON object nor a readable file")
-        raw = path.read_text()
-    try:
-        grid = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ConfigError("--grid", text, f"invalid JSON at line {exc.lineno}") from None
+    if text.lstrip().startswith("{"):
+        grid = parse_json(text.encode("utf-8", "surrogateescape"), source="--grid")
+    else:
+        grid = load_json_file(Path(text), error=lambda msg: CommandError(f"--grid {msg}"))
     if not isinstance(grid, dict):
         raise ConfigError("--grid", text, "expected a JSON object")
     return grid
+
+
+def _check_plan_dir(directory: Path | None, *, create: bool) -> None:
+    """Refuse a plan folder that does not exist unless asked to create it."""
+    if directory is None:
+        if create:
+            raise ConfigError("--create-dir", True, "only used with --write-startup-plan")
+        return
+    if directory.is_dir() or create:
+        return
+    what = "is not a folder" if directory.exists() else "does not exist"
+    raise CommandError(
+        f"--write-startup-plan {directory}: {what} (is $VLLM_CACHE_ROOT set? "
+        "pass --create-dir to create it)"
+    )
 
 
 class EstimateCommand:
@@ -75,10 +86,16 @@ class EstimateCommand:
             "--write-startup-plan",
             type=Path,
             metavar="DIR",
-            help="write vLLM's startup_plan_<fingerprint>.json into DIR",
+            help="write vLLM's startup_plan_<fingerprint>.json into DIR (an existing folder)",
+        )
+        parser.add_argument(
+            "--create-dir",
+            action="store_true",
+            help="with --write-startup-plan: create DIR when it does not exist",
         )
 
     def run(self, args: argparse.Namespace) -> int:
+        _check_plan_dir(args.write_startup_plan, create=args.create_dir)
         report = load_report(args.report)
         margin = parse_bytes(args.margin, field="--margin")
         if margin < 0:

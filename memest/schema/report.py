@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from memest.schema._base import Field, MemestModel, NonNegativeBytes
+from memest.schema._base import Bytes, Field, MemestModel, NonNegativeBytes
 from memest.schema.breakdown import Breakdown, PhaseRecord
 from memest.schema.estimate import EstimateComparison
 from memest.schema.plan import CapturePlan
@@ -69,11 +69,11 @@ class VllmFigures(MemestModel):
     weights_bytes: NonNegativeBytes | None = None
     non_kv_cache_memory_bytes: NonNegativeBytes | None = None
     peak_activation_bytes: NonNegativeBytes | None = None
-    cudagraph_estimate_bytes: int | None = None
-    cudagraph_actual_bytes: int | None = Field(
+    cudagraph_estimate_bytes: Bytes | None = None
+    cudagraph_actual_bytes: Bytes | None = Field(
         default=None, description="Free-memory delta of the real capture, as vLLM logs it"
     )
-    available_kv_cache_bytes: int | None = None
+    available_kv_cache_bytes: Bytes | None = None
     num_gpu_blocks: int | None = None
 
 
