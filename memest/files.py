@@ -19,7 +19,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from memest.errors import ConfigError, MemestError
+from pydantic import ValidationError
+
+from memest.errors import ConfigError, MemestError, ReportFormatError
+from memest.schema import SCHEMA_VERSION, RunReport
 from memest.units import GiB, MiB, fmt_bytes, parse_bytes
 
 MAX_INPUT_ENV = "MEMEST_MAX_INPUT_BYTES"
@@ -182,3 +185,28 @@ def load_json_file(
     """Read and decode a JSON file through the checks above."""
     data = read_regular_file(path, limit=limit, error=error)
     return parse_json(data, source=str(path), error=error)
+
+
+def load_report(path: Path) -> RunReport:
+    """Read one RunReport JSON file.
+
+    Raises:
+        ReportFormatError: unreadable, not a regular file, over MAX_REPORT_BYTES, not UTF-8
+            JSON, another schema version, or an invalid field (the first failing one is named).
+    """
+    data = load_json_file(path, limit=MAX_REPORT_BYTES, error=ReportFormatError)
+    if not isinstance(data, dict):
+        raise ReportFormatError(f"{path}: expected a RunReport JSON object")
+    version = data.get("schema_version", SCHEMA_VERSION)  # absent: the model default
+    if version != SCHEMA_VERSION:
+        raise ReportFormatError(
+            f"{path}: schema_version {str(version)[:20]!r}, memest reads {SCHEMA_VERSION!r}"
+        )
+    try:
+        return RunReport.model_validate(data)
+    except RecursionError:
+        raise ReportFormatError(f"{path}: nested too deeply") from None
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ReportFormatError(f"{path}: field {where}: {first['msg']}") from None
