@@ -89,6 +89,11 @@ class RunReport(MemestModel):
     build: BuildInfo = Field(default_factory=BuildInfo)
     gpu: GpuInfo | None = None
     config: RunConfig
+    config_fingerprint: str | None = Field(
+        default=None,
+        description="Hash of config (memest.identity.config_fingerprint): equal for launches of "
+        "the same setup, while run_id differs per launch",
+    )
     capture_plans: list[CapturePlan] = Field(default_factory=list)
     kv_cache: KVCacheSpec | None = None
     phases: list[PhaseRecord] = Field(default_factory=list)
