@@ -4,8 +4,8 @@ Every loader (snapshots, reports, rules, grids, phase lists) reads through here,
 ``/dev/zero``, a FIFO, a gzip bomb, non-UTF-8 bytes or pathologically nested JSON is refused with
 one line naming the file, never read until the machine runs out of memory.
 
-Limits: ``MEMEST_MAX_INPUT_BYTES`` (default 4 GiB) bounds a snapshot file and its decompressed
-content, generous for a 10-million-event history; reports and small JSON inputs have fixed
+Limits: ``MEMEST_MAX_INPUT_BYTES`` (default 2 GiB) bounds a snapshot file and its decompressed
+content: a 10-million-event history in memest JSON is about 0.6 GiB; reports and small JSON inputs have fixed
 limits below.
 """
 
@@ -26,7 +26,7 @@ from memest.schema import SCHEMA_VERSION, RunReport
 from memest.units import GiB, MiB, fmt_bytes, parse_bytes
 
 MAX_INPUT_ENV = "MEMEST_MAX_INPUT_BYTES"
-DEFAULT_MAX_INPUT_BYTES = 4 * GiB
+DEFAULT_MAX_INPUT_BYTES = 2 * GiB
 MAX_REPORT_BYTES = 256 * MiB
 MAX_SMALL_JSON_BYTES = 16 * MiB
 """Rules files, grids and phase lists: a few KB in practice."""
