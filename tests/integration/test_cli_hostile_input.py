@@ -1,7 +1,7 @@
 """Hostile input to every CLI loader: exit 2, one line on stderr, no traceback, bounded memory.
 
 Each case runs ``memest`` in a child process under an address-space limit (so a regression
-fails instead of exhausting the machine) and reads the child's peak RSS from ``wait4``.
+fails instead of exhausting the machine) and reads the child's peak RSS (VmHWM) as it exits.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import gzip
 import json
 import os
 import pickle
-import resource
 import subprocess
 import sys
 import zlib
@@ -33,6 +32,10 @@ SMALL_INPUT_LIMIT = "32MiB"
 
 REPO = Path(__file__).resolve().parents[2]
 
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/status").exists(), reason="peak RSS is read from Linux /proc"
+)
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -42,32 +45,41 @@ class Outcome:
     peak_rss_bytes: int
 
 
+# Runs memest under the limit and, on the way out, records the process's peak RSS (VmHWM, kept
+# per address space, so unlike ru_maxrss it does not count the pytest process it was forked from).
+LIMITED_RUN = """
+import resource, sys
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]),) * 2)
+try:
+    from memest.cli import main
+    code = main(sys.argv[3:])
+finally:
+    status = Path("/proc/self/status").read_text()
+    peak = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
+    Path(sys.argv[2]).write_text(peak)
+sys.exit(code)
+"""
+
+
 def run_memest(args: list[str], tmp_path: Path, env: dict[str, str] | None = None) -> Outcome:
     """Run ``memest ARGS`` in a child limited to ADDRESS_SPACE_LIMIT_BYTES; measure its RSS."""
-
-    def limit_memory() -> None:
-        limit = ADDRESS_SPACE_LIMIT_BYTES
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
     child_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
-    with out_path.open("wb") as out, err_path.open("wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "memest", *args],
-            stdout=out,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            env=child_env,
-            cwd=tmp_path,
-            preexec_fn=limit_memory,
-        )
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    peak_path = tmp_path / "peak-rss-kib.txt"
+    limit = str(ADDRESS_SPACE_LIMIT_BYTES)
+    proc = subprocess.run(
+        [sys.executable, "-c", LIMITED_RUN, limit, str(peak_path), *args],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        env=child_env,
+        cwd=tmp_path,
+        check=False,
+    )
     return Outcome(
         code=proc.returncode,
-        stdout=out_path.read_text(errors="replace"),
-        stderr=err_path.read_text(errors="replace"),
-        peak_rss_bytes=usage.ru_maxrss * 1024,  # Linux reports KiB
+        stdout=proc.stdout.decode(errors="replace"),
+        stderr=proc.stderr.decode(errors="replace"),
+        peak_rss_bytes=int(peak_path.read_text()) * 1024,
     )
 
 
