@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
+from pydantic import ValidationError
+
 from memest._version import __version__
 from memest.errors import CommandError, ConfigError, MemestError
 
@@ -90,12 +92,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"memest {command.name}: {exc}", file=sys.stderr)
         return 2
+    except ValidationError as exc:  # a figure computed from absurd input is out of range
+        print(f"memest {command.name}: {_first_error(exc)}", file=sys.stderr)
+        return 2
     except (RecursionError, MemoryError) as exc:  # input shaped to exhaust the stack or memory
         print(
             f"memest {command.name}: input too deeply nested or too large ({exc!r:.80})",
             file=sys.stderr,
         )
         return 2
+
+
+def _first_error(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"input leads to an invalid {exc.title}.{where}: {first['msg']}"
 
 
 def entry() -> None:

@@ -133,6 +133,10 @@ def validate(snapshot: object, *, source: str = "snapshot") -> Snapshot:
         if n and max(col) >= len(table):
             raise SnapshotFormatError(f"{source}.events.{name}: index outside the {name}s table")
         _check_strings(table, f"{source}.{name}s")
+    pools = snapshot.get("pools", [])
+    if not isinstance(pools, list):
+        raise SnapshotFormatError(f"{source}.pools: expected a list")
+    _check_strings(pools, f"{source}.pools")
     if n and max(columns["stack"]) >= len(stacks):
         raise SnapshotFormatError(f"{source}.events.stack: index outside the stacks table")
     n_frames = len(frames)
@@ -191,6 +195,7 @@ def _check_segment(seg: object, where: str) -> None:
     for key in SEGMENT_KEYS:
         if key not in seg:
             raise SnapshotFormatError(f"{where}: missing key {key!r}")
+    _check_pool(seg["pool"], f"{where}.pool")
     _check_size(seg["address"], f"{where}.address")
     _check_size(seg["total_size"], f"{where}.total_size")
     if not isinstance(seg["blocks"], list):
@@ -203,6 +208,15 @@ def _check_segment(seg: object, where: str) -> None:
                 _check_size(block[key], f"{where}.blocks[{j}].{key}")
         if not isinstance(block.get("state", ""), str):
             raise SnapshotFormatError(f"{where}.blocks[{j}].state: expected a string")
+
+
+def _check_pool(pool: object, where: str) -> None:
+    """A pool id: ``"0,1"`` or a pair of integers, as torch writes it."""
+    if isinstance(pool, str):
+        return
+    if isinstance(pool, list | tuple) and all(type(p) is int for p in pool):
+        return
+    raise SnapshotFormatError(f'{where}: expected a pool id such as "0,1"')
 
 
 def _check_windows(windows: list[Any], source: str) -> None:

@@ -122,7 +122,14 @@ def to_memest(obj: object, *, source: str = "snapshot", scrub_paths: bool = Fals
             raise SnapshotFormatError(f"{source}: unknown snapshot format {obj.get('format')!r}")
         return validate(obj, source=source)
     if isinstance(obj, dict) and ("device_traces" in obj or "segments" in obj):
-        return validate(from_torch(obj, scrub_paths=scrub_paths, source=source), source=source)
+        try:
+            converted = from_torch(obj, scrub_paths=scrub_paths, source=source)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
+            # torch's dict arrives from an untrusted file: any field may have any type
+            raise SnapshotFormatError(
+                f"{source}: malformed torch snapshot ({type(exc).__name__}: {str(exc)[:80]})"
+            ) from None
+        return validate(converted, source=source)
     raise SnapshotFormatError(
         f"{source}: neither a memest snapshot (no 'format' key) nor a torch snapshot "
         "(no 'segments' / 'device_traces')"

@@ -339,3 +339,17 @@ def test_inline_grid_nested_too_deeply(tmp_path: Path) -> None:
     grid = '{"a": ' + "[" * 30_000 + "]" * 30_000 + "}"  # within the kernel's argument limit
     outcome = run_memest(["estimate", "--from", report, "--grid", grid], tmp_path)
     assert_refused(outcome, "--grid", "nested too deeply")
+
+
+def test_absurd_report_figure_is_named_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memest.cli import main
+
+    data = report_dict()
+    data["kv_cache"]["head_size"] = 10**30  # every derived byte figure leaves int64
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    assert main(["estimate", "--from", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "input leads to an invalid" in err
