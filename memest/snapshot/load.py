@@ -124,6 +124,8 @@ def to_memest(obj: object, *, source: str = "snapshot", scrub_paths: bool = Fals
     if isinstance(obj, dict) and ("device_traces" in obj or "segments" in obj):
         try:
             converted = from_torch(obj, scrub_paths=scrub_paths, source=source)
+        except SnapshotFormatError:
+            raise  # already names the field
         except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:
             # torch's dict arrives from an untrusted file: any field may have any type
             raise SnapshotFormatError(
