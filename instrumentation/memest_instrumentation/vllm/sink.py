@@ -2,9 +2,9 @@
 
 Pushing never blocks startup beyond ``MEMEST_PUSH_TIMEOUT_S``: attempts stop at that deadline and
 the report is spooled to ``<output dir>/spool/``. Once a later start reaches the service again,
-its rank 0 sends what earlier starts spooled (at most ``SPOOL_BATCH_FILES`` files, within
-another ``MEMEST_PUSH_TIMEOUT_S``) and removes what the service then holds; ``memest push
---spool DIR`` does the same by hand.
+its rank 0 sends what earlier starts spooled (at most ``SPOOL_BATCH_FILES`` files, one attempt
+each of at most 5 s, starting none after another ``MEMEST_PUSH_TIMEOUT_S``) and removes what the
+service then holds; ``memest push --spool DIR`` does the same by hand.
 """
 
 from __future__ import annotations
