@@ -11,6 +11,9 @@ MiB = 1024 * KiB
 GiB = 1024 * MiB
 TiB = 1024 * GiB
 
+MAX_BYTES = 2**63 - 1
+"""Largest byte count memest accepts anywhere (int64, what the service's database stores)."""
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -27,14 +30,17 @@ _UNITS = {
     "tb": 1000**4,
     "tib": TiB,
 }
-_SIZE_RE = re.compile(r"^\s*([-+]?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE_RE = re.compile(r"^\s*([-+]?\d{1,30}(?:\.\d{1,30})?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(text: str, *, field: str = "size") -> int:
+def parse_bytes(text: str, *, field: str = "size", signed: bool = False) -> int:
     """Parse ``"6GiB"``, ``"0.25 GiB"``, ``"512MiB"`` or ``"1024"`` into bytes.
 
+    Sizes are limits and margins, so a negative one is refused unless ``signed``; anything
+    beyond ``MAX_BYTES`` is refused too (no real memory is that large).
+
     Raises:
-        ConfigError: the text is not a number with a known unit.
+        ConfigError: the text is not a number with a known unit, or is out of range.
     """
     m = _SIZE_RE.match(text)
     if not m:
@@ -42,7 +48,12 @@ def parse_bytes(text: str, *, field: str = "size") -> int:
     number, unit = m.group(1), m.group(2).lower()
     if unit not in _UNITS:
         raise ConfigError(field, text, f"unknown unit {m.group(2)!r} (use B, KiB, MiB, GiB, TiB)")
-    return int(round(float(number) * _UNITS[unit]))
+    value = int(round(float(number) * _UNITS[unit]))
+    if value < 0 and not signed:
+        raise ConfigError(field, text, "must not be negative")
+    if abs(value) > MAX_BYTES:
+        raise ConfigError(field, text, "larger than any real memory (limit 2**63-1 bytes)")
+    return value
 
 
 def gib(n_bytes: int | float) -> float:

@@ -5,7 +5,8 @@ Each command lives in its own module of this package and exposes ``COMMAND``, an
 ``run(args) -> int``. Commands are discovered, so a new module needs no edit here.
 
 A ``MemestError`` (bad input, a refused file) is printed as one line on stderr and exits 2; no
-traceback reaches the user.
+traceback reaches the user. Input files are read through ``memest.files`` (regular files only,
+bounded sizes).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 from typing import Protocol
+
+from pydantic import ValidationError
 
 from memest._version import __version__
 from memest.errors import CommandError, ConfigError, MemestError
@@ -89,6 +92,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"memest {command.name}: {exc}", file=sys.stderr)
         return 2
+    except ValidationError as exc:  # a figure computed from absurd input is out of range
+        print(f"memest {command.name}: {_first_error(exc)}", file=sys.stderr)
+        return 2
+    except (RecursionError, MemoryError) as exc:  # input shaped to exhaust the stack or memory
+        print(
+            f"memest {command.name}: input too deeply nested or too large ({exc!r:.80})",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _first_error(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"input leads to an invalid {exc.title}.{where}: {first['msg']}"
 
 
 def entry() -> None:

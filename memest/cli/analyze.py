@@ -5,7 +5,8 @@ memest analyze --run DIR [--rel-threshold F] [--abs-threshold SIZE] [--json]
 
 SNAPSHOT is memest's JSON snapshot (as the recorder writes it), or torch's pickle from
 torch.cuda.memory._dump_snapshot (read with a restricted unpickler: only builtin containers and
-scalars; any other global is refused), either optionally gzip-compressed.
+scalars; any other global is refused), either optionally gzip-compressed. It must be a regular
+file of at most MEMEST_MAX_INPUT_BYTES (default 2GiB), decompressed content included.
 
 --phases takes a JSON list of phase records, or a RunReport (its "phases"); without it the
 snapshot's own phases are used. --rules adds owner rules from a JSON file
@@ -31,6 +32,7 @@ from memest.analysis import OwnerRules, analyze
 from memest.analysis.ranks import DEFAULT_REL_THRESHOLD, RankAggregate, aggregate_ranks
 from memest.cli._reports import load_report
 from memest.errors import CommandError
+from memest.files import MAX_REPORT_BYTES, load_json_file
 from memest.reporters.breakdown import render_markdown, render_text
 from memest.schema.breakdown import PhaseRecord
 from memest.snapshot import load_snapshot
@@ -38,10 +40,7 @@ from memest.units import fmt_bytes, parse_bytes
 
 
 def _load_phases(path: Path) -> list[PhaseRecord]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CommandError(f"{path}: invalid JSON at line {exc.lineno}") from None
+    data = load_json_file(path, limit=MAX_REPORT_BYTES)  # a list, or a whole RunReport
     if isinstance(data, dict) and "phases" in data:
         data = data["phases"]
     if not isinstance(data, list):
@@ -55,6 +54,12 @@ def _load_phases(path: Path) -> list[PhaseRecord]:
             where = ".".join(str(p) for p in first["loc"])
             raise CommandError(f"{path}: phases[{i}].{where}: {first['msg']}") from None
     return records
+
+
+def _load_rules(path: Path) -> OwnerRules:
+    """User rules ahead of the defaults (as OwnerRules.from_file), read with bounded memory."""
+    user = OwnerRules.from_data(load_json_file(path), source=str(path))
+    return OwnerRules.default().extend(user)
 
 
 class AnalyzeCommand:
@@ -95,7 +100,7 @@ class AnalyzeCommand:
             raise CommandError("a SNAPSHOT file or --run DIR is required")
         snapshot = load_snapshot(args.snapshot)
         phases = _load_phases(args.phases) if args.phases else None
-        rules = OwnerRules.from_file(args.rules) if args.rules else OwnerRules.default()
+        rules = _load_rules(args.rules) if args.rules else OwnerRules.default()
         breakdown = analyze(snapshot, phases, rules)
         if args.json:
             sys.stdout.write(breakdown.model_dump_json(indent=2) + "\n")

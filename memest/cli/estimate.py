@@ -1,7 +1,8 @@
 """KV budget of one start: vLLM's estimate, memest's full-initialization one, the end state.
 
 memest estimate --from REPORT.json [--grid JSON [--snapshot PATH]] [--kv-tokens N |
-                --concurrency C] [--margin SIZE] [--json] [--write-startup-plan DIR]
+                --concurrency C] [--margin SIZE] [--json]
+                [--write-startup-plan DIR [--create-dir]]
 
 REPORT.json is a RunReport (schema version 1) with the phases weights, profile_run,
 kv_cache_alloc and capture or end, and its KV-cache spec. --grid predicts each owner's graph-pool
@@ -21,9 +22,10 @@ G' (or the start's grid): the gpu_memory_utilization that holds N tokens, and th
 max_num_seqs that still holds them at G's utilization.
 --write-startup-plan writes vLLM 0.33.0's startup-plan file (VLLM_ENABLE_STARTUP_PLAN=1) into
 DIR, which should be {VLLM_CACHE_ROOT}/startup_plan; the report must carry the worker's plan
-fingerprint and free-memory baseline (estimate.startup_plan). A plan for G' cannot be written
-(its fingerprint is computed by vLLM's worker). The matching vLLM flag is printed either way:
---kv-cache-memory-bytes=N, for G and, after a what-if, for G'.
+fingerprint and free-memory baseline (estimate.startup_plan). DIR must exist unless --create-dir
+is given (an unset $VLLM_CACHE_ROOT would otherwise write /startup_plan). A plan for G' cannot
+be written (its fingerprint is computed by vLLM's worker). The matching vLLM flag is printed
+either way: --kv-cache-memory-bytes=N, for G and, after a what-if, for G'.
 --json prints {"accounting": the start's figures as every memest surface shows them,
 "comparison": the estimators and terms, "what_if", "kv_cache_memory_bytes",
 "kv_cache_memory_bytes_to", "inverse", "startup_plan_path"}.
@@ -46,26 +48,37 @@ from memest.estimate import (
     what_if,
     write_startup_plan,
 )
+from memest.files import load_json_file, parse_json
 from memest.reporters.estimate import render_accounting, render_what_if
+from memest.schema import EstimateComparison, WhatIf
 from memest.snapshot import load_snapshot
 from memest.units import parse_bytes
 
 
 def load_grid(text: str) -> dict[str, Any]:
     """The --grid value: inline JSON (starting with '{') or a path to a JSON file."""
-    raw = text
-    if not text.lstrip().startswith("{"):
-        path = Path(text)
-        if not path.is_file():
-            raise ConfigError("--grid", text, "not a JSON object nor a readable file")
-        raw = path.read_text()
-    try:
-        grid = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ConfigError("--grid", text, f"invalid JSON at line {exc.lineno}") from None
+    if text.lstrip().startswith("{"):
+        grid = parse_json(text.encode("utf-8", "surrogateescape"), source="--grid")
+    else:
+        grid = load_json_file(Path(text), error=lambda msg: CommandError(f"--grid {msg}"))
     if not isinstance(grid, dict):
         raise ConfigError("--grid", text, "expected a JSON object")
     return grid
+
+
+def _check_plan_dir(directory: Path | None, *, create: bool) -> None:
+    """Refuse a plan folder that does not exist unless asked to create it."""
+    if directory is None:
+        if create:
+            raise ConfigError("--create-dir", True, "only used with --write-startup-plan")
+        return
+    if directory.is_dir() or create:
+        return
+    what = "is not a folder" if directory.exists() else "does not exist"
+    raise CommandError(
+        f"--write-startup-plan {directory}: {what} (is $VLLM_CACHE_ROOT set? "
+        "pass --create-dir to create it)"
+    )
 
 
 class EstimateCommand:
@@ -101,10 +114,16 @@ class EstimateCommand:
             "--write-startup-plan",
             type=Path,
             metavar="DIR",
-            help="write vLLM's startup_plan_<fingerprint>.json into DIR",
+            help="write vLLM's startup_plan_<fingerprint>.json into DIR (an existing folder)",
+        )
+        parser.add_argument(
+            "--create-dir",
+            action="store_true",
+            help="with --write-startup-plan: create DIR when it does not exist",
         )
 
     def run(self, args: argparse.Namespace) -> int:
+        _check_plan_dir(args.write_startup_plan, create=args.create_dir)
         report = load_report(args.report)
         margin = parse_bytes(args.margin, field="--margin")
         if margin < 0:
@@ -113,72 +132,99 @@ class EstimateCommand:
             raise ConfigError("--snapshot", str(args.snapshot), "only used with --grid")
         comparison = compare(report, margin_bytes=margin)
         accounting = account(report, margin_bytes=margin)
-        grid_result = None
         target = _target_tokens(args, report)
-        if target is not None and not args.grid:
-            args.grid = "{}"  # the inverse questions are asked of the start's own grid
-        if args.grid:
-            snapshot = load_snapshot(args.snapshot) if args.snapshot is not None else None
-            grid_result = what_if(
-                report,
-                load_grid(args.grid),
-                margin_bytes=margin,
-                snapshot=snapshot,
-                snapshot_source=str(args.snapshot),
-            )
-        inverse = (
-            _inverse(report, grid_result, target, load_grid(args.grid), margin)
-            if target is not None and grid_result is not None
-            else None
-        )
+        grid_text = args.grid or ("{}" if target is not None else None)
+        grid_result = _what_if(args, report, grid_text, margin)
+        inverse = None
+        if target is not None and grid_result is not None and grid_text is not None:
+            inverse = _inverse(report, grid_result, target, load_grid(grid_text), margin)
         memest = accounting.estimator("memest")
         kv_bytes = memest.kv_cache_bytes if memest is not None else None
-        plan_path: Path | None = None
-        if args.write_startup_plan is not None:
-            inputs = comparison.startup_plan
-            if inputs is None:
-                raise CommandError(
-                    f"{args.report}: estimate.startup_plan (fingerprint, free-memory baseline) "
-                    "is missing; only a running vLLM worker can compute them"
-                )
-            if not kv_bytes:
-                raise CommandError(f"{args.report}: memest's KV budget is 0; no plan written")
-            document = startup_plan_document(
-                inputs.fingerprint, kv_bytes, inputs.free_memory_baseline_bytes
-            )
-            plan_path = write_startup_plan(args.write_startup_plan, document)
-        if args.json:
-            payload: dict[str, Any] = {
-                "accounting": accounting.model_dump(mode="json"),
-                "comparison": comparison.model_dump(mode="json"),
-            }
-            if grid_result is not None:
-                payload["what_if"] = grid_result.model_dump(mode="json")
-            payload["kv_cache_memory_bytes"] = kv_bytes
-            if grid_result is not None:
-                payload["kv_cache_memory_bytes_to"] = grid_result.kv_budget_bytes_to
-            if inverse is not None:
-                payload["inverse"] = inverse
-            payload["startup_plan_path"] = str(plan_path) if plan_path else None
-            sys.stdout.write(json.dumps(payload, indent=2) + "\n")
-            return 0
-        sys.stdout.write(render_accounting(accounting))
-        if grid_result is not None:
-            sys.stdout.write("\nWhat-if\n\n" + render_what_if(grid_result))
-        if kv_bytes:
-            sys.stdout.write(
-                f"\nvLLM flag for memest's budget: --kv-cache-memory-bytes={kv_bytes}\n"
-            )
-        if grid_result is not None and grid_result.kv_budget_bytes_to:
-            sys.stdout.write(
-                "vLLM flag for memest's budget under G': "
-                f"--kv-cache-memory-bytes={grid_result.kv_budget_bytes_to}\n"
-            )
-        if inverse is not None:
-            sys.stdout.write(_render_inverse(inverse))
-        if plan_path is not None:
-            sys.stdout.write(f"Startup plan written: {plan_path}\n")
+        plan_path = _write_plan(args, comparison, kv_bytes)
+        out = {
+            "accounting": accounting,
+            "comparison": comparison,
+            "what_if": grid_result,
+            "kv_cache_memory_bytes": kv_bytes,
+            "inverse": inverse,
+            "startup_plan_path": plan_path,
+        }
+        sys.stdout.write(_as_json(out) if args.json else _as_text(out))
         return 0
+
+
+def _what_if(
+    args: argparse.Namespace, report: Any, grid_text: str | None, margin: int
+) -> WhatIf | None:
+    """The what-if for --grid (or the start's own grid when only the inverse is asked)."""
+    if grid_text is None:
+        return None
+    snapshot = load_snapshot(args.snapshot) if args.snapshot is not None else None
+    return what_if(
+        report,
+        load_grid(grid_text),
+        margin_bytes=margin,
+        snapshot=snapshot,
+        snapshot_source=str(args.snapshot),
+    )
+
+
+def _write_plan(
+    args: argparse.Namespace, comparison: EstimateComparison, kv_bytes: int | None
+) -> Path | None:
+    if args.write_startup_plan is None:
+        return None
+    inputs = comparison.startup_plan
+    if inputs is None:
+        raise CommandError(
+            f"{args.report}: estimate.startup_plan (fingerprint, free-memory baseline) "
+            "is missing; only a running vLLM worker can compute them"
+        )
+    if not kv_bytes:
+        raise CommandError(f"{args.report}: memest's KV budget is 0; no plan written")
+    document = startup_plan_document(
+        inputs.fingerprint, kv_bytes, inputs.free_memory_baseline_bytes
+    )
+    return write_startup_plan(args.write_startup_plan, document)
+
+
+def _as_json(out: dict[str, Any]) -> str:
+    grid_result: WhatIf | None = out["what_if"]
+    payload: dict[str, Any] = {
+        "accounting": out["accounting"].model_dump(mode="json"),
+        "comparison": out["comparison"].model_dump(mode="json"),
+    }
+    if grid_result is not None:
+        payload["what_if"] = grid_result.model_dump(mode="json")
+        payload["kv_cache_memory_bytes_to"] = grid_result.kv_budget_bytes_to
+    payload["kv_cache_memory_bytes"] = out["kv_cache_memory_bytes"]
+    if out["inverse"] is not None:
+        payload["inverse"] = out["inverse"]
+    plan_path = out["startup_plan_path"]
+    payload["startup_plan_path"] = str(plan_path) if plan_path else None
+    return json.dumps(payload, indent=2) + "\n"
+
+
+def _as_text(out: dict[str, Any]) -> str:
+    grid_result: WhatIf | None = out["what_if"]
+    parts = [render_accounting(out["accounting"])]
+    if grid_result is not None:
+        parts.append("\nWhat-if\n\n" + render_what_if(grid_result))
+    if out["kv_cache_memory_bytes"]:
+        parts.append(
+            "\nvLLM flag for memest's budget: "
+            f"--kv-cache-memory-bytes={out['kv_cache_memory_bytes']}\n"
+        )
+    if grid_result is not None and grid_result.kv_budget_bytes_to:
+        parts.append(
+            "vLLM flag for memest's budget under G': "
+            f"--kv-cache-memory-bytes={grid_result.kv_budget_bytes_to}\n"
+        )
+    if out["inverse"] is not None:
+        parts.append(_render_inverse(out["inverse"]))
+    if out["startup_plan_path"] is not None:
+        parts.append(f"Startup plan written: {out['startup_plan_path']}\n")
+    return "".join(parts)
 
 
 def _target_tokens(args: argparse.Namespace, report: Any) -> int | None:

@@ -28,7 +28,8 @@ import json
 import sys
 from typing import Any
 
-from memest.errors import ConfigError
+from memest.errors import CommandError, ConfigError
+from memest.files import parse_json
 from memest.plan import (
     GPU_PRESETS,
     SERVE_DEFAULTS,
@@ -43,13 +44,26 @@ from memest.plan.vllm033 import dynamic_sd_lookup
 from memest.reporters.plan_table import PlanTable
 from memest.schema.plan import CapturePlan
 
+MAX_BATCH_SIZE = 1 << 20
+"""Largest batch size a --prefill-batches / --decode-batches range may reach."""
+
+
+def _short(text: str) -> str:
+    """The offending value as an error line shows it: long inline JSON is cut."""
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _inline_json(name: str, text: str) -> Any:
+    """JSON given on the command line, refused in one line when malformed or nested too deep."""
+    return parse_json(text.encode("utf-8", "surrogateescape"), source=name, error=CommandError)
+
 
 def parse_dynamic_sd(text: str) -> list[list[int]]:
     """``"1-16:7,17-256:3"`` or JSON ``[[1, 16, 7], ...]`` → [[start, end, K], ...]."""
     text = text.strip()
     try:
         if text.startswith("["):
-            rows = json.loads(text)
+            rows = _inline_json("--dynamic-sd", text)
             if not isinstance(rows, list) or not all(
                 isinstance(r, list) and len(r) == 3 and all(isinstance(x, int) for x in r)
                 for r in rows
@@ -63,7 +77,9 @@ def parse_dynamic_sd(text: str) -> list[list[int]]:
             out.append([int(start), int(end), int(k)])
         return out
     except ValueError as exc:
-        raise ConfigError("--dynamic-sd", text, f"expected 'START-END:K,...' ({exc})") from None
+        raise ConfigError(
+            "--dynamic-sd", _short(text), f"expected 'START-END:K,...' ({exc})"
+        ) from None
 
 
 def parse_distribution(name: str, text: str) -> dict[int, float]:
@@ -73,16 +89,18 @@ def parse_distribution(name: str, text: str) -> dict[int, float]:
         try:
             low, high = (int(x) for x in text[len("uniform:") :].split("-"))
         except ValueError:
-            raise ConfigError(name, text, "expected uniform:LOW-HIGH") from None
+            raise ConfigError(name, _short(text), "expected uniform:LOW-HIGH") from None
+        if high > MAX_BATCH_SIZE:  # one histogram entry per size: bound the memory
+            raise ConfigError(name, text, f"HIGH above {MAX_BATCH_SIZE:,}")
         return uniform_histogram(low, high)
     try:
-        raw = json.loads(text)
+        raw = _inline_json(name, text)
         if not isinstance(raw, dict):
             raise ValueError("not an object")
         return {int(k): float(v) for k, v in raw.items()}
     except (ValueError, TypeError) as exc:
         raise ConfigError(
-            name, text, f"expected uniform:LOW-HIGH or {{size: weight}} ({exc})"
+            name, _short(text), f"expected uniform:LOW-HIGH or {{size: weight}} ({exc})"
         ) from None
 
 

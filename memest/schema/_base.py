@@ -1,13 +1,17 @@
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memest.units import MAX_BYTES
 
 SCHEMA_VERSION = "1"
 
-Bytes = int
-"""Signed byte count (a delta may be negative)."""
+Bytes = Annotated[int, Field(ge=-MAX_BYTES, le=MAX_BYTES)]
+"""Signed byte count (a delta may be negative), within int64."""
 
-NonNegativeBytes = NonNegativeInt
+NonNegativeBytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
 
 
 class MemestModel(BaseModel):

@@ -6,7 +6,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from memest.schema._base import Field, MemestModel, NonNegativeBytes
+from memest.schema._base import Bytes, Field, MemestModel, NonNegativeBytes
 from memest.schema.breakdown import Breakdown, PhaseRecord
 from memest.schema.estimate import EstimateComparison
 from memest.schema.plan import CapturePlan
@@ -69,11 +69,11 @@ class VllmFigures(MemestModel):
     weights_bytes: NonNegativeBytes | None = None
     non_kv_cache_memory_bytes: NonNegativeBytes | None = None
     peak_activation_bytes: NonNegativeBytes | None = None
-    cudagraph_estimate_bytes: int | None = None
-    cudagraph_actual_bytes: int | None = Field(
+    cudagraph_estimate_bytes: Bytes | None = None
+    cudagraph_actual_bytes: Bytes | None = Field(
         default=None, description="Free-memory delta of the real capture, as vLLM logs it"
     )
-    available_kv_cache_bytes: int | None = None
+    available_kv_cache_bytes: Bytes | None = None
     num_gpu_blocks: int | None = None
 
 
@@ -89,6 +89,11 @@ class RunReport(MemestModel):
     build: BuildInfo = Field(default_factory=BuildInfo)
     gpu: GpuInfo | None = None
     config: RunConfig
+    config_fingerprint: str | None = Field(
+        default=None,
+        description="Hash of config (memest.identity.config_fingerprint): equal for launches of "
+        "the same setup, while run_id differs per launch",
+    )
     capture_plans: list[CapturePlan] = Field(default_factory=list)
     kv_cache: KVCacheSpec | None = None
     phases: list[PhaseRecord] = Field(default_factory=list)

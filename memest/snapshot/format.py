@@ -30,12 +30,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from memest.errors import SnapshotFormatError
+from memest.schema.breakdown import PhaseRecord
+from memest.units import MAX_BYTES
 
 FORMAT_NAME = "memest.allocator_snapshot"
 FORMAT_VERSION = 1
 
 EVENT_COLUMNS = ("action", "addr", "size", "stream", "time_us", "tag", "stack")
+_ADDRESS_MAX = 2**64 - 1
+_INT64_MIN = -(2**63)
+# Value range of each event column: sizes and addresses are byte counts, the rest ids or times.
+_COLUMN_RANGES = {
+    "action": (0, MAX_BYTES),
+    "addr": (0, _ADDRESS_MAX),
+    "size": (0, MAX_BYTES),
+    "stream": (_INT64_MIN, _ADDRESS_MAX),
+    "time_us": (_INT64_MIN, MAX_BYTES),
+    "tag": (0, MAX_BYTES),
+    "stack": (-1, MAX_BYTES),
+    "pool": (-1, MAX_BYTES),
+}
 SEGMENT_KEYS = ("address", "total_size", "pool", "blocks")
 
 Snapshot = dict[str, Any]
@@ -75,24 +92,25 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 
 
 def validate(snapshot: object, *, source: str = "snapshot") -> Snapshot:
-    """Check a memest snapshot's shape (cheap: lengths and index ranges, not every value type).
+    """Check a memest snapshot's shape and values: lengths, index ranges, integer columns.
 
     Returns:
         The same object, typed.
 
     Raises:
         SnapshotFormatError: wrong format name, unknown version, a missing key, columns of
-            different lengths, or an index out of range; the message names the key.
+            different lengths, an index out of range, a non-integer, negative or impossible size;
+            the message names the key.
     """
     if not isinstance(snapshot, dict):
         raise SnapshotFormatError(f"{source}: expected a JSON object")
     fmt = snapshot.get("format")
     if fmt != FORMAT_NAME:
-        raise SnapshotFormatError(f"{source}: format is {fmt!r}, expected {FORMAT_NAME!r}")
+        raise SnapshotFormatError(f"{source}: format is {_short(fmt)}, expected {FORMAT_NAME!r}")
     version = snapshot.get("version")
     if version != FORMAT_VERSION:
         raise SnapshotFormatError(
-            f"{source}: unknown snapshot version {version!r} (this memest reads version "
+            f"{source}: unknown snapshot version {_short(version)} (this memest reads version "
             f"{FORMAT_VERSION})"
         )
     frames = _require(snapshot, "frames", list, source)
@@ -105,35 +123,117 @@ def validate(snapshot: object, *, source: str = "snapshot") -> Snapshot:
     n = len(columns["action"])
     optional = ("pool",) if "pool" in events else ()
     for name in (*EVENT_COLUMNS, *optional):
-        if len(events[name]) != n:
-            raise SnapshotFormatError(
-                f"{source}.events.{name}: {len(events[name])} values, expected {n} (as 'action')"
-            )
+        _check_column(events[name], name, n, source)
     if optional:
-        _require(snapshot, "pools", list, source)
+        pools = _require(snapshot, "pools", list, source)
+        if n and max(events["pool"]) >= len(pools):
+            raise SnapshotFormatError(f"{source}.events.pool: index outside the pools table")
     for name, table in (("action", actions), ("tag", tags)):
         col = columns[name]
-        if n and (min(col) < 0 or max(col) >= len(table)):
+        if n and max(col) >= len(table):
             raise SnapshotFormatError(f"{source}.events.{name}: index outside the {name}s table")
-    stack_col = columns["stack"]
-    if n and (min(stack_col) < -1 or max(stack_col) >= len(stacks)):
+        _check_strings(table, f"{source}.{name}s")
+    pools = snapshot.get("pools", [])
+    if not isinstance(pools, list):
+        raise SnapshotFormatError(f"{source}.pools: expected a list")
+    _check_strings(pools, f"{source}.pools")
+    if n and max(columns["stack"]) >= len(stacks):
         raise SnapshotFormatError(f"{source}.events.stack: index outside the stacks table")
     n_frames = len(frames)
     for i, stack in enumerate(stacks):
         if not isinstance(stack, list) or any(
-            not isinstance(f, int) or f < 0 or f >= n_frames for f in stack
+            type(f) is not int or f < 0 or f >= n_frames for f in stack
         ):
             raise SnapshotFormatError(f"{source}.stacks[{i}]: frame index outside the frames table")
     for i, frame in enumerate(frames):
-        if not isinstance(frame, list) or len(frame) != 3:
+        if not isinstance(frame, list) or len(frame) != 3 or type(frame[1]) is not int:
             raise SnapshotFormatError(f"{source}.frames[{i}]: expected [filename, line, name]")
     for i, seg in enumerate(snapshot["segments"]):
-        if not isinstance(seg, dict):
-            raise SnapshotFormatError(f"{source}.segments[{i}]: expected an object")
-        for key in SEGMENT_KEYS:
-            if key not in seg:
-                raise SnapshotFormatError(f"{source}.segments[{i}]: missing key {key!r}")
+        _check_segment(seg, f"{source}.segments[{i}]")
     for key in ("windows", "phases"):
         if key in snapshot and not isinstance(snapshot[key], list):
             raise SnapshotFormatError(f"{source}.{key}: expected a list")
+    _check_windows(snapshot.get("windows", []), source)
+    _check_phases(snapshot.get("phases", []), source)
     return snapshot
+
+
+def _check_column(column: list[Any], name: str, n: int, source: str) -> None:
+    """Same length as 'action', integers only, within the column's range."""
+    where = f"{source}.events.{name}"
+    if len(column) != n:
+        raise SnapshotFormatError(f"{where}: {len(column)} values, expected {n} (as 'action')")
+    if not n:
+        return
+    if set(map(type, column)) != {int}:
+        raise SnapshotFormatError(f"{where}: expected integers only")
+    low, high = _COLUMN_RANGES[name]
+    if min(column) < low or max(column) > high:
+        raise SnapshotFormatError(f"{where}: value outside {low}..{high}")
+
+
+def _check_strings(table: list[Any], where: str) -> None:
+    if any(not isinstance(v, str) for v in table):
+        raise SnapshotFormatError(f"{where}: expected strings only")
+
+
+def _check_size(value: object, where: str) -> None:
+    if type(value) is not int or not 0 <= value <= _ADDRESS_MAX:
+        raise SnapshotFormatError(f"{where}: expected a byte count, got {_short(value)}")
+
+
+def _short(value: object) -> str:
+    text = (
+        repr(value) if not isinstance(value, int) or value.bit_length() < 80 else "a huge integer"
+    )
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_segment(seg: object, where: str) -> None:
+    if not isinstance(seg, dict):
+        raise SnapshotFormatError(f"{where}: expected an object")
+    for key in SEGMENT_KEYS:
+        if key not in seg:
+            raise SnapshotFormatError(f"{where}: missing key {key!r}")
+    _check_pool(seg["pool"], f"{where}.pool")
+    _check_size(seg["address"], f"{where}.address")
+    _check_size(seg["total_size"], f"{where}.total_size")
+    if not isinstance(seg["blocks"], list):
+        raise SnapshotFormatError(f"{where}.blocks: expected a list")
+    for j, block in enumerate(seg["blocks"]):
+        if not isinstance(block, dict):
+            raise SnapshotFormatError(f"{where}.blocks[{j}]: expected an object")
+        for key in ("address", "size", "requested_size"):
+            if key in block:
+                _check_size(block[key], f"{where}.blocks[{j}].{key}")
+        if not isinstance(block.get("state", ""), str):
+            raise SnapshotFormatError(f"{where}.blocks[{j}].state: expected a string")
+
+
+def _check_pool(pool: object, where: str) -> None:
+    """A pool id: ``"0,1"`` or a pair of integers, as torch writes it."""
+    if isinstance(pool, str):
+        return
+    if isinstance(pool, list | tuple) and all(type(p) is int for p in pool):
+        return
+    raise SnapshotFormatError(f'{where}: expected a pool id such as "0,1"')
+
+
+def _check_windows(windows: list[Any], source: str) -> None:
+    for i, window in enumerate(windows):
+        if not isinstance(window, dict):
+            raise SnapshotFormatError(f"{source}.windows[{i}]: expected an object")
+        for key in ("start_us", "end_us", "window"):
+            value = window.get(key)
+            if value is not None and (type(value) is not int or abs(value) > MAX_BYTES):
+                raise SnapshotFormatError(f"{source}.windows[{i}].{key}: expected an integer")
+
+
+def _check_phases(phases: list[Any], source: str) -> None:
+    for i, phase in enumerate(phases):
+        try:
+            PhaseRecord.model_validate(phase)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False, include_input=False)[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise SnapshotFormatError(f"{source}.phases[{i}].{loc}: {first['msg']}") from None

@@ -43,6 +43,7 @@ def test_json_with_grid_and_startup_plan(
             "--json",
             "--write-startup-plan",
             str(plans),
+            "--create-dir",
         ]
     )
     assert code == 0
@@ -108,7 +109,7 @@ def test_startup_plan_needs_worker_inputs(
 ) -> None:
     data = report_dict()
     data["estimate"]["startup_plan"] = None
-    args = ["--from", str(_write(tmp_path, data)), "--write-startup-plan", str(tmp_path / "p")]
+    args = ["--from", str(_write(tmp_path, data)), "--write-startup-plan", str(tmp_path)]
     err = _refused(tmp_path, capsys, args)
     assert "estimate.startup_plan" in err
 
@@ -116,3 +117,14 @@ def test_startup_plan_needs_worker_inputs(
 def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = _refused(tmp_path, capsys, ["--from", str(tmp_path / "nope.json")])
     assert "nope.json" in err
+
+
+def test_startup_plan_folder_must_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # "$VLLM_CACHE_ROOT/startup_plan" with the variable unset is "/startup_plan".
+    missing = tmp_path / "unset" / "startup_plan"
+    args = ["--from", str(_write(tmp_path, report_dict())), "--write-startup-plan", str(missing)]
+    err = _refused(tmp_path, capsys, args)
+    assert "does not exist" in err and "--create-dir" in err
+    assert not missing.exists()
+    assert main(["estimate", *args, "--create-dir"]) == 0
+    assert len(list(missing.glob("startup_plan_*.json"))) == 1

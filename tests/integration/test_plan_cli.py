@@ -124,6 +124,10 @@ def test_dynamic_sd_and_padding(capsys: pytest.CaptureFixture[str]) -> None:
         ),
         (["--dynamic-sd", "1-16"], "--dynamic-sd="),
         (["--decode-batches", "uniform:9-3"], "batch_sizes"),
+        (["--decode-batches", "uniform:1-99999999999"], "HIGH above 1,048,576"),
+        (["--prefill-batches", "[" * 5000 + "]" * 5000], "--prefill-batches"),
+        (["--dynamic-sd", "[" * 5000 + "]" * 5000], "--dynamic-sd"),
+        (["--compilation-config", "[" * 5000 + "]" * 5000], "too deeply nested"),
     ],
 )
 def test_bad_input_one_line_exit_2(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memest.identity import public_model_name
 from memest.schema import KVCacheSpec, RunConfig
 from memest_instrumentation.vllm.state import guarded, state
 
@@ -60,7 +61,7 @@ def read_config(worker: Any) -> None:
     spec = getattr(vc, "speculative_config", None)
     mc = vc.model_config
     st.config = RunConfig(
-        model=str(getattr(mc, "served_model_name", None) or getattr(mc, "model", "unknown")),
+        model=public_model_name(getattr(mc, "served_model_name", None), getattr(mc, "model", "")),
         max_num_seqs=_int(getattr(sc, "max_num_seqs", None)),
         max_num_batched_tokens=_int(getattr(sc, "max_num_batched_tokens", None)),
         max_model_len=_int(getattr(mc, "max_model_len", None)),

@@ -7,6 +7,7 @@ the problem is kept in ``Settings.problems`` (the plugin logs it once and record
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,8 +36,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "MEMEST_RUN_ID",
         "",
-        "Run id shared by every rank of one launch. Empty: derived from a launch-wide value "
-        "(torchelastic/NCCL/vLLM ports and the parent process), identical on all ranks.",
+        "Run id shared by every rank of one launch. Empty: derived per launch from launch-wide "
+        "values (torchelastic/NCCL/vLLM ports, the parent process's pid and start time), "
+        "identical on all ranks and new for every launch.",
     ),
     EnvVar(
         "MEMEST_SERVICE_URL",
@@ -231,16 +233,19 @@ _LAUNCH_KEYS = (
 
 
 def derive_run_id(
-    environ: Mapping[str, str] | None = None, *, parent_pid: int | None = None
+    environ: Mapping[str, str] | None = None,
+    *,
+    parent_pid: int | None = None,
+    proc_root: str = "/proc",
 ) -> str:
-    """A run id identical on every rank of one launch.
+    """A run id that is new for every launch and identical on every rank of it.
 
     MEMEST_RUN_ID wins. Otherwise the id hashes launch-wide values that all ranks share
     (torchelastic run id, rendezvous address and ports) and the launching process: vLLM's
-    multiprocessing workers are children of the engine core, so their parent pid is shared.
+    workers are children of the engine core, so they share its pid *and* its start time. The
+    start time (and the boot id) make the id new when a re-run, or a restarted container whose
+    processes get the same pids, launches the same configuration again.
     """
-    import hashlib
-
     env = os.environ if environ is None else environ
     explicit = env.get("MEMEST_RUN_ID", "").strip()
     if explicit:
@@ -248,5 +253,26 @@ def derive_run_id(
     parts = [f"{k}={env[k]}" for k in _LAUNCH_KEYS if env.get(k)]
     ppid = os.getppid() if parent_pid is None else parent_pid
     parts.append(f"ppid={ppid}")
+    parts.append(f"started={process_start_ticks(ppid, proc_root)}")
+    parts.append(f"boot={_read_text(f'{proc_root}/sys/kernel/random/boot_id')}")
     digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
     return f"run-{digest}"
+
+
+def process_start_ticks(pid: int, proc_root: str = "/proc") -> str:
+    """Field 22 of /proc/<pid>/stat: the process start time in clock ticks since boot.
+
+    Empty where /proc is missing (the id then repeats across launches; set MEMEST_RUN_ID).
+    """
+    stat = _read_text(f"{proc_root}/{pid}/stat")
+    # The command name (field 2) is in parentheses and may hold spaces: split after its ')'.
+    fields = stat.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else ""
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            return handle.read(4096).strip()
+    except OSError:
+        return ""

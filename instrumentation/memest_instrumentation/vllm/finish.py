@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memest.identity import config_fingerprint, with_default_label
 from memest.schema import (
     BuildInfo,
     CapturePlan,
@@ -88,9 +89,10 @@ def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> 
         rank=st.rank,
         world_size=st.world_size,
         model=config.model,
-        build=_build_info(),
+        build=with_default_label(_build_info()),
         gpu=gpu,
         config=config,
+        config_fingerprint=config_fingerprint(config),
         capture_plans=plans,
         kv_cache=kv,
         phases=list(st.phases),

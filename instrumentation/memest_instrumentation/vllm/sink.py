@@ -1,23 +1,34 @@
 """Where a finished report goes: a file per rank, then the service (retries, backoff, spool).
 
 Pushing never blocks startup beyond ``MEMEST_PUSH_TIMEOUT_S``: attempts stop at that deadline and
-the report is spooled to ``<output dir>/spool/`` for ``memest push`` to send later.
+the report is spooled to ``<output dir>/spool/``. Once a later start reaches the service again,
+its rank 0 sends what earlier starts spooled (at most ``SPOOL_BATCH_FILES`` files, one attempt
+each of at most 5 s, starting none after another ``MEMEST_PUSH_TIMEOUT_S``) and removes what the
+service then holds; ``memest push --spool DIR`` does the same by hand.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
+from memest.delivery import PushOptions, push_files
 from memest.schema import RunReport
 from memest_instrumentation.vllm.env import Settings
 
 REPORTS_PATH = "/api/v1/reports"
+SPOOL_BATCH_FILES = 32
+"""Spooled reports one start sends at most; the rest wait for the next start."""
+_SPOOL_ATTEMPT_TIMEOUT_S = 5.0
+
+logger = logging.getLogger(__name__)
 
 
 def report_path(settings: Settings, report: RunReport) -> Path:
@@ -75,6 +86,8 @@ def push(
             with urllib.request.urlopen(req, timeout=max(min(left, 5.0), 0.1)) as resp:
                 status = int(resp.status)
             if 200 <= status < 300:
+                if report.rank == 0:  # one rank delivers, so ranks do not race for a file
+                    _log_delivery(deliver_spool(settings, clock=clock))  # type: ignore[arg-type]
                 return True, problems
             problems.append(f"attempt {attempt}: HTTP {status}")
         except urllib.error.HTTPError as exc:
@@ -93,7 +106,49 @@ def push(
     return False, problems
 
 
+def spool_dir(settings: Settings) -> Path:
+    return Path(settings.output_dir) / "spool"
+
+
 def spool(settings: Settings, report: RunReport) -> Path:
     """Keep an unsent report for a later push."""
-    path = Path(settings.output_dir) / "spool" / f"{report.run_id}.rank{report.rank}.json"
+    path = spool_dir(settings) / f"{report.run_id}.rank{report.rank}.json"
     return _atomic_write(path, json.dumps(report.model_dump(mode="json")))
+
+
+def deliver_spool(settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> list[str]:
+    """Send reports earlier starts spooled and remove the delivered ones; never raises.
+
+    Returns one line for the batch (sent / already stored / skipped / failed) and one per file
+    that stays in the spool.
+    """
+    try:
+        folder = spool_dir(settings)
+        if not settings.service_url or not folder.is_dir():
+            return []
+        files = sorted(p for p in folder.glob("*.json") if not p.is_dir())
+        if not files:
+            return []
+        options = PushOptions(
+            url=settings.service_url,
+            token=settings.token or None,
+            retries=0,
+            timeout_s=min(settings.push_timeout_s, _SPOOL_ATTEMPT_TIMEOUT_S),
+        )
+        result = push_files(
+            files,
+            options,
+            remove_delivered=True,
+            max_files=SPOOL_BATCH_FILES,
+            deadline=clock() + settings.push_timeout_s,
+            clock=clock,
+        )
+        kept = [f.describe() for f in result.files if f.outcome in ("skipped", "failed")]
+        return [f"spooled reports: {result.summary()}", *kept]
+    except Exception as exc:  # fail open: a spool problem never reaches vLLM
+        return [f"spooled reports not delivered: {type(exc).__name__}: {exc}"]
+
+
+def _log_delivery(lines: list[str]) -> None:
+    for line in lines:
+        logger.info("memest %s", line)

@@ -105,3 +105,69 @@ def test_unreachable_service_backs_off_then_spools_within_the_deadline(tmp_path:
 
 def test_no_service_no_push(tmp_path: Path) -> None:
     assert sink.push(Settings(output_dir=str(tmp_path)), _report()) == (False, [])
+
+
+def _spool_reports(s: Settings, count: int) -> list[Path]:
+    return [
+        sink.spool(s, RunReport(run_id=f"old{i}", model="m", config=RunConfig(model="m")))
+        for i in range(count)
+    ]
+
+
+def test_rank_0_delivers_the_spool_of_earlier_starts_and_removes_it(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url, seen, _ = server
+    s = Settings(service_url=url, output_dir=str(tmp_path))
+    spooled = _spool_reports(s, 2)
+    (tmp_path / "spool" / "notes.json").write_text("not a report")
+    rank0 = _report().model_copy(update={"rank": 0})
+    ok, _ = sink.push(s, rank0, clock=_Clock())
+    assert ok
+    assert sorted(json.loads(body)["run_id"] for _, _, body in seen) == ["old0", "old1", "r1"]
+    assert not any(p.exists() for p in spooled)
+    assert (tmp_path / "spool" / "notes.json").exists()  # not a report: kept, never sent
+
+
+def test_other_ranks_leave_the_spool_alone(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url, seen, _ = server
+    s = Settings(service_url=url, output_dir=str(tmp_path))
+    spooled = _spool_reports(s, 1)
+    assert sink.push(s, _report(), clock=_Clock())[0]  # rank 1
+    assert len(seen) == 1 and spooled[0].exists()
+
+
+def test_spool_delivery_is_bounded_in_count(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url, seen, _ = server
+    s = Settings(service_url=url, output_dir=str(tmp_path))
+    _spool_reports(s, sink.SPOOL_BATCH_FILES + 3)
+    lines = sink.deliver_spool(s, clock=_Clock())
+    assert len(seen) == sink.SPOOL_BATCH_FILES
+    assert lines == [
+        f"spooled reports: {sink.SPOOL_BATCH_FILES} sent, 0 already stored, "
+        "0 skipped, 0 failed, 3 left for later"
+    ]
+    assert len(list((tmp_path / "spool").glob("*.json"))) == 3
+
+
+def test_spool_delivery_is_bounded_in_time(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url, seen, _ = server
+    s = Settings(service_url=url, output_dir=str(tmp_path), push_timeout_s=10.0)
+    _spool_reports(s, 3)
+
+    class SlowClock(_Clock):
+        def __call__(self) -> float:
+            self.now += 6.0  # every file appears to take 6 s
+            return self.now
+
+    lines = sink.deliver_spool(s, clock=SlowClock())
+    assert len(seen) == 1 and lines[0].endswith("2 left for later")
+
+
+def test_spool_delivery_fails_open(tmp_path: Path) -> None:
+    s = Settings(service_url="http://127.0.0.1:9", output_dir=str(tmp_path), push_timeout_s=1.0)
+    spooled = _spool_reports(s, 1)
+    lines = sink.deliver_spool(s)
+    assert lines[0] == "spooled reports: 0 sent, 0 already stored, 0 skipped, 1 failed"
+    assert spooled[0].exists()
+    blocked = Settings(service_url="http://127.0.0.1:9", output_dir=str(tmp_path / "file"))
+    (tmp_path / "file").write_text("a file where the output folder should be")
+    assert sink.deliver_spool(blocked) == []

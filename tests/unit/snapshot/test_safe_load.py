@@ -205,3 +205,30 @@ def test_empty_and_unknown_bytes() -> None:
         parse_snapshot(b"")
     with pytest.raises(SnapshotFormatError, match="unknown snapshot format"):
         detect_format(b"PK\x03\x04")
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        (("segments", 0, "address"), {"a": 1}),
+        (("segments", 0, "blocks"), [7]),
+        (("segments", 0, "segment_pool_id"), [None]),
+        (("device_traces", 0, 0, "action"), ["alloc"]),
+        (("device_traces", 0, 0, "frames"), ["not a frame"]),
+    ],
+)
+def test_malformed_torch_fields_are_named(where: tuple[Any, ...], value: object) -> None:
+    raw: Any = json.loads(json.dumps(TORCH_LIKE))
+    target = raw
+    for key in where[:-1]:
+        target = target[key]
+    target[where[-1]] = value
+    with pytest.raises(SnapshotFormatError, match="torch-like"):
+        parse_snapshot(pickle.dumps(raw, protocol=2), source="torch-like")
+
+
+def test_memest_segment_pool_must_be_a_pool_id() -> None:
+    snap = empty_snapshot()
+    snap["segments"] = [{"address": 0, "total_size": 512, "pool": [None], "blocks": []}]
+    with pytest.raises(SnapshotFormatError, match=r"segments\[0\]\.pool"):
+        parse_snapshot(json.dumps(snap).encode())

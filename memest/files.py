@@ -1,0 +1,212 @@
+"""Reading user-given input files with bounded memory; the only place that opens them.
+
+Every loader (snapshots, reports, rules, grids, phase lists) reads through here, so a symlink to
+``/dev/zero``, a FIFO, a gzip bomb, non-UTF-8 bytes or pathologically nested JSON is refused with
+one line naming the file, never read until the machine runs out of memory.
+
+Limits: ``MEMEST_MAX_INPUT_BYTES`` (default 2 GiB) bounds a snapshot file and its decompressed
+content: a 10-million-event history in memest JSON is about 0.6 GiB; reports and small JSON inputs have fixed
+limits below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import zlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from pydantic import ValidationError
+
+from memest.errors import ConfigError, MemestError, ReportFormatError
+from memest.schema import SCHEMA_VERSION, RunReport
+from memest.units import GiB, MiB, fmt_bytes, parse_bytes
+
+MAX_INPUT_ENV = "MEMEST_MAX_INPUT_BYTES"
+DEFAULT_MAX_INPUT_BYTES = 2 * GiB
+MAX_REPORT_BYTES = 256 * MiB
+MAX_SMALL_JSON_BYTES = 16 * MiB
+"""Rules files, grids and phase lists: a few KB in practice."""
+
+_CHUNK_BYTES = 4 * MiB
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+
+ErrorFactory = Callable[[str], Exception]
+
+
+class InputFileError(MemestError, ValueError):
+    """An input file is missing, not a regular file, too large, or not decodable."""
+
+
+def max_input_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """The snapshot size limit: ``MEMEST_MAX_INPUT_BYTES`` or the default.
+
+    Raises:
+        ConfigError: the variable is set to something that is not a positive size.
+    """
+    env = os.environ if environ is None else environ
+    text = env.get(MAX_INPUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_INPUT_BYTES
+    value = parse_bytes(text, field=MAX_INPUT_ENV)
+    if value <= 0:
+        raise ConfigError(MAX_INPUT_ENV, text, "must be a positive size")
+    return value
+
+
+def read_regular_file(
+    path: str | Path, *, limit: int, error: ErrorFactory = InputFileError
+) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most ``limit`` bytes.
+
+    Symlinks are followed, but their target must be a regular file: devices, FIFOs and folders
+    are refused before a byte is read (O_NONBLOCK keeps opening a FIFO from hanging).
+    """
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise error(f"{p}: cannot read: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{p}: not a regular file ({_kind(info.st_mode)})")
+        data = _read_at_most(handle, limit, expected=info.st_size)
+    if data is None:
+        raise error(f"{p}: larger than the {fmt_bytes(limit)} limit{_hint(limit)}")
+    return data
+
+
+def _read_at_most(handle: BinaryIO, limit: int, *, expected: int) -> bytes | None:
+    """The whole content, or None past ``limit``; never allocates much beyond what is read.
+
+    ``read(n)`` reserves n bytes up front, so the first read asks for the size the file
+    reports; a file that grows meanwhile (or reports 0, as /proc does) is read on in chunks.
+    """
+    if expected > limit:
+        return None
+    data = handle.read(expected + 1)
+    if len(data) <= expected:
+        return data
+    buffer = bytearray(data)
+    while len(buffer) <= limit:
+        piece = handle.read(_CHUNK_BYTES)
+        if not piece:
+            return bytes(buffer)
+        buffer += piece
+    return None
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def _hint(limit: int) -> str:
+    try:
+        configurable = limit == max_input_bytes()
+    except ConfigError:
+        configurable = False
+    return f"; raise {MAX_INPUT_ENV} to allow more" if configurable else ""
+
+
+def gunzip(
+    data: bytes, *, limit: int, source: str, error: ErrorFactory = InputFileError
+) -> bytearray:
+    """Decompress gzip ``data`` (one or more members) in chunks, refusing output over ``limit``."""
+    out = bytearray()
+    rest = data
+    while rest:
+        inflater = zlib.decompressobj(_GZIP_WBITS)
+        pending = rest
+        while not inflater.eof:
+            try:
+                piece = inflater.decompress(pending, _CHUNK_BYTES)
+            except zlib.error as exc:
+                raise error(f"{source}: corrupt gzip ({exc})") from None
+            out += piece
+            if len(out) > limit:
+                raise error(
+                    f"{source}: decompresses to more than the {fmt_bytes(limit)} limit"
+                    f"{_hint(limit)}"
+                )
+            pending = inflater.unconsumed_tail
+            if not piece and not pending and not inflater.eof:
+                raise error(f"{source}: truncated gzip (ended early)")
+        rest = inflater.unused_data
+        if not rest.strip(b"\0"):  # gzip allows zero padding after the last member
+            break
+    return out
+
+
+def gzip_head(data: bytes, n_bytes: int = 64) -> bytes:
+    """The first decompressed bytes of gzip ``data`` (b"" when they cannot be decoded)."""
+    try:
+        return zlib.decompressobj(_GZIP_WBITS).decompress(data, n_bytes)
+    except zlib.error:
+        return b""
+
+
+def parse_json(
+    data: bytes | bytearray, *, source: str, error: ErrorFactory = InputFileError
+) -> Any:
+    """Decode UTF-8 JSON, naming the problem in one line (encoding, syntax, nesting, integers)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{source}: not UTF-8 text (invalid byte at offset {exc.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(
+            f"{source}: invalid or truncated JSON at line {exc.lineno} column {exc.colno} "
+            f"({exc.msg})"
+        ) from None
+    except RecursionError:
+        raise error(f"{source}: JSON nested too deeply") from None
+    except ValueError:  # an integer beyond Python's digit limit for conversion
+        raise error(f"{source}: JSON holds an integer with too many digits") from None
+
+
+def load_json_file(
+    path: str | Path, *, limit: int = MAX_SMALL_JSON_BYTES, error: ErrorFactory = InputFileError
+) -> Any:
+    """Read and decode a JSON file through the checks above."""
+    data = read_regular_file(path, limit=limit, error=error)
+    return parse_json(data, source=str(path), error=error)
+
+
+def load_report(path: Path) -> RunReport:
+    """Read one RunReport JSON file.
+
+    Raises:
+        ReportFormatError: unreadable, not a regular file, over MAX_REPORT_BYTES, not UTF-8
+            JSON, another schema version, or an invalid field (the first failing one is named).
+    """
+    data = load_json_file(path, limit=MAX_REPORT_BYTES, error=ReportFormatError)
+    if not isinstance(data, dict):
+        raise ReportFormatError(f"{path}: expected a RunReport JSON object")
+    version = data.get("schema_version", SCHEMA_VERSION)  # absent: the model default
+    if version != SCHEMA_VERSION:
+        raise ReportFormatError(
+            f"{path}: schema_version {str(version)[:20]!r}, memest reads {SCHEMA_VERSION!r}"
+        )
+    try:
+        return RunReport.model_validate(data)
+    except RecursionError:
+        raise ReportFormatError(f"{path}: nested too deeply") from None
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ReportFormatError(f"{path}: field {where}: {first['msg']}") from None

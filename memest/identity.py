@@ -1,0 +1,73 @@
+"""What a report is about: the model's public name, the build label, the configuration fingerprint.
+
+Run ids (one per launch) are derived inside vLLM by the plugin; these are the launch-independent
+parts, pure functions of what the report holds, so every consumer computes them the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import PurePosixPath
+
+from memest.schema import BuildInfo, RunConfig
+
+_HF_CACHE_DIR = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)(?:/|$)")
+FINGERPRINT_HEX_CHARS = 16
+
+
+def config_fingerprint(config: RunConfig) -> str:
+    """A stable hash of everything in ``config``: equal for launches of the same setup.
+
+    Canonical JSON (sorted keys) of the whole RunConfig, so a new field changes the fingerprint
+    only when a report sets it.
+    """
+    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:FINGERPRINT_HEX_CHARS]
+
+
+def public_model_name(served_name: object, model: object) -> str:
+    """The model as users know it: the served name, else the Hugging Face id, never a local path.
+
+    vLLM's ``served_model_name`` defaults to ``model``, which may be a folder: a Hugging Face
+    cache folder (``.../models--org--name/snapshots/<hash>``) gives ``org/name``; another folder
+    gives its own name, so no home directory or mount point leaks into a report.
+    """
+    if isinstance(served_name, list | tuple):
+        served_name = served_name[0] if served_name else None
+    served = str(served_name or "").strip()
+    path = str(model or "").strip()
+    if served and served != path:
+        return served
+    name = path or served
+    if not name:
+        return "unknown"
+    if not _looks_like_path(name):
+        return name  # already an id such as meta-llama/Llama-3.1-8B
+    cached = _HF_CACHE_DIR.search(name)
+    if cached:
+        return f"{cached.group(1)}/{cached.group(2)}"
+    return PurePosixPath(name.rstrip("/")).name or "unknown"
+
+
+def _looks_like_path(name: str) -> bool:
+    """A Hugging Face id is ``org/name`` or ``name``; anything else is a filesystem path."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def build_label(vllm_version: str | None, memest_version: str | None) -> str:
+    """The default build label: ``vllm-0.33.0+memest-0.1.0`` (parts that are known)."""
+    parts = []
+    if vllm_version:
+        parts.append(f"vllm-{vllm_version}")
+    if memest_version:
+        parts.append(f"memest-{memest_version}")
+    return "+".join(parts)
+
+
+def with_default_label(build: BuildInfo) -> BuildInfo:
+    """``build`` with its label defaulted to :func:`build_label` when none was given."""
+    if build.label:
+        return build
+    return build.model_copy(update={"label": build_label(build.vllm_version, build.memest_version)})
