@@ -243,6 +243,44 @@ def test_moe_sum_matches_reference(
     assert torch.allclose(out, torch.tensor(want, dtype=torch.float32), atol=1e-5)
 
 
+def test_router_alignment_and_sum_compose_into_the_moe_output(standins: types.ModuleType) -> None:
+    """Read the alignment as the Triton kernel does: block b multiplies the routes listed in
+    sorted_token_ids[b * block_size:][:block_size] (row // top_k is the token, numel the filler)
+    by expert experts_ids[b]; moe_sum then adds each token's top-k rows."""
+    num_tokens, top_k, num_experts, block_size, hidden = 20, 3, 8, 4, 5
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(num_tokens, hidden, generator=gen)
+    experts = torch.randn(num_experts, hidden, hidden, generator=gen)
+    weights = torch.empty(num_tokens, top_k)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int32)
+    sources = torch.empty(num_tokens, top_k, dtype=torch.int32)
+    logits = torch.randn(num_tokens, num_experts, generator=gen)
+    torch.ops._moe_C.topk_softmax(weights, ids, sources, logits, True, None, None)
+    capacity = capacity_for(ids.numel(), num_experts, block_size)
+    sorted_ids = torch.empty(capacity, dtype=torch.int32)
+    blocks = torch.empty(-(-capacity // block_size), dtype=torch.int32)
+    total = torch.empty(1, dtype=torch.int32)
+    torch.ops._moe_C.moe_align_block_size(
+        ids, num_experts, block_size, sorted_ids, blocks, total, None
+    )
+
+    routed = torch.zeros(num_tokens * top_k, hidden)
+    for b in range(int(total) // block_size):
+        rows = sorted_ids[b * block_size : (b + 1) * block_size].long()
+        rows = rows[rows < ids.numel()]
+        routed[rows] = x[rows // top_k] @ experts[blocks[b]].T * weights.flatten()[rows, None]
+    out = torch.empty(num_tokens, hidden)
+    torch.ops._moe_C.moe_sum(routed.view(num_tokens, top_k, hidden), out)
+
+    dense = torch.stack(
+        [
+            sum(weights[t, j] * (experts[ids[t, j]] @ x[t]) for j in range(top_k))
+            for t in range(num_tokens)
+        ]
+    )
+    assert torch.allclose(out, dense, atol=1e-5)
+
+
 # --------------------------------------------------------------------------- MLA cache
 @pytest.mark.parametrize(("num_tokens", "num_blocks", "block_size"), [(1, 4, 16), (37, 9, 16)])
 def test_concat_and_cache_mla_writes_each_slot(
