@@ -290,6 +290,14 @@ def _no_output(*args: Any, **kwargs: Any) -> None:
     """Fake (meta) kernel: these ops only write into buffers the caller passes."""
 
 
+def _add_fake(qualname: str, lib: Library) -> None:
+    """A fake kernel lets torch.compile trace the op; keep one that exists already."""
+    try:
+        torch.library.register_fake(qualname, _no_output, lib=lib)
+    except RuntimeError:  # a fake or Meta kernel is registered already
+        pass
+
+
 def register(dispatch_keys: Sequence[str] = ("CUDA", "CPU")) -> list[str]:
     """Define (when missing) and implement every op in IMPLS; return "ns::name" of each.
 
@@ -303,7 +311,7 @@ def register(dispatch_keys: Sequence[str] = ("CUDA", "CPU")) -> list[str]:
         lib = _library(namespace)
         if not _has_schema(namespace, name):
             lib.define(SCHEMAS[(namespace, name)])
-            torch.library.register_fake(qualname, _no_output, lib=lib)
+        _add_fake(qualname, lib)
         for key in dispatch_keys:
             if not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, key):
                 lib.impl(name, kernel, key)
