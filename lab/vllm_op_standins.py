@@ -55,25 +55,21 @@ SCHEMAS: dict[tuple[str, str], str] = {
 
 
 # --------------------------------------------------------------------------- routers
-def _route(
+def _select(
     scores: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    token_expert_indices: torch.Tensor,
+    k: int,
     renormalize: bool,
     bias: torch.Tensor | None,
     scaling: float,
     is_padding: torch.Tensor | None,
-) -> None:
-    """Top-k of `scores` (+ bias) into the caller's buffers, as vLLM's routers expect.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k weights and expert ids of `scores` (num_tokens x num_experts, float32).
 
     Selection uses scores + bias, the weights are the unbiased scores (vLLM's torch fallback
-    `fused_topk_bias` in fused_moe/router/fused_topk_bias_router.py does the same). Renormalise,
-    then scale. token_expert_indices[t, j] = j * num_tokens + t (the kernel's `source_rows`).
-    Padding rows (is_padding, vLLM's forward-context mask) get weight 0 and expert -1, as vLLM's
-    own Triton router kernel `_dsv4_topk_kernel` writes them.
+    `fused_topk_bias` in fused_moe/router/fused_topk_bias_router.py does the same); renormalise,
+    then scale. Padding rows (is_padding, vLLM's forward-context mask) get weight 0 and expert
+    -1, as vLLM's own Triton router kernel `_dsv4_topk_kernel` writes them.
     """
-    num_tokens, k = topk_ids.shape
     choice = scores if bias is None else scores + bias.float()
     # a stable descending sort: of equal scores the lower expert id wins, as in the CUDA kernel
     ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :k]
@@ -82,9 +78,22 @@ def _route(
         weights = weights / weights.sum(dim=-1, keepdim=True)
     weights = weights * scaling
     if is_padding is not None:
-        pad = is_padding[:num_tokens].bool().unsqueeze(1)
+        pad = is_padding[: scores.shape[0]].bool().unsqueeze(1)
         weights = weights.masked_fill(pad, 0.0)
         ids = ids.masked_fill(pad, -1)
+    return weights, ids
+
+
+def _store(
+    selected: tuple[torch.Tensor, torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    token_expert_indices: torch.Tensor,
+) -> None:
+    """Into the caller's buffers; token_expert_indices[t, j] = j * num_tokens + t (the
+    kernel's `source_rows`)."""
+    weights, ids = selected
+    num_tokens, k = ids.shape
     topk_weights.copy_(weights)
     topk_ids.copy_(ids)
     rows = torch.arange(num_tokens, device=ids.device, dtype=torch.int32)
@@ -104,12 +113,12 @@ def topk_softmax(
     """`_moe_C::topk_softmax`: float32 softmax over the experts, then top-k (no scaling).
 
     Reference: csrc/moe/topk_softmax_kernels.cu (softmax in float, the lower expert id wins a
-    tie) and the torch fallback named in `_route`.
+    tie) and the torch fallback named in `_select`.
     """
     scores = torch.softmax(gating_output.float(), dim=-1)
-    _route(
-        scores, topk_weights, topk_indices, token_expert_indices, renormalize, bias, 1.0, is_padding
-    )
+    k = topk_indices.shape[1]
+    selected = _select(scores, k, renormalize, bias, 1.0, is_padding)
+    _store(selected, topk_weights, topk_indices, token_expert_indices)
 
 
 def topk_sigmoid(
@@ -127,16 +136,9 @@ def topk_sigmoid(
     Reference: vLLM's torch fallback `fused_topk_bias` (scoring_func="sigmoid").
     """
     scores = torch.sigmoid(gating_output.float())
-    _route(
-        scores,
-        topk_weights,
-        topk_indices,
-        token_expert_indices,
-        renormalize,
-        bias,
-        routed_scaling_factor,
-        is_padding,
-    )
+    k = topk_indices.shape[1]
+    selected = _select(scores, k, renormalize, bias, routed_scaling_factor, is_padding)
+    _store(selected, topk_weights, topk_indices, token_expert_indices)
 
 
 # --------------------------------------------------------------------------- alignment

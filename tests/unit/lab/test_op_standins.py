@@ -113,6 +113,22 @@ def random_routes(num_tokens: int, top_k: int, num_experts: int, seed: int) -> A
     return torch.stack(rows).to(torch.int32)
 
 
+def align(
+    topk_ids: Any, num_experts: int, block_size: int, expert_map: Any = None
+) -> tuple[list[int], list[int], int, list[int]]:
+    """Call the op with buffers sized as vLLM sizes them; sorted ids, block experts, padded
+    total and scatter index as lists."""
+    capacity = capacity_for(topk_ids.numel(), num_experts, block_size)
+    sorted_ids = torch.empty(capacity, dtype=torch.int32)
+    block_experts = torch.empty(-(-capacity // block_size), dtype=torch.int32)
+    total = torch.empty(1, dtype=torch.int32)
+    scatter = torch.empty(topk_ids.numel(), 1, dtype=torch.int32)
+    torch.ops._moe_C.moe_align_block_size(
+        topk_ids, num_experts, block_size, sorted_ids, block_experts, total, expert_map, scatter
+    )
+    return sorted_ids.tolist(), block_experts.tolist(), int(total), scatter.flatten().tolist()
+
+
 # --------------------------------------------------------------------------- routers
 ROUTER_SIZES = [(1, 8, 2), (7, 64, 6), (33, 128, 8), (256, 60, 4)]
 
@@ -179,18 +195,12 @@ def test_moe_align_block_size_matches_reference(
     standins: types.ModuleType, num_tokens: int, top_k: int, num_experts: int, block_size: int
 ) -> None:
     topk_ids = random_routes(num_tokens, top_k, num_experts, seed=num_tokens)
-    capacity = capacity_for(topk_ids.numel(), num_experts, block_size)
-    sorted_ids = torch.empty(capacity, dtype=torch.int32)
-    block_experts = torch.empty(-(-capacity // block_size), dtype=torch.int32)
-    total = torch.empty(1, dtype=torch.int32)
-    scatter = torch.empty(topk_ids.numel(), 1, dtype=torch.int32)
-    torch.ops._moe_C.moe_align_block_size(
-        topk_ids, num_experts, block_size, sorted_ids, block_experts, total, None, scatter
-    )
+    *got, scatter = align(topk_ids, num_experts, block_size)
 
+    capacity = capacity_for(topk_ids.numel(), num_experts, block_size)
     want = ref_align(topk_ids.flatten().tolist(), num_experts, block_size, capacity, None)
-    assert (sorted_ids.tolist(), block_experts.tolist(), int(total)) == want
-    assert scatter.flatten().tolist() == list(range(topk_ids.numel()))
+    assert tuple(got) == want
+    assert scatter == list(range(topk_ids.numel()))
 
 
 def test_moe_align_block_size_with_expert_map_skips_remote_experts(
@@ -201,21 +211,14 @@ def test_moe_align_block_size_with_expert_map_skips_remote_experts(
     topk_ids[3, 0] = -1  # a padding route
     expert_map = torch.full((num_experts,), -1, dtype=torch.int32)
     expert_map[0::2] = torch.arange(num_experts // 2, dtype=torch.int32)
-    capacity = capacity_for(topk_ids.numel(), num_experts, block_size)
-    sorted_ids = torch.empty(capacity, dtype=torch.int32)
-    block_experts = torch.empty(-(-capacity // block_size), dtype=torch.int32)
-    total = torch.empty(1, dtype=torch.int32)
-    scatter = torch.empty(topk_ids.numel(), 1, dtype=torch.int32)
-    torch.ops._moe_C.moe_align_block_size(
-        topk_ids, num_experts, block_size, sorted_ids, block_experts, total, expert_map, scatter
-    )
+    *got, scatter = align(topk_ids, num_experts, block_size, expert_map)
 
     flat = topk_ids.flatten().tolist()
     emap = expert_map.tolist()
-    want = ref_align(flat, num_experts, block_size, capacity, emap)
-    assert (sorted_ids.tolist(), block_experts.tolist(), int(total)) == want
+    capacity = capacity_for(topk_ids.numel(), num_experts, block_size)
+    assert tuple(got) == ref_align(flat, num_experts, block_size, capacity, emap)
     local = [i if 0 <= e < num_experts and emap[e] >= 0 else -1 for i, e in enumerate(flat)]
-    assert scatter.flatten().tolist() == local
+    assert scatter == local
 
 
 @pytest.mark.parametrize(("num_tokens", "top_k", "hidden"), [(1, 1, 8), (5, 2, 64), (64, 8, 96)])
@@ -256,17 +259,11 @@ def test_router_alignment_and_sum_compose_into_the_moe_output(standins: types.Mo
     sources = torch.empty(num_tokens, top_k, dtype=torch.int32)
     logits = torch.randn(num_tokens, num_experts, generator=gen)
     torch.ops._moe_C.topk_softmax(weights, ids, sources, logits, True, None, None)
-    capacity = capacity_for(ids.numel(), num_experts, block_size)
-    sorted_ids = torch.empty(capacity, dtype=torch.int32)
-    blocks = torch.empty(-(-capacity // block_size), dtype=torch.int32)
-    total = torch.empty(1, dtype=torch.int32)
-    torch.ops._moe_C.moe_align_block_size(
-        ids, num_experts, block_size, sorted_ids, blocks, total, None
-    )
+    sorted_ids, blocks, total, _ = align(ids, num_experts, block_size)
 
     routed = torch.zeros(num_tokens * top_k, hidden)
-    for b in range(int(total) // block_size):
-        rows = sorted_ids[b * block_size : (b + 1) * block_size].long()
+    for b in range(total // block_size):
+        rows = torch.tensor(sorted_ids[b * block_size : (b + 1) * block_size])
         rows = rows[rows < ids.numel()]
         routed[rows] = x[rows // top_k] @ experts[blocks[b]].T * weights.flatten()[rows, None]
     out = torch.empty(num_tokens, hidden)
