@@ -68,7 +68,9 @@ def _select(
     Selection uses scores + bias, the weights are the unbiased scores (vLLM's torch fallback
     `fused_topk_bias` in fused_moe/router/fused_topk_bias_router.py does the same); renormalise,
     then scale. Padding rows (is_padding, vLLM's forward-context mask) get weight 0 and expert
-    -1, as vLLM's own Triton router kernel `_dsv4_topk_kernel` writes them.
+    -1, as vLLM's own Triton router kernel `_dsv4_topk_kernel` writes them: the alignment then
+    skips them, and the Triton fused-MoE kernel writes zeros for an expert id of -1 (its
+    small-batch path reads topk_ids directly, fused_moe.py `off_experts == -1`).
     """
     choice = scores if bias is None else scores + bias.float()
     # a stable descending sort: of equal scores the lower expert id wins, as in the CUDA kernel
