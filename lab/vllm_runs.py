@@ -25,6 +25,8 @@ usage_minus_budget_bytes = usage - ceil(gpu_memory_utilization x total).
 
 Run on the device from the repo root (carry [".vllm_h200"]):
     NCCL_NVLS_ENABLE=0 python3 lab/vllm_runs.py --group 1 --budget-s 560
+Groups "moe" (Qwen3-MoE shape) and "mla" (DeepSeek-V2-Lite shape) register the torch stand-ins
+of lab/vllm_op_standins.py in each start, for the compiled MoE / MLA ops the carry lacks.
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ EAGLE3 = json.dumps(
 EAGLE3_K5 = json.dumps(
     {"method": "eagle3", "model": str(CARRY / "models" / "eagle3_8b"), "num_speculative_tokens": 5}
 )
+# MoE and MLA shapes (8 layers each, dummy weights): their configs travel in the repo.
+LAB_MODELS = ROOT / "lab" / "models"
+# MLA: TRITON_MLA decodes; prefill needs a backend without FlashAttention. On SM90 vLLM's
+# automatic choice is FLASH_ATTN only (platforms/interface.py get_mla_prefill_backend_cls);
+# "CPU" names CPUSDPAMLAPrefillBackend, plain torch attention that runs on CUDA tensors too.
+MLA_ATTENTION = {"attention_backend": "TRITON_MLA", "mla_prefill_backend": "CPU"}
 # A copy of an earlier memest tree (git archive), for before/after starts in one call.
 OLD_TREE = ROOT / ".memest_old"
 CACHE = SHARED_TMP / "vllm_h200_cache"
@@ -76,6 +84,23 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "spec": EAGLE3,
     },
     "D_llama8b_s128_t4096_u070": {"model": LLAMA, "max_num_seqs": 128, "mbt": 4096, "util": 0.70},
+    # Qwen3-30B-A3B with 8 of its 48 layers: 128 experts, top-8, Triton fused MoE
+    "M_qwen3moe8l_s64_t2048": {
+        "model": str(LAB_MODELS / "qwen3moe_8l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": 0.85,
+        "standins": True,
+    },
+    # DeepSeek-V2-Lite with 8 of its 27 layers: MLA (kv_lora_rank 512), 64 experts, top-6
+    "L_dsv2lite8l_s64_t2048": {
+        "model": str(LAB_MODELS / "dsv2lite_8l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": 0.85,
+        "standins": True,
+        **MLA_ATTENTION,
+    },
 }
 GROUPS: dict[str, list[tuple[str, str]]] = {
     "1": [
@@ -142,6 +167,17 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("D_llama8b_s128_t4096_u070", "alone"),
     ],
     "smoke": [("B_llama8b_s32_t2048", "enable")],
+    # MoE, then MLA + MoE: alone first (a failed first start ends the group), apply, plan.
+    "moe": [
+        ("M_qwen3moe8l_s64_t2048", "alone"),
+        ("M_qwen3moe8l_s64_t2048", "apply"),
+        ("M_qwen3moe8l_s64_t2048", "plan"),
+    ],
+    "mla": [
+        ("L_dsv2lite8l_s64_t2048", "alone"),
+        ("L_dsv2lite8l_s64_t2048", "apply"),
+        ("L_dsv2lite8l_s64_t2048", "plan"),
+    ],
     # The reported stall (cold apply start, EAGLE3 K=5): the earlier tree, then this one.
     # Startup overhead of the plugin's defaults: alternating warm starts (the first compiles).
     "overhead": [
@@ -280,6 +316,10 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
     _time_allocator_snapshots(torch)
     from vllm import LLM
 
+    if cfg.get("standins"):  # after the import: the shim has defined the _C schemas by then
+        from vllm_op_standins import register  # this script's folder is on sys.path
+
+        print(f"STANDINS {register()}", flush=True)
     _measure_profile_run()
 
     native = ["native"]
@@ -289,7 +329,7 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         skip_tokenizer_init=True,
         gpu_memory_utilization=cfg["util"],
         enforce_eager=False,
-        attention_backend="TRITON_ATTN",
+        attention_backend=cfg.get("attention_backend", "TRITON_ATTN"),
         max_model_len=4096,
         max_num_seqs=cfg["max_num_seqs"],
         max_num_batched_tokens=cfg["mbt"],
@@ -303,6 +343,8 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
             }
         },
     )
+    if cfg.get("mla_prefill_backend"):
+        kw["attention_config"] = {"mla_prefill_backend": cfg["mla_prefill_backend"]}
     if cfg.get("spec"):
         kw["speculative_config"] = json.loads(cfg["spec"])
     t0 = time.perf_counter()

@@ -1,0 +1,323 @@
+"""Torch stand-ins for the compiled vLLM 0.33.0 ops that its MoE and MLA paths still call.
+
+Device-harness code (lab tooling, not product). On the lent H200 vLLM runs without its CUDA
+extensions (see the shared vllm-h200 folder): `_C` op schemas come from a shim, `_moe_C` has none.
+A Qwen3-MoE or DeepSeek-V2 start then stops in the router at `_moe_C.topk_softmax`. The unquantized
+Triton fused-MoE path (`TritonExperts`) and TRITON_MLA call, at tensor-parallel size 1:
+
+- `_moe_C.topk_softmax` / `_moe_C.topk_sigmoid`: `FusedTopKRouter` and `FusedTopKBiasRouter`
+  (`fused_moe/router/fused_topk_router.py`, `fused_topk_bias_router.py`);
+- `_moe_C.moe_align_block_size`: `fused_moe/moe_align_block_size.py`, before the Triton GEMMs;
+- `_moe_C.moe_sum`: `TritonExperts.moe_sum` (`fused_moe/experts/triton_moe.py`) for top_k > 1;
+- `_C_cache_ops.concat_and_cache_mla`: the MLA KV-cache write (`v1/attention/backend.py`,
+  `MLACommonBackend.do_kv_cache_update`).
+
+`silu_and_mul` (the experts' activation) already has a torch kernel in the shim. Every stand-in
+below is graph-capturable: fixed output shapes, no host synchronisation, no `.item()`, no Python
+branch on tensor values, so vLLM's CUDA-graph capture records it like the CUDA kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.library import Library
+
+# Schemas as vLLM 0.33.0's compiled extensions register them (read from the strings of
+# _moe_C_stable_libtorch.abi3.so and _C_stable_libtorch.abi3.so), so vLLM's wrappers in
+# vllm/_custom_ops.py bind their arguments exactly as against the real ops.
+SCHEMAS: dict[tuple[str, str], str] = {
+    ("_moe_C", "topk_softmax"): (
+        "topk_softmax(Tensor! topk_weights, Tensor! topk_indices, Tensor! token_expert_indices, "
+        "Tensor gating_output, bool renormalize, Tensor? bias, Tensor? is_padding) -> ()"
+    ),
+    ("_moe_C", "topk_sigmoid"): (
+        "topk_sigmoid(Tensor! topk_weights, Tensor! topk_indices, Tensor! token_expert_indices, "
+        "Tensor gating_output, bool renormalize, Tensor? bias, float routed_scaling_factor, "
+        "Tensor? is_padding) -> ()"
+    ),
+    ("_moe_C", "moe_align_block_size"): (
+        "moe_align_block_size(Tensor topk_ids, int num_experts, int block_size, "
+        "Tensor! sorted_token_ids, Tensor! experts_ids, Tensor! num_tokens_post_pad, "
+        "Tensor? maybe_expert_map, Tensor(a!)? scatter_idx=None) -> ()"
+    ),
+    ("_moe_C", "moe_sum"): (
+        "moe_sum(Tensor input, Tensor! output, Tensor? topk_ids=None, "
+        "Tensor? expert_map=None) -> ()"
+    ),
+    ("_C_cache_ops", "concat_and_cache_mla"): (
+        "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor! kv_cache, Tensor slot_mapping, "
+        "str kv_cache_dtype, Tensor scale, bool skip_scale=False) -> ()"
+    ),
+}
+
+
+# --------------------------------------------------------------------------- routers
+def _select(
+    scores: torch.Tensor,
+    k: int,
+    renormalize: bool,
+    bias: torch.Tensor | None,
+    scaling: float,
+    is_padding: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k weights and expert ids of `scores` (num_tokens x num_experts, float32).
+
+    Selection uses scores + bias, the weights are the unbiased scores (vLLM's torch fallback
+    `fused_topk_bias` in fused_moe/router/fused_topk_bias_router.py does the same); renormalise,
+    then scale. Padding rows (is_padding, vLLM's forward-context mask) get weight 0 and expert
+    -1, as vLLM's own Triton router kernel `_dsv4_topk_kernel` writes them: the alignment then
+    skips them, and the Triton fused-MoE kernel writes zeros for an expert id of -1 (its
+    small-batch path reads topk_ids directly, fused_moe.py `off_experts == -1`).
+    """
+    choice = scores if bias is None else scores + bias.float()
+    # a stable descending sort: of equal scores the lower expert id wins, as in the CUDA kernel
+    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :k]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    weights = weights * scaling
+    if is_padding is not None:
+        pad = is_padding[: scores.shape[0]].bool().unsqueeze(1)
+        weights = weights.masked_fill(pad, 0.0)
+        ids = ids.masked_fill(pad, -1)
+    return weights, ids
+
+
+def _store(
+    selected: tuple[torch.Tensor, torch.Tensor],
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    token_expert_indices: torch.Tensor,
+) -> None:
+    """Into the caller's buffers; token_expert_indices[t, j] = j * num_tokens + t (the
+    kernel's `source_rows`)."""
+    weights, ids = selected
+    num_tokens, k = ids.shape
+    topk_weights.copy_(weights)
+    topk_ids.copy_(ids)
+    rows = torch.arange(num_tokens, device=ids.device, dtype=torch.int32)
+    slots = torch.arange(k, device=ids.device, dtype=torch.int32)
+    token_expert_indices.copy_(slots.unsqueeze(0) * num_tokens + rows.unsqueeze(1))
+
+
+def topk_softmax(
+    topk_weights: torch.Tensor,
+    topk_indices: torch.Tensor,
+    token_expert_indices: torch.Tensor,
+    gating_output: torch.Tensor,
+    renormalize: bool,
+    bias: torch.Tensor | None,
+    is_padding: torch.Tensor | None,
+) -> None:
+    """`_moe_C::topk_softmax`: float32 softmax over the experts, then top-k (no scaling).
+
+    Reference: csrc/moe/topk_softmax_kernels.cu (softmax in float, the lower expert id wins a
+    tie) and the torch fallback named in `_select`.
+    """
+    scores = torch.softmax(gating_output.float(), dim=-1)
+    k = topk_indices.shape[1]
+    selected = _select(scores, k, renormalize, bias, 1.0, is_padding)
+    _store(selected, topk_weights, topk_indices, token_expert_indices)
+
+
+def topk_sigmoid(
+    topk_weights: torch.Tensor,
+    topk_indices: torch.Tensor,
+    token_expert_indices: torch.Tensor,
+    gating_output: torch.Tensor,
+    renormalize: bool,
+    bias: torch.Tensor | None,
+    routed_scaling_factor: float,
+    is_padding: torch.Tensor | None,
+) -> None:
+    """`_moe_C::topk_sigmoid`: float32 sigmoid scores, top-k, renormalise, then scale.
+
+    Reference: vLLM's torch fallback `fused_topk_bias` (scoring_func="sigmoid").
+    """
+    scores = torch.sigmoid(gating_output.float())
+    k = topk_indices.shape[1]
+    selected = _select(scores, k, renormalize, bias, routed_scaling_factor, is_padding)
+    _store(selected, topk_weights, topk_indices, token_expert_indices)
+
+
+# --------------------------------------------------------------------------- alignment
+def _valid_routes(
+    flat_ids: torch.Tensor, num_experts: int, expert_map: torch.Tensor | None
+) -> torch.Tensor:
+    """Routes that count: an expert id in range and, with an expert map, one on this rank."""
+    valid = (flat_ids >= 0) & (flat_ids < num_experts)
+    if expert_map is not None:
+        local = expert_map.long()[flat_ids.clamp(0, num_experts - 1)]
+        valid = valid & (local >= 0)
+    return valid
+
+
+def moe_align_block_size(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_size: int,
+    sorted_token_ids: torch.Tensor,
+    experts_ids: torch.Tensor,
+    num_tokens_post_pad: torch.Tensor,
+    maybe_expert_map: torch.Tensor | None,
+    scatter_idx: torch.Tensor | None = None,
+) -> None:
+    """`_moe_C::moe_align_block_size`: group the flattened routes by expert in padded blocks.
+
+    Semantics of vLLM's golden `torch_moe_align_block_size` (tests/kernels/moe/
+    test_moe_align_block_size.py) and the docstring of fused_moe/moe_align_block_size.py:
+    each expert's routes (flat indices into topk_ids) fill a run of whole blocks, experts in
+    ascending order, empty experts take no block; unused slots hold the sentinel topk_ids.numel();
+    experts_ids[b] is the expert of block b (its local id when an expert map is given; experts
+    mapped to -1 and ids outside [0, num_experts) are skipped), 0 after the last used block;
+    num_tokens_post_pad = the padded total; scatter_idx[i] = i for a counted route, else -1.
+    Within an expert the routes keep their flat order (the CUDA kernel promises any order).
+    """
+    flat = topk_ids.flatten().long()
+    device = flat.device
+    valid = _valid_routes(flat, num_experts, maybe_expert_map)
+    bucket = torch.where(valid, flat, num_experts)  # uncounted routes sort after every expert
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=device)
+    counts.scatter_add_(0, bucket, torch.ones_like(bucket))
+    padded = (counts[:num_experts] + block_size - 1) // block_size * block_size
+    ends = padded.cumsum(0)
+    first_sorted = counts.cumsum(0) - counts  # where each expert's routes start once sorted
+    starts = torch.cat([ends - padded, ends.new_zeros(1)])
+    sorted_bucket, order = torch.sort(bucket, stable=True)
+    rank = torch.arange(flat.numel(), device=device) - first_sorted[sorted_bucket]
+    capacity = sorted_token_ids.numel()
+    dest = torch.where(sorted_bucket < num_experts, starts[sorted_bucket] + rank, capacity)
+    staged = torch.full((capacity + 1,), flat.numel(), dtype=torch.long, device=device)
+    staged.scatter_(0, dest, order)  # the extra last slot takes the uncounted routes
+    sorted_token_ids.copy_(staged[:capacity])
+    _fill_block_experts(experts_ids, ends, block_size, maybe_expert_map)
+    num_tokens_post_pad.copy_(ends[-1:])
+    if scatter_idx is not None:
+        rows = torch.arange(flat.numel(), device=device)
+        scatter_idx.copy_(torch.where(valid, rows, -1).view(scatter_idx.shape))
+
+
+def _fill_block_experts(
+    experts_ids: torch.Tensor,
+    ends: torch.Tensor,
+    block_size: int,
+    expert_map: torch.Tensor | None,
+) -> None:
+    """experts_ids[b]: the expert whose padded run holds block b; 0 past the padded total."""
+    block_starts = torch.arange(experts_ids.numel(), device=ends.device) * block_size
+    owner = torch.searchsorted(ends, block_starts, right=True)
+    owner = owner.clamp(max=ends.numel() - 1)
+    if expert_map is not None:
+        owner = expert_map.long()[owner]
+    used = block_starts < ends[-1]
+    experts_ids.copy_(torch.where(used, owner, 0))
+
+
+def moe_sum(
+    input: torch.Tensor,
+    output: torch.Tensor,
+    topk_ids: torch.Tensor | None = None,
+    expert_map: torch.Tensor | None = None,
+) -> None:
+    """`_moe_C::moe_sum`: output[t] = sum over the top-k slots of input[t, slot, :].
+
+    With topk_ids and expert_map, slots whose expert is not on this rank (map -1) are skipped,
+    as `TritonExperts.moe_sum` (fused_moe/experts/triton_moe.py) says. vLLM's tests compare the
+    kernel with torch.sum(input, dim=1); the sum is taken in float32.
+    """
+    values = input.float()
+    if topk_ids is not None and expert_map is not None:
+        ids = topk_ids.long()
+        num_experts = expert_map.numel()
+        kept = (ids >= 0) & (ids < num_experts)
+        kept = kept & (expert_map.long()[ids.clamp(0, num_experts - 1)] >= 0)
+        values = torch.where(kept.unsqueeze(-1), values, 0.0)
+    output.copy_(values.sum(dim=1))
+
+
+# --------------------------------------------------------------------------- MLA cache
+def concat_and_cache_mla(
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_cache_dtype: str,
+    scale: torch.Tensor,
+    skip_scale: bool = False,
+) -> None:
+    """`_C_cache_ops::concat_and_cache_mla` for kv_cache_dtype "auto".
+
+    kv_cache is [num_blocks, block_size, kv_lora_rank + rope_dim]; token i with slot s >= 0 writes
+    concat(kv_c[i], k_pe[i]) at [s // block_size, s % block_size]; slot -1 (padding) writes nothing
+    (csrc/cache_kernels.cu; vLLM's tests/kernels/attention/test_cache.py builds its reference the
+    same way). Graph-capturable: padding rows rewrite slot 0 with its own old value. Slot 0 is
+    in block 0, vLLM's null block, which the KV-cache manager never hands to a request.
+    """
+    if kv_cache_dtype != "auto":
+        raise NotImplementedError(f"concat_and_cache_mla stand-in: kv_cache_dtype {kv_cache_dtype}")
+    num_tokens = slot_mapping.shape[0]
+    slots = slot_mapping.long()
+    written = slots >= 0
+    safe = torch.where(written, slots, 0)
+    block, offset = safe // kv_cache.shape[1], safe % kv_cache.shape[1]
+    entry = torch.cat([kv_c[:num_tokens], k_pe[:num_tokens].reshape(num_tokens, -1)], dim=-1)
+    kept = kv_cache[block, offset]
+    kv_cache[block, offset] = torch.where(written.unsqueeze(1), entry.to(kv_cache.dtype), kept)
+
+
+IMPLS: dict[tuple[str, str], Callable[..., None]] = {
+    ("_moe_C", "topk_softmax"): topk_softmax,
+    ("_moe_C", "topk_sigmoid"): topk_sigmoid,
+    ("_moe_C", "moe_align_block_size"): moe_align_block_size,
+    ("_moe_C", "moe_sum"): moe_sum,
+    ("_C_cache_ops", "concat_and_cache_mla"): concat_and_cache_mla,
+}
+
+# torch.library deregisters what a Library defined when the object is collected: keep them.
+_LIBRARIES: dict[str, Library] = {}
+
+
+def _library(namespace: str) -> Library:
+    if namespace not in _LIBRARIES:
+        _LIBRARIES[namespace] = Library(namespace, "FRAGMENT")
+    return _LIBRARIES[namespace]
+
+
+def _has_schema(namespace: str, name: str) -> bool:
+    return hasattr(getattr(torch.ops, namespace), name)
+
+
+def _no_output(*args: Any, **kwargs: Any) -> None:
+    """Fake (meta) kernel: these ops only write into buffers the caller passes."""
+
+
+def _add_fake(qualname: str, lib: Library) -> None:
+    """A fake kernel lets torch.compile trace the op; keep one that exists already."""
+    try:
+        torch.library.register_fake(qualname, _no_output, lib=lib)
+    except RuntimeError:  # a fake or Meta kernel is registered already
+        pass
+
+
+def register(dispatch_keys: Sequence[str] = ("CUDA", "CPU")) -> list[str]:
+    """Define (when missing) and implement every op in IMPLS; return "ns::name" of each.
+
+    An op whose schema already exists (the shim's `_C_cache_ops`) only gets the kernels; a key
+    that already has a kernel (a real compiled extension) is left alone. Calling it again is a
+    no-op.
+    """
+    registered = []
+    for (namespace, name), kernel in IMPLS.items():
+        qualname = f"{namespace}::{name}"
+        lib = _library(namespace)
+        if not _has_schema(namespace, name):
+            lib.define(SCHEMAS[(namespace, name)])
+        _add_fake(qualname, lib)
+        for key in dispatch_keys:
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, key):
+                lib.impl(name, kernel, key)
+        registered.append(qualname)
+    return registered

@@ -1,0 +1,391 @@
+"""The torch stand-ins for vLLM's MoE and MLA ops (lab/vllm_op_standins.py) on CPU.
+
+Each stand-in is checked against a reference written here, with plain Python loops, from the
+semantics vLLM states in its tests and docs (tests/kernels/moe/test_moe_align_block_size.py,
+the moe_align_block_size docstring, the routers' torch fallback, tests/kernels/attention/
+test_cache.py), on random inputs of several sizes. The vLLM-marked tests call vLLM 0.33.0's own
+Python wrappers (vllm/_custom_ops.py and the fused-MoE helpers) with the stand-ins registered,
+so the schemas must bind the arguments vLLM passes. A fake-tensor run stands in for the
+CUDA-graph check that needs a GPU: an op with a data-dependent shape or a host read fails there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import require_or_skip
+
+torch = pytest.importorskip("torch")
+
+STANDINS = Path(__file__).resolve().parents[3] / "lab" / "vllm_op_standins.py"
+
+
+@pytest.fixture(scope="module")
+def standins() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("vllm_op_standins", STANDINS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.register(("CPU",))
+    return module
+
+
+@pytest.fixture(scope="module")
+def vllm_ops(standins: types.ModuleType) -> Any:
+    try:
+        import vllm._custom_ops as ops
+    except ImportError:
+        require_or_skip("MEMEST_REQUIRE_VLLM", "vLLM 0.33.0 is not installed")
+        raise
+    return ops
+
+
+# --------------------------------------------------------------------------- references
+def ref_route(
+    scores: list[list[float]],
+    k: int,
+    renormalize: bool,
+    bias: list[float] | None,
+    scaling: float,
+    padding: list[bool] | None,
+) -> tuple[list[list[float]], list[list[int]]]:
+    """Per token: the k experts with the highest score (+ bias), weighted by the plain score."""
+    weights, ids = [], []
+    for t, row in enumerate(scores):
+        if padding is not None and padding[t]:
+            weights.append([0.0] * k)
+            ids.append([-1] * k)
+            continue
+        choice = [s + (bias[e] if bias else 0.0) for e, s in enumerate(row)]
+        chosen = sorted(range(len(row)), key=lambda e: (-choice[e], e))[:k]
+        w = [row[e] for e in chosen]
+        total = sum(w) if renormalize else 1.0
+        weights.append([x / total * scaling for x in w])
+        ids.append(chosen)
+    return weights, ids
+
+
+def ref_align(
+    flat_ids: list[int],
+    num_experts: int,
+    block_size: int,
+    capacity: int,
+    expert_map: list[int] | None,
+) -> tuple[list[int], list[int], int]:
+    """vLLM's golden alignment: experts in order, each in whole blocks padded with numel."""
+    sentinel = len(flat_ids)
+    sorted_ids: list[int] = []
+    block_experts: list[int] = []
+    for expert in range(num_experts):
+        if expert_map is not None and expert_map[expert] == -1:
+            continue
+        routes = [i for i, e in enumerate(flat_ids) if e == expert]
+        if not routes:
+            continue
+        blocks = -(-len(routes) // block_size)
+        sorted_ids += routes + [sentinel] * (blocks * block_size - len(routes))
+        local = expert if expert_map is None else expert_map[expert]
+        block_experts += [local] * blocks
+    total = len(sorted_ids)
+    num_blocks = -(-capacity // block_size)
+    return (
+        sorted_ids + [sentinel] * (capacity - total),
+        block_experts + [0] * (num_blocks - len(block_experts)),
+        total,
+    )
+
+
+def capacity_for(numel: int, num_experts: int, block_size: int) -> int:
+    """The sorted_token_ids length vLLM's moe_align_block_size allocates (no pad_sorted_ids)."""
+    padded = numel + num_experts * (block_size - 1)
+    return min(numel * block_size, padded) if numel < num_experts else padded
+
+
+def random_routes(num_tokens: int, top_k: int, num_experts: int, seed: int) -> Any:
+    """Distinct experts per token, as a router picks them."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = [torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)]
+    return torch.stack(rows).to(torch.int32)
+
+
+def align(
+    topk_ids: Any, num_experts: int, block_size: int, expert_map: Any = None
+) -> tuple[list[int], list[int], int, list[int]]:
+    """Call the op with buffers sized as vLLM sizes them; sorted ids, block experts, padded
+    total and scatter index as lists."""
+    capacity = capacity_for(topk_ids.numel(), num_experts, block_size)
+    sorted_ids = torch.empty(capacity, dtype=torch.int32)
+    block_experts = torch.empty(-(-capacity // block_size), dtype=torch.int32)
+    total = torch.empty(1, dtype=torch.int32)
+    scatter = torch.empty(topk_ids.numel(), 1, dtype=torch.int32)
+    torch.ops._moe_C.moe_align_block_size(
+        topk_ids, num_experts, block_size, sorted_ids, block_experts, total, expert_map, scatter
+    )
+    return sorted_ids.tolist(), block_experts.tolist(), int(total), scatter.flatten().tolist()
+
+
+# --------------------------------------------------------------------------- routers
+ROUTER_SIZES = [(1, 8, 2), (7, 64, 6), (33, 128, 8), (256, 60, 4)]
+
+
+@pytest.mark.parametrize(("num_tokens", "num_experts", "top_k"), ROUTER_SIZES)
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_topk_softmax_matches_reference(
+    standins: types.ModuleType,
+    num_tokens: int,
+    num_experts: int,
+    top_k: int,
+    renormalize: bool,
+    with_bias: bool,
+) -> None:
+    gen = torch.Generator().manual_seed(num_tokens * 1000 + num_experts)
+    logits = torch.randn(num_tokens, num_experts, generator=gen).to(torch.bfloat16)
+    bias = torch.randn(num_experts, generator=gen) * 0.05 if with_bias else None
+    padding = torch.rand(num_tokens, generator=gen) < 0.25
+    weights = torch.empty(num_tokens, top_k)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int32)
+    sources = torch.empty(num_tokens, top_k, dtype=torch.int32)
+    torch.ops._moe_C.topk_softmax(weights, ids, sources, logits, renormalize, bias, padding)
+
+    scores = [[float(v) for v in torch.softmax(row.float(), -1)] for row in logits]
+    want_w, want_ids = ref_route(
+        scores,
+        top_k,
+        renormalize,
+        bias.tolist() if bias is not None else None,
+        1.0,
+        padding.tolist(),
+    )
+    assert ids.tolist() == want_ids
+    assert torch.allclose(weights, torch.tensor(want_w), atol=1e-6)
+    assert sources.tolist() == [
+        [j * num_tokens + t for j in range(top_k)] for t in range(num_tokens)
+    ]
+
+
+@pytest.mark.parametrize(("num_tokens", "num_experts", "top_k"), ROUTER_SIZES)
+def test_topk_sigmoid_scales_after_renormalising(
+    standins: types.ModuleType, num_tokens: int, num_experts: int, top_k: int
+) -> None:
+    gen = torch.Generator().manual_seed(num_experts)
+    logits = torch.randn(num_tokens, num_experts, generator=gen)
+    weights = torch.empty(num_tokens, top_k)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int64)
+    sources = torch.empty(num_tokens, top_k, dtype=torch.int32)
+    torch.ops._moe_C.topk_sigmoid(weights, ids, sources, logits, True, None, 2.5, None)
+
+    scores = [[1.0 / (1.0 + float(torch.exp(-v))) for v in row] for row in logits]
+    want_w, want_ids = ref_route(scores, top_k, True, None, 2.5, None)
+    assert ids.tolist() == want_ids
+    assert torch.allclose(weights, torch.tensor(want_w), atol=1e-5)
+
+
+# --------------------------------------------------------------------------- alignment
+ALIGN_SIZES = [(1, 1, 32, 32), (3, 2, 160, 32), (256, 8, 128, 64), (517, 6, 64, 16)]
+
+
+@pytest.mark.parametrize(("num_tokens", "top_k", "num_experts", "block_size"), ALIGN_SIZES)
+def test_moe_align_block_size_matches_reference(
+    standins: types.ModuleType, num_tokens: int, top_k: int, num_experts: int, block_size: int
+) -> None:
+    topk_ids = random_routes(num_tokens, top_k, num_experts, seed=num_tokens)
+    *got, scatter = align(topk_ids, num_experts, block_size)
+
+    capacity = capacity_for(topk_ids.numel(), num_experts, block_size)
+    want = ref_align(topk_ids.flatten().tolist(), num_experts, block_size, capacity, None)
+    assert tuple(got) == want
+    assert scatter == list(range(topk_ids.numel()))
+
+
+def test_moe_align_block_size_with_expert_map_skips_remote_experts(
+    standins: types.ModuleType,
+) -> None:
+    num_experts, block_size = 16, 8
+    topk_ids = random_routes(40, 4, num_experts, seed=7)
+    topk_ids[3, 0] = -1  # a padding route
+    expert_map = torch.full((num_experts,), -1, dtype=torch.int32)
+    expert_map[0::2] = torch.arange(num_experts // 2, dtype=torch.int32)
+    *got, scatter = align(topk_ids, num_experts, block_size, expert_map)
+
+    flat = topk_ids.flatten().tolist()
+    emap = expert_map.tolist()
+    capacity = capacity_for(topk_ids.numel(), num_experts, block_size)
+    assert tuple(got) == ref_align(flat, num_experts, block_size, capacity, emap)
+    local = [i if 0 <= e < num_experts and emap[e] >= 0 else -1 for i, e in enumerate(flat)]
+    assert scatter == local
+
+
+@pytest.mark.parametrize(("num_tokens", "top_k", "hidden"), [(1, 1, 8), (5, 2, 64), (64, 8, 96)])
+def test_moe_sum_matches_reference(
+    standins: types.ModuleType, num_tokens: int, top_k: int, hidden: int
+) -> None:
+    gen = torch.Generator().manual_seed(hidden)
+    values = torch.randn(num_tokens, top_k, hidden, generator=gen)
+    out = torch.empty(num_tokens, hidden)
+    torch.ops._moe_C.moe_sum(values, out)
+    want = [
+        [sum(float(values[t, j, h]) for j in range(top_k)) for h in range(hidden)]
+        for t in range(num_tokens)
+    ]
+    assert torch.allclose(out, torch.tensor(want, dtype=torch.float32), atol=1e-5)
+
+    topk_ids = random_routes(num_tokens, top_k, 8, seed=hidden)
+    expert_map = torch.tensor([0, -1, 1, -1, 2, -1, 3, -1], dtype=torch.int32)
+    torch.ops._moe_C.moe_sum(values, out, topk_ids, expert_map)
+    on_rank = [[expert_map[e] >= 0 for e in row] for row in topk_ids.tolist()]
+    want = [
+        [sum(float(values[t, j, h]) for j in range(top_k) if on_rank[t][j]) for h in range(hidden)]
+        for t in range(num_tokens)
+    ]
+    assert torch.allclose(out, torch.tensor(want, dtype=torch.float32), atol=1e-5)
+
+
+def test_router_alignment_and_sum_compose_into_the_moe_output(standins: types.ModuleType) -> None:
+    """Read the alignment as the Triton kernel does: block b multiplies the routes listed in
+    sorted_token_ids[b * block_size:][:block_size] (row // top_k is the token, numel the filler)
+    by expert experts_ids[b]; moe_sum then adds each token's top-k rows."""
+    num_tokens, top_k, num_experts, block_size, hidden = 20, 3, 8, 4, 5
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(num_tokens, hidden, generator=gen)
+    experts = torch.randn(num_experts, hidden, hidden, generator=gen)
+    weights = torch.empty(num_tokens, top_k)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int32)
+    sources = torch.empty(num_tokens, top_k, dtype=torch.int32)
+    logits = torch.randn(num_tokens, num_experts, generator=gen)
+    torch.ops._moe_C.topk_softmax(weights, ids, sources, logits, True, None, None)
+    sorted_ids, blocks, total, _ = align(ids, num_experts, block_size)
+
+    routed = torch.zeros(num_tokens * top_k, hidden)
+    for b in range(total // block_size):
+        rows = torch.tensor(sorted_ids[b * block_size : (b + 1) * block_size])
+        rows = rows[rows < ids.numel()]
+        routed[rows] = x[rows // top_k] @ experts[blocks[b]].T * weights.flatten()[rows, None]
+    out = torch.empty(num_tokens, hidden)
+    torch.ops._moe_C.moe_sum(routed.view(num_tokens, top_k, hidden), out)
+
+    dense = torch.stack(
+        [
+            sum(weights[t, j] * (experts[ids[t, j]] @ x[t]) for j in range(top_k))
+            for t in range(num_tokens)
+        ]
+    )
+    assert torch.allclose(out, dense, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- MLA cache
+@pytest.mark.parametrize(("num_tokens", "num_blocks", "block_size"), [(1, 4, 16), (37, 9, 16)])
+def test_concat_and_cache_mla_writes_each_slot(
+    standins: types.ModuleType, num_tokens: int, num_blocks: int, block_size: int
+) -> None:
+    rank, rope = 512, 64
+    gen = torch.Generator().manual_seed(num_tokens)
+    kv_c = torch.randn(num_tokens, rank, generator=gen).to(torch.bfloat16)
+    k_pe = torch.randn(num_tokens, rope, generator=gen).to(torch.bfloat16)
+    # block 0 is vLLM's null block: real slots start at block 1; every third token is padding
+    slots = torch.randperm((num_blocks - 1) * block_size, generator=gen)[:num_tokens] + block_size
+    slots[::3] = -1
+    cache = torch.randn(num_blocks, block_size, rank + rope, generator=gen).to(torch.bfloat16)
+    want = cache.clone()
+    for i, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            want[slot // block_size, slot % block_size, :rank] = kv_c[i]
+            want[slot // block_size, slot % block_size, rank:] = k_pe[i]
+    torch.ops._C_cache_ops.concat_and_cache_mla(
+        kv_c, k_pe, cache, slots, "auto", torch.ones(()), False
+    )
+    assert torch.equal(cache, want)
+
+
+# --------------------------------------------------------------------------- capture safety
+def test_stand_ins_run_on_fake_tensors(standins: types.ModuleType) -> None:
+    """No data-dependent output shape, no .item(): what CUDA-graph capture also forbids."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    num_tokens, top_k, num_experts, block_size = 12, 4, 32, 16
+    capacity = capacity_for(num_tokens * top_k, num_experts, block_size)
+    with FakeTensorMode():
+        logits = torch.randn(num_tokens, num_experts)
+        weights = torch.empty(num_tokens, top_k)
+        ids = torch.empty(num_tokens, top_k, dtype=torch.int32)
+        sources = torch.empty(num_tokens, top_k, dtype=torch.int32)
+        padding = torch.zeros(num_tokens, dtype=torch.bool)
+        standins.topk_softmax(weights, ids, sources, logits, True, None, padding)
+        standins.topk_sigmoid(weights, ids, sources, logits, True, None, 1.0, padding)
+        sorted_ids = torch.empty(capacity, dtype=torch.int32)
+        blocks = torch.empty(-(-capacity // block_size), dtype=torch.int32)
+        total = torch.empty(1, dtype=torch.int32)
+        standins.moe_align_block_size(ids, num_experts, block_size, sorted_ids, blocks, total, None)
+        out = torch.empty(num_tokens, 64)
+        standins.moe_sum(torch.randn(num_tokens, top_k, 64), out)
+        cache = torch.empty(4, 16, 576)
+        standins.concat_and_cache_mla(
+            torch.randn(num_tokens, 512),
+            torch.randn(num_tokens, 64),
+            cache,
+            torch.zeros(num_tokens, dtype=torch.long),
+            "auto",
+            torch.ones(()),
+        )
+
+
+def test_register_again_keeps_the_kernels(standins: types.ModuleType) -> None:
+    """A second call defines and implements nothing twice (torch would refuse a second kernel)."""
+    assert standins.register(("CPU",)) == [f"{ns}::{name}" for ns, name in standins.IMPLS]
+    out = torch.empty(2, 3)
+    torch.ops._moe_C.moe_sum(torch.ones(2, 4, 3), out)
+    assert out.tolist() == [[4.0] * 3] * 2
+
+
+# --------------------------------------------------------------------------- vLLM's wrappers
+@pytest.mark.vllm
+def test_vllm_fused_topk_calls_the_stand_in(vllm_ops: Any) -> None:
+    from vllm.model_executor.layers.fused_moe.router.fused_topk_router import fused_topk
+
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(9, 16, generator=gen)
+    logits = torch.randn(9, 128, generator=gen)
+    weights, ids, sources = fused_topk(hidden, logits, 8, renormalize=True)
+    scores = [[float(v) for v in torch.softmax(row, -1)] for row in logits]
+    want_w, want_ids = ref_route(scores, 8, True, None, 1.0, None)
+    assert ids.dtype == torch.int32 and ids.tolist() == want_ids
+    assert torch.allclose(weights, torch.tensor(want_w), atol=1e-6)
+    assert sources.shape == (9, 8)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("pad_sorted_ids", [False, True])
+def test_vllm_moe_align_block_size_wrapper(vllm_ops: Any, pad_sorted_ids: bool) -> None:
+    from vllm.model_executor.layers.fused_moe.moe_align_block_size import moe_align_block_size
+
+    topk_ids = random_routes(100, 8, 128, seed=11)
+    sorted_ids, block_experts, total = moe_align_block_size(
+        topk_ids, 64, 128, pad_sorted_ids=pad_sorted_ids
+    )
+    want_ids, want_blocks, want_total = ref_align(
+        topk_ids.flatten().tolist(), 128, 64, sorted_ids.numel(), None
+    )
+    assert sorted_ids.tolist() == want_ids
+    assert block_experts.tolist() == want_blocks
+    assert total.tolist() == [want_total]
+
+
+@pytest.mark.vllm
+def test_vllm_sum_and_cache_wrappers(vllm_ops: Any) -> None:
+    values = torch.randn(6, 3, 32)
+    out = torch.empty(6, 32)
+    vllm_ops.moe_sum(values, out)
+    assert torch.allclose(out, values[:, 0] + values[:, 1] + values[:, 2], atol=1e-5)
+
+    kv_c, k_pe = torch.randn(2, 512), torch.randn(2, 1, 64)
+    cache = torch.zeros(3, 16, 576)
+    vllm_ops.concat_and_cache_mla(
+        kv_c, k_pe.squeeze(1), cache, torch.tensor([17, -1]), "auto", torch.ones(())
+    )
+    assert torch.equal(cache[1, 1], torch.cat([kv_c[0], k_pe[0, 0]]))
+    assert int(torch.count_nonzero(cache.abs().sum(-1))) == 1
