@@ -43,6 +43,7 @@ FIGURES: dict[str, Callable[[RunReport], int | None]] = {
     ),
     "capture_added_bytes": lambda r: _phase_added(r, "capture"),
     "kv_blocks": lambda r: r.kv_cache.num_blocks if r.kv_cache else None,
+    "available_kv_bytes": lambda r: r.vllm.available_kv_cache_bytes if r.vllm else None,
     "used_end_bytes": _final_used,
     "vllm_cudagraph_estimate_bytes": lambda r: r.vllm.cudagraph_estimate_bytes if r.vllm else None,
 }
@@ -112,6 +113,15 @@ class RankAggregate:
     @property
     def consistent(self) -> bool:
         return not self.outliers and not self.missing_ranks
+
+    @property
+    def binding_rank(self) -> int | None:
+        """The rank that bound the KV cache: vLLM gives every rank the blocks of the one that
+        returned the least KV memory (in apply mode, memest's budget), lowest rank on a tie."""
+        available = self.figures.get("available_kv_bytes") or {}
+        if not available:
+            return None
+        return min(available, key=lambda rank: (available[rank], rank))
 
 
 def aggregate_ranks(
@@ -198,6 +208,10 @@ class RankCheck(BaseModel):
     max_spread_bytes: int = 0
     disagreeing_stages: list[str] = Field(default_factory=list)
     disagreeing_figures: list[str] = Field(default_factory=list)
+    binding_rank: int | None = Field(
+        default=None,
+        description="The rank whose KV memory bound every rank's KV cache (the least available)",
+    )
 
 
 def rank_check(reports: Sequence[RunReport]) -> RankCheck:
@@ -208,6 +222,7 @@ def rank_check(reports: Sequence[RunReport]) -> RankCheck:
         ranks_present=agg.ranks,
         ranks_missing=agg.missing_ranks,
         agree=None,
+        binding_rank=agg.binding_rank,
     )
     if len(agg.ranks) < 2:
         return check

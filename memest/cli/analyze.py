@@ -130,6 +130,7 @@ def _run_ranks(args: argparse.Namespace) -> int:
             "ranks": agg.ranks,
             "missing_ranks": agg.missing_ranks,
             "consistent": agg.consistent,
+            "binding_rank": agg.binding_rank,
             "figures": {k: {str(r): v for r, v in vals.items()} for k, vals in agg.figures.items()},
             "outliers": [o.describe() for o in agg.outliers],
             "hook_errors": {str(k): v for k, v in agg.hook_errors.items()},
@@ -155,6 +156,11 @@ def render_ranks(agg: RankAggregate) -> str:
         ]
         lines.append("| " + " | ".join([name, *cells]) + " |")
     lines.append("")
+    if agg.binding_rank is not None:
+        lines.append(
+            f"rank {agg.binding_rank} bound the KV cache (least KV memory available; vLLM sizes "
+            "every rank's cache by it)"
+        )
     if agg.missing_ranks:
         lines.append(f"FLAG missing ranks: {agg.missing_ranks}")
     for outlier in agg.outliers:

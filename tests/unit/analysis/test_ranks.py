@@ -96,3 +96,20 @@ def test_rank_check_flags_a_stage_only_one_rank_captured() -> None:
 def test_rank_check_of_one_rank_has_no_verdict() -> None:
     check = rank_check([_staged(0, {"target.full": GiB})])
     assert check.agree is None and check.ranks_missing == [1]
+
+
+def _with_available(rank: int, available: int) -> RunReport:
+    rep = _rep(rank, 4 * GiB, 1000, world=2)
+    return rep.model_copy(
+        update={"vllm": VllmFigures(weights_bytes=4 * GiB, available_kv_cache_bytes=available)}
+    )
+
+
+def test_the_rank_with_the_least_kv_memory_binds_the_cache() -> None:
+    reports = [_with_available(0, 100 * GiB), _with_available(1, 100 * GiB - 3 * (1 << 20))]
+    agg = aggregate_ranks(reports)
+    assert agg.binding_rank == 1
+    assert rank_check(reports).binding_rank == 1
+    # a tie goes to the lowest rank; without the figure nothing binds
+    assert aggregate_ranks([_with_available(1, GiB), _with_available(0, GiB)]).binding_rank == 0
+    assert aggregate_ranks([_rep(0, GiB, 10, world=1)]).binding_rank is None
