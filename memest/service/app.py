@@ -81,7 +81,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     Args:
         settings: configuration; default from MEMEST_* environment variables.
     """
-    settings = settings or get_settings()
+    # Validate again: a model_copy(update=...) (memest serve's generated token) skips validation
+    # and would leave a plain str where the auth checks expect a SecretStr.
+    settings = Settings.model_validate((settings or get_settings()).model_dump())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
