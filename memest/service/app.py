@@ -19,6 +19,7 @@ from memest.service import db, store
 from memest.service.config import Settings, get_settings
 from memest.service.errors import Conflict, install_handlers
 from memest.service.metrics import ServiceMetrics
+from memest.service.middleware import HardeningMiddleware
 from memest.service.routers import calculators, compare, dashboard, health, models, reports, runs
 from memest.service.routers.calculators import WhatIfRequest
 
@@ -117,6 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.state.metrics = ServiceMetrics(latest)
     install_handlers(app)
+    app.add_middleware(HardeningMiddleware)
     for router in (reports, models, runs, compare, calculators, health, dashboard):
         app.include_router(router.router)
     app.mount(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from memest.schema import RunReport
@@ -93,8 +94,10 @@ async def ingest_report(
     """
     try:
         body = await read_body(request, settings.max_report_bytes)
-        report = parse_report(body)
-        result = store.ingest(factory, report)
+        # Parsing is CPU work and storing waits on locks: both stay off the event loop, so that
+        # reads and /healthz are served while a writer waits.
+        report = await run_in_threadpool(parse_report, body)
+        result = await run_in_threadpool(store.ingest, factory, report)
     except ServiceError:
         metrics.ingested.labels(outcome="rejected").inc()
         raise
