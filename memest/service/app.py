@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
@@ -17,10 +18,20 @@ from memest._version import __version__
 from memest.schema import RunReport
 from memest.service import db, store
 from memest.service.config import Settings, get_settings
+from memest.service.deps import ReadAuth
 from memest.service.errors import Conflict, install_handlers
 from memest.service.metrics import ServiceMetrics
 from memest.service.middleware import HardeningMiddleware
-from memest.service.routers import calculators, compare, dashboard, health, models, reports, runs
+from memest.service.routers import (
+    calculators,
+    compare,
+    dashboard,
+    health,
+    login,
+    models,
+    reports,
+    runs,
+)
 from memest.service.routers.calculators import WhatIfRequest
 
 log = logging.getLogger("memest.service")
@@ -104,7 +115,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Swagger UI and ReDoc load from a CDN; /docs is a server-rendered page instead.
         docs_url=None,
         redoc_url=None,
+        # Served below behind the read token, like /docs.
+        openapi_url=None,
     )
+    # A trailing-slash redirect would carry the Host header into its Location.
+    app.router.redirect_slashes = False
     engine = db.make_engine(settings.database_url)
     app.state.settings = settings
     app.state.engine = engine
@@ -119,7 +134,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = ServiceMetrics(latest)
     install_handlers(app)
     app.add_middleware(HardeningMiddleware)
-    for router in (reports, models, runs, compare, calculators, health, dashboard):
+    for router in (reports, models, runs, compare, calculators, health, dashboard, login):
         app.include_router(router.router)
     app.mount(
         "/static",
@@ -127,4 +142,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         name="static",
     )
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[ReadAuth])
+    async def openapi_document() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
     return app

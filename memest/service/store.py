@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -157,6 +157,24 @@ def ingest(factory: sessionmaker[Session], report: RunReport) -> IngestResult:
     raise AssertionError("unreachable")
 
 
+def delete_run(factory: sessionmaker[Session], run_id: str) -> list[str]:
+    """Delete a run and its reports in one transaction; returns the deleted report ids.
+
+    Raises:
+        NotFound: no such run.
+    """
+    with write_session(factory) as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            raise NotFound(f"no run {run_id!r}", field="run_id")
+        report_ids = list(
+            session.scalars(select(Report.report_id).where(Report.run_id == run_id)).all()
+        )
+        session.execute(delete(Report).where(Report.run_id == run_id))
+        session.delete(run)
+    return report_ids
+
+
 class ReportCache:
     """Parsed reports by report id; safe because stored reports never change."""
 
@@ -164,6 +182,12 @@ class ReportCache:
         self._size = size
         self._items: OrderedDict[str, RunReport] = OrderedDict()
         self._lock = threading.Lock()
+
+    def drop(self, report_ids: list[str]) -> None:
+        """Forget deleted reports (a report id may be stored again with other content)."""
+        with self._lock:
+            for report_id in report_ids:
+                self._items.pop(report_id, None)
 
     def get(self, row: Report) -> RunReport:
         with self._lock:
@@ -194,6 +218,12 @@ class ResponseCache:
             if hit is not None:
                 self._items.move_to_end(key)
             return hit
+
+    def drop_run(self, run_id: str) -> None:
+        """Forget every body of a deleted run (keys are tuples that start with the run id)."""
+        with self._lock:
+            for key in [k for k in self._items if isinstance(k, tuple) and k[:1] == (run_id,)]:
+                del self._items[key]
 
     def put(self, key: object, body: bytes) -> None:
         if not self._size:
