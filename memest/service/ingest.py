@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from datetime import UTC
 from typing import Any
 
 from fastapi import Request
@@ -61,25 +62,26 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "body"
 
 
-def _reject_constant(name: str) -> None:
-    raise BadRequest(f"body holds {name}: numbers must be finite", field="body")
+def load_json(body: bytes, field: str = "body") -> Any:
+    """Parse JSON text; NaN, Infinity, over-deep nesting, integers past int64 and lone surrogates
+    are a 422 naming ``field`` (or the path inside it)."""
 
+    def reject_constant(name: str) -> None:
+        raise BadRequest(f"{field} holds {name}: numbers must be finite", field=field)
 
-def load_json(body: bytes) -> Any:
-    """Parse a JSON body; NaN, Infinity, over-deep nesting and oversized integers are a 422."""
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        data = json.loads(body, parse_constant=reject_constant)
     except RecursionError:
         raise BadRequest(
-            f"body is nested deeper than {MAX_JSON_DEPTH} levels", field="body"
+            f"{field} is nested deeper than {MAX_JSON_DEPTH} levels", field=field
         ) from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, integers over 4300 digits
         why = "an integer has too many digits" if "digits" in str(exc) else str(exc)
-        raise BadRequest(f"body is not valid JSON: {why}", field="body") from None
+        raise BadRequest(f"{field} is not valid JSON: {why}", field=field) from None
     bad = find_unstorable(data)
     if bad is not None:
         path, why = bad
-        path = path or "body"
+        path = f"{field}.{path}" if path and field != "body" else path or field
         shown = path if len(path) <= 120 else path[:120] + "..."
         raise BadRequest(f"{shown} {why}", field=shown)
     return data
@@ -137,6 +139,9 @@ def parse_report(body: bytes) -> RunReport:
         detail = "; ".join(f"{_loc(tuple(e['loc']))}: {e['msg']}" for e in errors[:10])
         raise BadRequest(f"invalid RunReport: {detail}", field=first) from None
     check_storable(report)
+    if report.created_at.tzinfo is None:
+        # Stored and compared as UTC, like every other created_at (naive and aware never mix).
+        report = report.model_copy(update={"created_at": report.created_at.replace(tzinfo=UTC)})
     return report
 
 

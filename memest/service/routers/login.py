@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from memest.service.deps import SESSION_COOKIE, SettingsDep, session_value
-from memest.service.errors import PayloadTooLarge
+from memest.service.errors import BadRequest, PayloadTooLarge
 from memest.service.routers.dashboard import HTML_PAGE, templates
 
 router = APIRouter(tags=["login"])
@@ -60,7 +60,10 @@ async def _read_form(request: Request) -> dict[str, str]:
             raise PayloadTooLarge(
                 f"login form is larger than {_MAX_FORM_BYTES} bytes", field="body"
             )
-    fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=10)
+    try:
+        fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=10)
+    except ValueError:  # more fields than a login form has
+        raise BadRequest("login form has too many fields", field="body") from None
     return {k: v[0] for k, v in fields.items() if v}
 
 
