@@ -64,7 +64,8 @@ def install_handlers(app: FastAPI) -> None:
     async def _service_error(request: Request, exc: ServiceError) -> Response:
         if exc.status_code == 401 and _wants_page(request):
             # A person at a browser: send them to the login form, then back here.
-            target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+            path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path
+            target = path + (f"?{request.url.query}" if request.url.query else "")
             return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
         body: dict[str, object] = {"detail": exc.message}
         if exc.field is not None:
