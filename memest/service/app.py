@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
 
+import anyio
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
@@ -35,6 +36,9 @@ from memest.service.routers import (
 from memest.service.routers.calculators import WhatIfRequest
 
 log = logging.getLogger("memest.service")
+
+#: Reports parsed and stored at once; more writers wait their turn without holding a thread.
+INGEST_THREADS = 2
 
 DESCRIPTION = """\
 Stores memest RunReports (one per rank of a vLLM start) and serves per-model breakdowns next to
@@ -99,6 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.ingest_limiter = anyio.CapacityLimiter(INGEST_THREADS)
         db.upgrade(app.state.engine)
         if settings.demo:
             n = load_demo(app)
