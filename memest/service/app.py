@@ -45,8 +45,9 @@ Stores memest RunReports (one per rank of a vLLM start) and serves per-model bre
 the capture plan that produced them, build comparisons (the seed's "main → PR" columns), model
 histories, the capture-plan and estimate calculators, and Prometheus metrics.
 
-Writes need `Authorization: Bearer $MEMEST_WRITE_TOKEN`; reads are open unless
-`MEMEST_READ_TOKEN` is set. Bytes are integers everywhere.
+Writes and deletes need `Authorization: Bearer $MEMEST_WRITE_TOKEN`; reads are open unless
+`MEMEST_READ_TOKEN` is set (then a bearer token, or the session cookie of the `/login` form).
+Bytes are integers everywhere.
 """
 
 
