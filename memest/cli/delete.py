@@ -58,16 +58,21 @@ class DeleteCommand:
         if not args.url:
             raise CommandError("no service URL: pass --url or set MEMEST_SERVICE_URL")
         token = args.token or os.environ.get("MEMEST_WRITE_TOKEN")
-        failed = 0
-        for run_id in args.runs:
-            try:
-                print(f"{run_id}: {delete_one(args.url, run_id, token, timeout_s=args.timeout)}")
-            except CommandError as exc:
-                failed += 1
-                print(f"{run_id}: not deleted: {exc}")
-        if failed:
-            raise CommandError(f"{failed} of {len(args.runs)} run(s) not deleted", exit_code=1)
+        deleted = [_delete_and_say(args.url, run_id, token, args.timeout) for run_id in args.runs]
+        if not all(deleted):
+            missed = deleted.count(False)
+            raise CommandError(f"{missed} of {len(args.runs)} run(s) not deleted", exit_code=1)
         return 0
+
+
+def _delete_and_say(base_url: str, run_id: str, token: str | None, timeout_s: float) -> bool:
+    """Delete one run and print one line saying what happened; True when it is gone."""
+    try:
+        print(f"{run_id}: {delete_one(base_url, run_id, token, timeout_s=timeout_s)}")
+    except CommandError as exc:
+        print(f"{run_id}: not deleted: {exc}")
+        return False
+    return True
 
 
 COMMAND = DeleteCommand()

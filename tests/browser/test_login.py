@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import require_or_skip
-from tests.live_server import serve
+from tests.browser.conftest import demo_service
 
 pytestmark = pytest.mark.browser
 
@@ -18,17 +17,8 @@ READ = "browser-read-token"
 
 @pytest.fixture(scope="module")
 def guarded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    try:
-        from memest.service import create_app
-        from memest.service.config import Settings
-    except ImportError as exc:
-        require_or_skip("MEMEST_REQUIRE_BROWSER", f"service extra missing: {exc}")
-        raise
     db = tmp_path_factory.mktemp("guarded") / "memest.db"
-    settings = Settings(  # type: ignore[call-arg]
-        database_url=f"sqlite:///{db}", demo=True, write_token="w", read_token=READ
-    )
-    with serve(create_app(settings), start_timeout_s=20) as url:
+    with demo_service(db, write_token="w", read_token=READ) as url:
         yield url
 
 

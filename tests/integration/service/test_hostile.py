@@ -21,8 +21,7 @@ import pytest
 from memest.demo import demo_report
 from memest.service import create_app
 from memest.service.config import Settings
-from tests.conftest import require_or_skip
-from tests.integration.service.conftest import AUTH, PG_URL, TOKEN, _pg_admin_url
+from tests.integration.service.conftest import AUTH, TOKEN, pg_schema
 from tests.live_server import serve
 
 DS_MAIN = "demo-deepseek-v4-flash-dspark-k7-main"
@@ -312,21 +311,8 @@ def hostile_client(
         url = f"sqlite:///{tmp_path_factory.mktemp('hostile') / 'memest.db'}"
         yield from _client(url)
         return
-    try:
-        import psycopg
-
-        conn = psycopg.connect(_pg_admin_url(), autocommit=True, connect_timeout=3)
-    except Exception as exc:  # any failure to reach the server means "no PostgreSQL here"
-        require_or_skip("MEMEST_REQUIRE_POSTGRES", f"PostgreSQL unreachable at {PG_URL}: {exc}")
-        raise
-    schema = f"memest_hostile_{uuid.uuid4().hex[:12]}"
-    with conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield from _client(f"{PG_URL}?options=-csearch_path%3D{schema}")
-    finally:
-        with psycopg.connect(_pg_admin_url(), autocommit=True) as c:
-            c.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    with pg_schema("memest_hostile") as url:
+        yield from _client(url)
 
 
 def _client(url: str) -> Iterator[httpx.Client]:
