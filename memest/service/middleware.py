@@ -28,7 +28,7 @@ def _nul_in_target(scope: Scope) -> str | None:
     if "\x00" in scope.get("path", ""):
         return "path"
     query: bytes = scope.get("query_string", b"")
-    if b"%00" in query or b"\x00" in query or b"\x00" in unquote_to_bytes(query):
+    if b"\x00" in unquote_to_bytes(query):
         return "query"
     return None
 
