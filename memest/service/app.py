@@ -8,8 +8,10 @@ from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
 
+import anyio
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
@@ -17,20 +19,35 @@ from memest._version import __version__
 from memest.schema import RunReport
 from memest.service import db, store
 from memest.service.config import Settings, get_settings
+from memest.service.deps import ReadAuth
 from memest.service.errors import Conflict, install_handlers
 from memest.service.metrics import ServiceMetrics
-from memest.service.routers import calculators, compare, dashboard, health, models, reports, runs
+from memest.service.middleware import HardeningMiddleware
+from memest.service.routers import (
+    calculators,
+    compare,
+    dashboard,
+    health,
+    login,
+    models,
+    reports,
+    runs,
+)
 from memest.service.routers.calculators import WhatIfRequest
 
 log = logging.getLogger("memest.service")
+
+#: Reports parsed and stored at once; more writers wait their turn without holding a thread.
+INGEST_THREADS = 2
 
 DESCRIPTION = """\
 Stores memest RunReports (one per rank of a vLLM start) and serves per-model breakdowns next to
 the capture plan that produced them, build comparisons (the seed's "main → PR" columns), model
 histories, the capture-plan and estimate calculators, and Prometheus metrics.
 
-Writes need `Authorization: Bearer $MEMEST_WRITE_TOKEN`; reads are open unless
-`MEMEST_READ_TOKEN` is set. Bytes are integers everywhere.
+Writes and deletes need `Authorization: Bearer $MEMEST_WRITE_TOKEN`; reads are open unless
+`MEMEST_READ_TOKEN` is set (then a bearer token, or the session cookie of the `/login` form).
+Bytes are integers everywhere.
 """
 
 
@@ -81,10 +98,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     Args:
         settings: configuration; default from MEMEST_* environment variables.
     """
-    settings = settings or get_settings()
+    # Validate again: a model_copy(update=...) (memest serve's generated token) skips validation
+    # and would leave a plain str where the auth checks expect a SecretStr.
+    settings = Settings.model_validate((settings or get_settings()).model_dump())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.ingest_limiter = anyio.CapacityLimiter(INGEST_THREADS)
         db.upgrade(app.state.engine)
         if settings.demo:
             n = load_demo(app)
@@ -101,7 +121,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Swagger UI and ReDoc load from a CDN; /docs is a server-rendered page instead.
         docs_url=None,
         redoc_url=None,
+        # Served below behind the read token, like /docs.
+        openapi_url=None,
     )
+    # A trailing-slash redirect would carry the Host header into its Location.
+    app.router.redirect_slashes = False
     engine = db.make_engine(settings.database_url)
     app.state.settings = settings
     app.state.engine = engine
@@ -115,7 +139,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.state.metrics = ServiceMetrics(latest)
     install_handlers(app)
-    for router in (reports, models, runs, compare, calculators, health, dashboard):
+    app.add_middleware(HardeningMiddleware)
+    for router in (reports, models, runs, compare, calculators, health, dashboard, login):
         app.include_router(router.router)
     app.mount(
         "/static",
@@ -123,4 +148,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         name="static",
     )
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[ReadAuth])
+    async def openapi_document() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
     return app

@@ -25,7 +25,9 @@ class Settings(BaseSettings):
         description="Bearer token that POST /api/v1/reports requires; unset = writes refused",
     )
     read_token: SecretStr | None = Field(
-        default=None, description="Bearer token for reads (API, dashboard, /metrics); unset = open"
+        default=None,
+        description="Bearer token for reads (API, dashboard, /metrics, /openapi.json; browsers "
+        "log in at /login); unset = open",
     )
     max_report_bytes: int = Field(
         default=4 * MiB, ge=1024, description="Largest accepted report body, in bytes"

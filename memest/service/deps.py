@@ -6,6 +6,7 @@ each to the thread pool (a measurable cost at hundreds of requests per second).
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Iterator
 from typing import Annotated
@@ -89,11 +90,35 @@ async def require_write(request: Request, settings: SettingsDep, creds: Credenti
         raise error
 
 
-async def require_read(settings: SettingsDep, creds: CredentialsDep) -> None:
-    """Reads are open unless MEMEST_READ_TOKEN is set; then the read or write token is needed."""
+#: Cookie that the login form sets, so that a browser can read the dashboard when reads need a
+#: token (a browser cannot send a bearer header on its own).
+SESSION_COOKIE = "memest_session"
+
+
+def session_value(token: SecretStr) -> str:
+    """The session cookie for ``token``: an HMAC keyed by it, so the cookie never holds the token
+    and changing the token ends every session."""
+    key = token.get_secret_value().encode()
+    return hmac.new(key, b"memest dashboard session", hashlib.sha256).hexdigest()
+
+
+def _session_matches(request: Request, *tokens: SecretStr | None) -> bool:
+    given = request.cookies.get(SESSION_COOKIE)
+    if not given:
+        return False
+    return any(
+        t is not None and hmac.compare_digest(given.encode(), session_value(t).encode())
+        for t in tokens
+    )
+
+
+async def require_read(request: Request, settings: SettingsDep, creds: CredentialsDep) -> None:
+    """Reads are open unless MEMEST_READ_TOKEN is set; then the read or write token is needed,
+    as a bearer token or as the session cookie of the login form."""
     if settings.read_token is None:
         return
-    if not _matches(creds, settings.read_token, settings.write_token):
+    tokens = (settings.read_token, settings.write_token)
+    if not (_matches(creds, *tokens) or _session_matches(request, *tokens)):
         raise Unauthorized("reads need a bearer token (MEMEST_READ_TOKEN)", field="token")
 
 

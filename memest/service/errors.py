@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 
 class ServiceError(Exception):
@@ -51,9 +53,20 @@ class Unavailable(ServiceError):
     status_code = 503
 
 
+def _wants_page(request: Request) -> bool:
+    """A browser navigating to a page (not an API client, not a form post)."""
+    accept = request.headers.get("accept", "")
+    return request.method == "GET" and "text/html" in accept
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
-    async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
+    async def _service_error(request: Request, exc: ServiceError) -> Response:
+        if exc.status_code == 401 and _wants_page(request):
+            # A person at a browser: send them to the login form, then back here.
+            path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path
+            target = path + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
         body: dict[str, object] = {"detail": exc.message}
         if exc.field is not None:
             body["field"] = exc.field

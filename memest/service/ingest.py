@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import re
+from datetime import UTC
 from typing import Any
 
 from fastapi import Request
@@ -11,9 +13,14 @@ from pydantic import ValidationError
 
 from memest.schema import SCHEMA_VERSION, RunReport
 from memest.service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from memest.service.store import MAX_INT64, to_utc
 
 _ID_RE = re.compile(r"^[A-Za-z0-9._:@+-]{1,200}$")
-_MAX_INT64 = 2**63 - 1
+#: Deepest nesting of objects and arrays accepted in a report. Real reports nest less than 10
+#: levels; the bound keeps every later parse and render of a stored report far from any
+#: recursion limit.
+MAX_JSON_DEPTH = 64
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _MAX_WORLD = 1 << 16
 #: Longest stored value per indexed column (the table's String lengths).
 _LENGTHS = {
@@ -55,12 +62,67 @@ def _loc(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "body"
 
 
+def load_json(body: bytes, field: str = "body") -> Any:
+    """Parse JSON text; NaN, Infinity, over-deep nesting, integers past int64 and lone surrogates
+    are a 422 naming ``field`` (or the path inside it)."""
+
+    def reject_constant(name: str) -> None:
+        raise BadRequest(f"{field} holds {name}: numbers must be finite", field=field)
+
+    try:
+        data = json.loads(body, parse_constant=reject_constant)
+    except RecursionError:
+        raise BadRequest(
+            f"{field} is nested deeper than {MAX_JSON_DEPTH} levels", field=field
+        ) from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, integers over 4300 digits
+        why = "an integer has too many digits" if "digits" in str(exc) else str(exc)
+        raise BadRequest(f"{field} is not valid JSON: {why}", field=field) from None
+    bad = find_unstorable(data)
+    if bad is not None:
+        path, why = bad
+        path = f"{field}.{path}" if path and field != "body" else path or field
+        shown = path if len(path) <= 120 else path[:120] + "..."
+        raise BadRequest(f"{shown} {why}", field=shown)
+    return data
+
+
+def find_unstorable(data: Any) -> tuple[str, str] | None:
+    """The first value (its dotted path, what is wrong) that a report may not hold: nesting past
+    MAX_JSON_DEPTH, an integer outside int64, a non-finite float, a lone surrogate in a string."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        if len(path) > MAX_JSON_DEPTH:
+            return ".".join(path), f"is nested deeper than {MAX_JSON_DEPTH} levels"
+        why = _scalar_problem(value)
+        if why is not None:
+            return ".".join(path), why
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    return ".".join(path), "has a key with a lone surrogate (not valid UTF-8)"
+                stack.append((item, (*path, key)))
+        elif isinstance(value, list):
+            stack.extend((item, (*path, str(i))) for i, item in enumerate(value))
+    return None
+
+
+def _scalar_problem(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and abs(value) > MAX_INT64:
+        return "does not fit in a signed 64-bit integer"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    if isinstance(value, str) and not value.isascii() and _SURROGATE.search(value):
+        return "holds a lone surrogate (not valid UTF-8)"
+    return None
+
+
 def parse_report(body: bytes) -> RunReport:
     """Validate a JSON body as a RunReport of this schema version; 422 names the field at fault."""
-    try:
-        data: Any = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}", field="body") from None
+    data = load_json(body)
     if not isinstance(data, dict):
         raise BadRequest("body must be a JSON object (one RunReport)", field="body")
     version = data.get("schema_version", SCHEMA_VERSION)
@@ -77,25 +139,10 @@ def parse_report(body: bytes) -> RunReport:
         detail = "; ".join(f"{_loc(tuple(e['loc']))}: {e['msg']}" for e in errors[:10])
         raise BadRequest(f"invalid RunReport: {detail}", field=first) from None
     check_storable(report)
+    if report.created_at.tzinfo is None:
+        # Stored and compared as UTC, like every other created_at (naive and aware never mix).
+        report = report.model_copy(update={"created_at": report.created_at.replace(tzinfo=UTC)})
     return report
-
-
-def _walk_ints(value: Any, path: str) -> str | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return path if abs(value) > _MAX_INT64 else None
-    if isinstance(value, dict):
-        for k, v in value.items():
-            bad = _walk_ints(v, f"{path}.{k}" if path else str(k))
-            if bad:
-                return bad
-    if isinstance(value, list):
-        for i, v in enumerate(value):
-            bad = _walk_ints(v, f"{path}.{i}" if path else str(i))
-            if bad:
-                return bad
-    return None
 
 
 def check_storable(report: RunReport) -> None:
@@ -128,10 +175,4 @@ def check_storable(report: RunReport) -> None:
             raise BadRequest(f"{field} contains a NUL character", field=field)
     if not report.model.strip():
         raise BadRequest("model must not be empty", field="model")
-    bad = _walk_ints(report.model_dump(mode="python"), "")
-    if bad is not None:
-        raise BadRequest(f"{bad} does not fit in a signed 64-bit integer", field=bad)
-    try:
-        report.created_at.timestamp()
-    except (OverflowError, ValueError, OSError):
-        raise BadRequest("created_at is out of range", field="created_at") from None
+    to_utc(report.created_at, "created_at")

@@ -31,6 +31,14 @@ class IngestResponse(BaseModel):
     run_id: str
 
 
+class DeleteResponse(BaseModel):
+    """Outcome of DELETE /api/v1/runs/{run_id}."""
+
+    status: Literal["deleted"]
+    run_id: str
+    report_ids: list[str] = Field(description="The run's reports, deleted with it")
+
+
 class ModelSummary(BaseModel):
     model: str
     runs: int = Field(description="Runs stored for this model")

@@ -9,17 +9,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from memest.reporters.views import graph_pool_bytes, kv_tokens
 from memest.schema import RunReport
 from memest.service.db import write_session
-from memest.service.errors import Conflict, NotFound
+from memest.service.errors import BadRequest, Conflict, NotFound
 from memest.service.models import Report, Run
 
 IngestStatus = Literal["created", "exists"]
+MAX_INT64 = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,21 @@ def canonical_json(report: RunReport) -> str:
 def _as_utc(value: datetime) -> datetime:
     """Aware UTC; naive values are taken as UTC (SQLite returns stored values naive)."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def to_utc(value: datetime, field: str) -> datetime:
+    """``value`` in UTC; a 422 naming ``field`` when its offset moves it past year 1 or 9999."""
+    try:
+        return _as_utc(value)
+    except OverflowError:
+        raise BadRequest(f"{field} is out of range once converted to UTC", field=field) from None
+
+
+def _int64(value: int | None, field: str) -> int | None:
+    """A figure stored in a BIGINT column; a sum of in-range sizes may still pass int64."""
+    if value is not None and abs(value) > MAX_INT64:
+        raise BadRequest(f"{field} ({value}) does not fit in a signed 64-bit integer", field=field)
+    return value
 
 
 def _check_run(run: Run, report: RunReport) -> None:
@@ -83,7 +99,7 @@ def _ingest_once(factory: sessionmaker[Session], report: RunReport, payload: str
                 gpu_name=report.gpu.name if report.gpu else None,
                 source=report.source,
                 world_size=report.world_size,
-                created_at=_as_utc(report.created_at),
+                created_at=to_utc(report.created_at, "created_at"),
                 ingested_at=now,
             )
             session.add(run)
@@ -113,8 +129,8 @@ def _ingest_once(factory: sessionmaker[Session], report: RunReport, payload: str
                 payload=payload,
                 payload_sha256=digest,
                 size_bytes=len(payload.encode()),
-                graph_pool_bytes=graph_pool_bytes(report),
-                kv_tokens=kv_tokens(report),
+                graph_pool_bytes=_int64(graph_pool_bytes(report), "breakdown"),
+                kv_tokens=_int64(kv_tokens(report), "kv_tokens"),
                 ingested_at=now,
             )
         )
@@ -141,6 +157,24 @@ def ingest(factory: sessionmaker[Session], report: RunReport) -> IngestResult:
     raise AssertionError("unreachable")
 
 
+def delete_run(factory: sessionmaker[Session], run_id: str) -> list[str]:
+    """Delete a run and its reports in one transaction; returns the deleted report ids.
+
+    Raises:
+        NotFound: no such run.
+    """
+    with write_session(factory) as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            raise NotFound(f"no run {run_id!r}", field="run_id")
+        report_ids = list(
+            session.scalars(select(Report.report_id).where(Report.run_id == run_id)).all()
+        )
+        session.execute(delete(Report).where(Report.run_id == run_id))
+        session.delete(run)
+    return report_ids
+
+
 class ReportCache:
     """Parsed reports by report id; safe because stored reports never change."""
 
@@ -148,6 +182,12 @@ class ReportCache:
         self._size = size
         self._items: OrderedDict[str, RunReport] = OrderedDict()
         self._lock = threading.Lock()
+
+    def drop(self, report_ids: list[str]) -> None:
+        """Forget deleted reports (a report id may be stored again with other content)."""
+        with self._lock:
+            for report_id in report_ids:
+                self._items.pop(report_id, None)
 
     def get(self, row: Report) -> RunReport:
         with self._lock:
@@ -178,6 +218,12 @@ class ResponseCache:
             if hit is not None:
                 self._items.move_to_end(key)
             return hit
+
+    def drop_run(self, run_id: str) -> None:
+        """Forget every body of a deleted run (keys are tuples that start with the run id)."""
+        with self._lock:
+            for key in [k for k in self._items if isinstance(k, tuple) and k[:1] == (run_id,)]:
+                del self._items[key]
 
     def put(self, key: object, body: bytes) -> None:
         if not self._size:
@@ -215,9 +261,9 @@ def list_runs(
     if flt.source is not None:
         stmt = stmt.where(Run.source == flt.source)
     if flt.since is not None:
-        stmt = stmt.where(Run.created_at >= _as_utc(flt.since))
+        stmt = stmt.where(Run.created_at >= to_utc(flt.since, "since"))
     if flt.until is not None:
-        stmt = stmt.where(Run.created_at <= _as_utc(flt.until))
+        stmt = stmt.where(Run.created_at <= to_utc(flt.until, "until"))
     total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
     rows = session.scalars(
         stmt.order_by(Run.created_at.desc(), Run.run_id).limit(limit).offset(offset)

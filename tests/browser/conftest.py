@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,9 @@ def _chromium() -> str | None:
     return shutil.which("chromium")
 
 
-@pytest.fixture(scope="module")
-def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextmanager
+def demo_service(db: Path, **settings: Any) -> Iterator[str]:
+    """The demo service on a real uvicorn (loopback), SQLite at ``db``; yields its base URL."""
     try:
         import uvicorn  # noqa: F401
 
@@ -36,9 +38,14 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     except ImportError as exc:
         require_or_skip("MEMEST_REQUIRE_BROWSER", f"service extra missing: {exc}")
         raise
-    db = tmp_path_factory.mktemp("browser") / "memest.db"
-    app = create_app(Settings(database_url=f"sqlite:///{db}", demo=True, write_token="t"))  # type: ignore[arg-type]
+    app = create_app(Settings(database_url=f"sqlite:///{db}", demo=True, **settings))
     with serve(app, start_timeout_s=20) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with demo_service(tmp_path_factory.mktemp("browser") / "memest.db", write_token="t") as url:
         yield url
 
 

@@ -3,7 +3,7 @@ POST /api/v1/what-if (memest.estimate). A missing calculator is a 503 that names
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -14,7 +14,7 @@ from memest.service import examples
 from memest.service.deps import ReadAuth, SettingsDep
 from memest.service.errors import BadRequest, Unavailable
 from memest.service.estimates import compare_report, what_if
-from memest.service.ingest import check_storable, parse_report, read_body
+from memest.service.ingest import check_storable, load_json, parse_report, read_body
 from memest.service.plans import resolve_plan
 from memest.service.routers.reports import _REPORT_BODY
 
@@ -80,13 +80,22 @@ def capture_plan(
             max_num_batched_tokens=max_num_batched_tokens,
             speculative_method=speculative_method,
             num_speculative_tokens=num_speculative_tokens,
-            compilation_config=compilation_config,
+            compilation_config=_checked_config(compilation_config),
             adaptive_verification=adaptive_verification,
         )
     except LookupError as exc:
         raise Unavailable(str(exc), field="memest.plan") from None
     except ConfigError as exc:
         raise BadRequest(str(exc), field=exc.field) from None
+
+
+def _checked_config(text: str | None) -> dict[str, Any] | str | None:
+    """The --compilation-config JSON, parsed with the body's limits (depth, finite numbers, int64);
+    anything but an object goes on as text for memest.plan to name what is wrong."""
+    if text is None:
+        return None
+    parsed = load_json(text.encode(), field="compilation_config")
+    return parsed if isinstance(parsed, dict) else text
 
 
 @router.post(

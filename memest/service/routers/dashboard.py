@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from importlib import resources
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
+from jinja2 import pass_context
 
 from memest.analysis.ranks import rank_check
 from memest.analysis.stages import stage_bars
@@ -37,10 +39,24 @@ templates.env.filters.update(
     gib=_gib, sgib=_sgib, count=count_cell, ratio=ratio_cell, owner_color=plots.owner_color
 )
 
+
+@pass_context
+def _url_path(context: dict[str, Any], name: str, /, **params: Any) -> str:
+    """The path of route ``name``, never an absolute URL: the Host header must not reach a page
+    (cache poisoning). Each parameter is percent-encoded, "/" included, so that a model named
+    ``org/m#v2`` or ``org/m%41`` links to itself."""
+    request: Request = context["request"]
+    quoted = {key: quote(str(value), safe="") for key, value in params.items()}
+    path: str = request.app.url_path_for(name, **quoted)
+    return str(request.scope.get("root_path", "")) + path
+
+
+templates.env.globals["url_for"] = _url_path
+
 #: Live-peak and retained rows shown on the model page (largest first); the API has them all.
 TOP_ROWS = 15
 
-_HTML: dict[int | str, dict[str, Any]] = {
+HTML_PAGE: dict[int | str, dict[str, Any]] = {
     200: {"description": "HTML page", "content": {"text/html": {"example": "<!doctype html>"}}}
 }
 
@@ -49,7 +65,7 @@ def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
     return templates.TemplateResponse(request, name, context)
 
 
-@router.get("/", response_class=HTMLResponse, responses=_HTML)
+@router.get("/", response_class=HTMLResponse, responses=HTML_PAGE)
 def index(request: Request, session: SessionDep) -> HTMLResponse:
     """Dashboard home: every model with its runs and build labels."""
     models = store.list_models(session)
@@ -60,7 +76,7 @@ def index(request: Request, session: SessionDep) -> HTMLResponse:
 @router.get(
     "/models/{model:path}",
     response_class=HTMLResponse,
-    responses={**_HTML, 404: {"description": "No such model or run"}},
+    responses={**HTML_PAGE, 404: {"description": "No such model or run"}},
 )
 def model_page(
     request: Request,
@@ -116,7 +132,7 @@ def model_page(
 @router.get(
     "/compare",
     response_class=HTMLResponse,
-    responses={**_HTML, 404: {"description": "One of the runs does not exist"}},
+    responses={**HTML_PAGE, 404: {"description": "One of the runs does not exist"}},
 )
 def compare_page(
     request: Request,
@@ -157,7 +173,7 @@ def compare_page(
 @router.get(
     "/history/{model:path}",
     response_class=HTMLResponse,
-    responses={**_HTML, 404: {"description": "No such model"}},
+    responses={**HTML_PAGE, 404: {"description": "No such model"}},
 )
 def history_page(
     request: Request, model: str, session: SessionDep, cache: CacheDep
@@ -177,7 +193,7 @@ def history_page(
     )
 
 
-@router.get("/docs", response_class=HTMLResponse, responses=_HTML)
+@router.get("/docs", response_class=HTMLResponse, responses=HTML_PAGE)
 def api_docs(request: Request) -> HTMLResponse:
     """API reference rendered from the OpenAPI document (works offline; JSON at /openapi.json)."""
     spec = request.app.openapi()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import anyio.to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session, sessionmaker
 
 from memest.schema import RunReport
 from memest.service import examples, store
@@ -93,8 +95,12 @@ async def ingest_report(
     """
     try:
         body = await read_body(request, settings.max_report_bytes)
-        report = parse_report(body)
-        result = store.ingest(factory, report)
+        # Parsing is CPU work and storing waits on locks: both run off the event loop, so that
+        # reads and /healthz are served while a writer waits; and in few threads, since every
+        # thread that wants the GIL delays the event loop by up to a switch interval.
+        result = await anyio.to_thread.run_sync(
+            _parse_and_store, body, factory, limiter=request.app.state.ingest_limiter
+        )
     except ServiceError:
         metrics.ingested.labels(outcome="rejected").inc()
         raise
@@ -105,6 +111,10 @@ async def ingest_report(
     return JSONResponse(
         status_code=201 if result.status == "created" else 200, content=payload.model_dump()
     )
+
+
+def _parse_and_store(body: bytes, factory: sessionmaker[Session]) -> store.IngestResult:
+    return store.ingest(factory, parse_report(body))
 
 
 @router.get(

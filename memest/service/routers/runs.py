@@ -15,11 +15,25 @@ from memest.estimate import account
 from memest.reporters.views import run_facts, runner_counts
 from memest.schema import RunReport
 from memest.service import examples, store
-from memest.service.deps import CacheDep, FactoryDep, ReadAuth, ResponseCacheDep, SessionDep
+from memest.service.deps import (
+    CacheDep,
+    FactoryDep,
+    ReadAuth,
+    ResponseCacheDep,
+    SessionDep,
+    WriteAuth,
+)
 from memest.service.errors import NotFound
 from memest.service.estimates import compare_report, estimate_available
 from memest.service.models import Run
-from memest.service.schemas import BreakdownResponse, RankFacts, RunDetail, RunList, RunSummary
+from memest.service.schemas import (
+    BreakdownResponse,
+    DeleteResponse,
+    RankFacts,
+    RunDetail,
+    RunList,
+    RunSummary,
+)
 from memest.service.store import ReportCache
 
 router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[ReadAuth])
@@ -203,3 +217,34 @@ def read_rank(
         if row.rank == rank:
             return cache.get(row)
     raise NotFound(f"run {run_id!r} has no rank {rank}", field="rank")
+
+
+@router.delete(
+    "/{run_id}",
+    response_model=DeleteResponse,
+    dependencies=[WriteAuth],
+    responses={
+        200: {
+            "description": "Deleted, with its reports",
+            "content": {
+                "application/json": {
+                    "example": {
+                        "status": "deleted",
+                        "run_id": examples.CHANGE.run_id,
+                        "report_ids": [examples.CHANGE.report_id],
+                    }
+                }
+            },
+        },
+        401: {"description": "Missing or wrong bearer token; nothing is deleted"},
+        404: {"description": "No such run"},
+    },
+)
+def delete_run(
+    run_id: RunIdPath, factory: FactoryDep, cache: CacheDep, responses: ResponseCacheDep
+) -> DeleteResponse:
+    """Delete a run and all its reports (write token). Its ids may then be stored again."""
+    report_ids = store.delete_run(factory, run_id)
+    cache.drop(report_ids)
+    responses.drop_run(run_id)
+    return DeleteResponse(status="deleted", run_id=run_id, report_ids=report_ids)

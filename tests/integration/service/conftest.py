@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,8 @@ def _pg_admin_url() -> str:
     return PG_URL.replace("postgresql+psycopg://", "postgresql://")
 
 
-@pytest.fixture
-def pg_url() -> Iterator[str]:
+@contextmanager
+def pg_schema(prefix: str = "memest_test") -> Iterator[str]:
     """A PostgreSQL URL whose search_path is a fresh schema, dropped afterwards."""
     try:
         import psycopg
@@ -36,7 +37,7 @@ def pg_url() -> Iterator[str]:
     except Exception as exc:  # any failure to reach the server means "no PostgreSQL here"
         require_or_skip("MEMEST_REQUIRE_POSTGRES", f"PostgreSQL unreachable at {PG_URL}: {exc}")
         raise
-    schema = f"memest_test_{uuid.uuid4().hex[:12]}"
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     with conn:
         conn.execute(f'CREATE SCHEMA "{schema}"')
     try:
@@ -44,6 +45,12 @@ def pg_url() -> Iterator[str]:
     finally:
         with psycopg.connect(_pg_admin_url(), autocommit=True) as c:
             c.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    with pg_schema() as url:
+        yield url
 
 
 @pytest.fixture

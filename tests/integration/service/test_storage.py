@@ -4,8 +4,12 @@ concurrent writers, and the API on top."""
 from __future__ import annotations
 
 import json
+import sqlite3
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, inspect, select, text
@@ -135,3 +139,34 @@ def test_api_round_trip_on_both_backends(db_url: str) -> None:
         assert round(cmp["kv_ratio"], 2) == 0.94
         stored = c.get("/api/v1/reports/demo-minimax-m3-eagle3-k3-pr-rank0").json()
         assert RunReport.model_validate(stored) == demo_report("minimax-m3-eagle3-k3", "PR")
+
+
+def test_reads_and_healthz_answer_while_a_writer_waits_for_the_sqlite_lock(
+    live_server: str, sqlite_url: str
+) -> None:
+    """Storing runs off the event loop: a writer queued behind another process's write lock must
+    not stop the server from answering everything else."""
+    body = demo_report("minimax-m3-eagle3-k3", "PR").model_dump_json()
+    holder = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    outcome: list[int] = []
+    headers = {"Content-Type": "application/json", **AUTH}
+
+    def post() -> None:
+        r = httpx.post(live_server + "/api/v1/reports", content=body, headers=headers, timeout=60)
+        outcome.append(r.status_code)
+
+    writer = threading.Thread(target=post)
+    writer.start()
+    time.sleep(0.5)  # lets the POST reach the server and queue on the lock (not a timed check)
+    try:
+        health = httpx.get(live_server + "/healthz", timeout=60)
+        models = httpx.get(live_server + "/api/v1/models", timeout=60)
+        # Both answered while the write was still waiting for the lock.
+        assert (health.status_code, models.status_code) == (200, 200)
+        assert writer.is_alive() and outcome == []
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        writer.join(timeout=60)
+    assert outcome == [201]
