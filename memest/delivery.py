@@ -106,7 +106,7 @@ def push_one(
                 payload = json.loads(resp.read() or b"{}")
                 return PushResult(True, int(resp.status), str(payload.get("status", "")), attempt)
         except urllib.error.HTTPError as exc:
-            detail = _detail(exc)
+            detail = http_error_detail(exc)
             last = f"HTTP {exc.code}: {detail}"
             if exc.code < 500 and exc.code not in (408, 429):
                 return PushResult(False, exc.code, last, attempt)
@@ -117,7 +117,7 @@ def push_one(
     return PushResult(False, None, last, retries + 1)
 
 
-def _detail(exc: urllib.error.HTTPError) -> str:
+def http_error_detail(exc: urllib.error.HTTPError) -> str:
     try:
         data = json.loads(exc.read() or b"{}")
     except (ValueError, OSError):

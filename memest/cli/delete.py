@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import quote
 
-from memest.cli.push import _detail
+from memest.delivery import http_error_detail
 from memest.errors import CommandError
 
 RUNS_PATH = "/api/v1/runs/"
@@ -32,7 +32,7 @@ def delete_one(base_url: str, run_id: str, token: str | None, *, timeout_s: floa
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             payload = json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
-        raise CommandError(f"HTTP {exc.code}: {_detail(exc)}", exit_code=1) from None
+        raise CommandError(f"HTTP {exc.code}: {http_error_detail(exc)}", exit_code=1) from None
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise CommandError(f"{type(exc).__name__}: {reason}", exit_code=1) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -53,6 +54,17 @@ def _int64(value: int | None, field: str) -> int | None:
     if value is not None and abs(value) > MAX_INT64:
         raise BadRequest(f"{field} ({value}) does not fit in a signed 64-bit integer", field=field)
     return value
+
+
+def _figure(read: Callable[[RunReport], int | None], report: RunReport, field: str) -> int | None:
+    """A stored figure of the report; one its accounting cannot hold (past int64) is a 4xx."""
+    try:
+        return read(report)
+    except ValueError as exc:  # pydantic's ValidationError: a computed figure out of range
+        message = str(exc).splitlines()[0]
+        raise BadRequest(
+            f"{field}: a figure computed from it is out of range ({message})", field=field
+        ) from None
 
 
 def _check_run(run: Run, report: RunReport) -> None:
@@ -129,8 +141,10 @@ def _ingest_once(factory: sessionmaker[Session], report: RunReport, payload: str
                 payload=payload,
                 payload_sha256=digest,
                 size_bytes=len(payload.encode()),
-                graph_pool_bytes=_int64(graph_pool_bytes(report), "breakdown"),
-                kv_tokens=_int64(kv_tokens(report), "kv_tokens"),
+                graph_pool_bytes=_int64(
+                    _figure(graph_pool_bytes, report, "breakdown"), "breakdown"
+                ),
+                kv_tokens=_int64(_figure(kv_tokens, report, "kv_tokens"), "kv_tokens"),
                 ingested_at=now,
             )
         )
