@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from memest.analysis.owners import UNATTRIBUTED, OwnerRules
@@ -102,6 +103,195 @@ def _window_tags(snapshot: Snapshot, tags: list[StageTag], tag_col: Sequence[int
     return out
 
 
+@dataclass
+class _TagTables:
+    """Per interned tag: its (phase, stage) context, graph pool and capture size."""
+
+    ctx_index: dict[Ctx, int]
+    ctx_list: list[Ctx]
+    tag_ctx: list[int]
+    tag_pool: list[str | None]
+    tag_size: list[int | None]
+
+    @classmethod
+    def build(cls, snap: Snapshot, tags: list[StageTag]) -> _TagTables:
+        ctx_index: dict[Ctx, int] = {}
+        ctx_list: list[Ctx] = []
+        tag_ctx: list[int] = []
+        for t in tags:
+            ckey = (t.phase, t.stage or NO_STAGE)
+            if ckey not in ctx_index:
+                ctx_index[ckey] = len(ctx_list)
+                ctx_list.append(ckey)
+            tag_ctx.append(ctx_index[ckey])
+        window_pool: dict[int, str] = {}
+        for w in snap.get("windows", []):
+            if isinstance(w, dict) and w.get("window") is not None and w.get("pool"):
+                window_pool[int(w["window"])] = str(w["pool"])
+        return cls(
+            ctx_index=ctx_index,
+            ctx_list=ctx_list,
+            tag_ctx=tag_ctx,
+            tag_pool=[_tag_pool(t, window_pool) for t in tags],
+            tag_size=[t.capture_size for t in tags],
+        )
+
+
+class _OwnerIndex:
+    """Owner names interned to small ints, one classification per stack."""
+
+    def __init__(self, owners: _Owners) -> None:
+        self.owners = owners
+        self.index: dict[str, int] = {}
+        self.names: list[str] = []
+        self.by_stack: dict[int, int] = {}
+
+    def of(self, stack: int) -> int:
+        idx = self.by_stack.get(stack)
+        if idx is None:
+            name = self.owners.get(stack)[0]
+            idx = self.index.get(name)
+            if idx is None:
+                idx = len(self.names)
+                self.index[name] = idx
+                self.names.append(name)
+            self.by_stack[stack] = idx
+        return idx
+
+
+@dataclass
+class _Tally:
+    """What the replay accumulates; live tensors are keyed by (ctx, owner) = ctx * base + owner."""
+
+    base: int
+    live: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # addr -> size, key, tag
+    peak: dict[int, int] = field(default_factory=dict)
+    seg_live: dict[int, tuple[str, int]] = field(default_factory=dict)
+    stage_growth: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
+    stage_segments: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
+    stage_released: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
+    stage_default: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
+    stage_pools: defaultdict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+    phase_private_net: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    trig_bytes: defaultdict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
+    trig_count: defaultdict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
+    trig_req: defaultdict[tuple[int, int], int] = field(default_factory=lambda: defaultdict(int))
+    trig_stack: dict[tuple[int, int], int] = field(default_factory=dict)
+    unattr: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    pool_growth: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    pool_released: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+    pending: dict[int, tuple[tuple[int, int], int, int]] = field(default_factory=dict)
+    stage_order: list[int] = field(default_factory=list)
+    seen_stage: set[int] = field(default_factory=set)
+    unknown_free_segments: int = 0
+
+    def first_seen(self, ctx: int) -> None:
+        if ctx not in self.seen_stage:
+            self.seen_stage.add(ctx)
+            self.stage_order.append(ctx)
+
+
+@dataclass
+class _Replay:
+    """One pass over the events (the hot loop) and the rare segment events it delegates."""
+
+    tables: _TagTables
+    owners: _OwnerIndex
+    pools_table: list[str]
+    tally: _Tally
+
+    def segment_alloc(
+        self, addr: int, size: int, stream: int, tag: int, stack: int, pidx: int
+    ) -> None:
+        t, tables = self.tally, self.tables
+        ctx = tables.tag_ctx[tag]
+        pool = self.pools_table[pidx] if pidx >= 0 else tables.tag_pool[tag] or DEFAULT_POOL
+        t.seg_live[addr] = (pool, size)
+        t.pool_growth[pool] += size
+        t.first_seen(ctx)
+        if pool == DEFAULT_POOL:
+            t.stage_default[ctx] += size
+            return
+        own = self.owners.of(stack)
+        tkey = (ctx, own)
+        t.stage_growth[ctx] += size
+        t.stage_segments[ctx] += 1
+        t.stage_pools[ctx].add(pool)
+        t.phase_private_net[tables.ctx_list[ctx][0]] += size
+        t.trig_bytes[tkey] += size
+        t.trig_count[tkey] += 1
+        t.trig_stack.setdefault(tkey, stack)
+        t.pending[stream] = (tkey, addr, addr + size)
+        if self.owners.names[own].startswith(UNATTRIBUTED):
+            top = self.owners.owners.get(stack)[1]
+            urow = t.unattr.setdefault((ctx, top), [0, 0])
+            urow[0] += size
+            urow[1] += 1
+
+    def segment_free(self, addr: int, size: int, tag: int, pidx: int) -> None:
+        t, tables = self.tally, self.tables
+        ctx = tables.tag_ctx[tag]
+        known = t.seg_live.pop(addr, None)
+        if known is not None:
+            pool = known[0]
+        elif pidx >= 0:
+            pool = self.pools_table[pidx]
+        else:
+            t.unknown_free_segments += 1
+            pool = tables.tag_pool[tag] or DEFAULT_POOL
+        t.pool_released[pool] += size
+        if pool != DEFAULT_POOL:
+            t.stage_released[ctx] += size
+            t.phase_private_net[tables.ctx_list[ctx][0]] -= size
+
+    def run(
+        self,
+        ev: dict[str, Any],
+        kinds: list[int],
+        free_kind: int,
+        tag_col: Sequence[int],
+        pool_col: Sequence[int],
+    ) -> None:
+        # Allocations and frees are most of the events: they stay inline, with local aliases.
+        t = self.tally
+        base, tag_ctx, live, peak, pending = t.base, self.tables.tag_ctx, t.live, t.peak, t.pending
+        stack_owner = [-1] * (base - 1)  # index stack + 1 (stack -1 = none)
+        cur: dict[int, int] = {}
+        cur_get, peak_get, owner_of = cur.get, peak.get, self.owners.of
+        events = zip(
+            ev["action"],
+            ev["addr"],
+            ev["size"],
+            ev["stream"],
+            tag_col,
+            ev["stack"],
+            pool_col,
+            strict=False,
+        )
+        for a, addr, size, stream, tag, stack, pidx in events:
+            kind = kinds[a]
+            if kind == _ALLOC:
+                own = stack_owner[stack + 1]
+                if own < 0:
+                    own = stack_owner[stack + 1] = owner_of(stack)
+                key = tag_ctx[tag] * base + own
+                live[addr] = (size, key, tag)
+                c = cur_get(key, 0) + size
+                cur[key] = c
+                if c > peak_get(key, 0):
+                    peak[key] = c
+                if pending and (p := pending.pop(stream, None)) is not None and p[1] <= addr < p[2]:
+                    t.trig_req[p[0]] += size
+            elif kind == free_kind:
+                entry = live.pop(addr, None)
+                if entry is not None:
+                    cur[entry[1]] -= entry[0]
+            elif kind == _SEG_ALLOC:
+                self.segment_alloc(addr, size, stream, tag, stack, pidx)
+            elif kind == _SEG_FREE:
+                self.segment_free(addr, size, tag, pidx)
+
+
 def analyze(
     snapshot: Snapshot,
     phases: Sequence[PhaseRecord] | None = None,
@@ -122,217 +312,107 @@ def analyze(
         InvariantError: trigger rows do not sum to their stage's pool growth.
     """
     snap = validate(snapshot)
-    rules = rules or OwnerRules.default()
     if phases is None:
         phases = [PhaseRecord.model_validate(p) for p in snap.get("phases", [])]
-    warnings: list[str] = []
     ev = snap["events"]
     n_events = len(ev["action"])
-    kinds = [_KINDS.get(a, _OTHER) for a in snap["actions"]]
     tags = [parse_tag(t) for t in snap["tags"]]
     tag_col = _window_tags(snap, tags, ev["tag"])
-    if "free_completed" in snap["actions"]:
-        free_kind = _FREE_DONE
-    else:
-        free_kind = _FREE_REQ
-    pools_table: list[str] = snap.get("pools", [])
-    pool_col: Sequence[int] = ev.get("pool") or [-1] * n_events
-
-    # Per tag: context index (phase, stage), pool and capture size.
-    ctx_index: dict[Ctx, int] = {}
-    ctx_list: list[Ctx] = []
-    tag_ctx: list[int] = []
-    for t in tags:
-        ckey = (t.phase, t.stage or NO_STAGE)
-        idx = ctx_index.get(ckey)
-        if idx is None:
-            idx = len(ctx_list)
-            ctx_index[ckey] = idx
-            ctx_list.append(ckey)
-        tag_ctx.append(idx)
-    window_pool: dict[int, str] = {}
-    for w in snap.get("windows", []):
-        if isinstance(w, dict) and w.get("window") is not None and w.get("pool"):
-            window_pool[int(w["window"])] = str(w["pool"])
-    tag_pool = [_tag_pool(t, window_pool) for t in tags]
-    tag_size = [t.capture_size for t in tags]
-
-    owners = _Owners(snap, rules)
-    owner_index: dict[str, int] = {}
-    owner_list: list[str] = []
-    stack_owner: dict[int, int] = {}
-
-    def owner_of(stack: int) -> int:
-        idx = stack_owner.get(stack)
-        if idx is None:
-            name = owners.get(stack)[0]
-            idx = owner_index.get(name)
-            if idx is None:
-                idx = len(owner_list)
-                owner_index[name] = idx
-                owner_list.append(name)
-            stack_owner[stack] = idx
-        return idx
-
-    # Live-tensor groups are (ctx, owner) packed into one int: key = ctx * base + owner.
-    base = len(snap["stacks"]) + 2
-    stack_owner_list = [-1] * (len(snap["stacks"]) + 1)  # index stack + 1 (stack -1 = none)
-    live: dict[int, tuple[int, int, int]] = {}  # addr -> (size, key, tag)
-    cur: dict[int, int] = {}
-    peak: dict[int, int] = {}
-    cur_get, peak_get = cur.get, peak.get
-    seg_live: dict[int, tuple[str, int]] = {}
-    stage_growth: dict[int, int] = defaultdict(int)
-    stage_segments: dict[int, int] = defaultdict(int)
-    stage_released: dict[int, int] = defaultdict(int)
-    stage_default: dict[int, int] = defaultdict(int)
-    stage_pools: dict[int, set[str]] = defaultdict(set)
-    stage_sizes: dict[int, set[int]] = defaultdict(set)
-    phase_private_net: dict[str, int] = defaultdict(int)
-    trig_bytes: dict[tuple[int, int], int] = defaultdict(int)
-    trig_count: dict[tuple[int, int], int] = defaultdict(int)
-    trig_req: dict[tuple[int, int], int] = defaultdict(int)
-    trig_stack: dict[tuple[int, int], int] = {}
-    unattr: dict[tuple[int, str], list[int]] = {}
-    pool_growth: dict[str, int] = defaultdict(int)
-    pool_released: dict[str, int] = defaultdict(int)
-    pending: dict[int, tuple[tuple[int, int], int, int]] = {}
-    stage_order: list[int] = []
-    seen_stage: set[int] = set()
-    unknown_free_segments = 0
-
-    for a, addr, size, stream, tag, stack, pidx in zip(
-        ev["action"],
-        ev["addr"],
-        ev["size"],
-        ev["stream"],
+    tables = _TagTables.build(snap, tags)
+    owners = _Owners(snap, rules or OwnerRules.default())
+    replay = _Replay(
+        tables, _OwnerIndex(owners), snap.get("pools", []), _Tally(base=len(snap["stacks"]) + 2)
+    )
+    free_kind = _FREE_DONE if "free_completed" in snap["actions"] else _FREE_REQ
+    replay.run(
+        ev,
+        [_KINDS.get(a, _OTHER) for a in snap["actions"]],
+        free_kind,
         tag_col,
-        ev["stack"],
-        pool_col,
-        strict=False,
-    ):
-        kind = kinds[a]
-        if kind == _ALLOC:
-            own = stack_owner_list[stack + 1]
-            if own < 0:
-                own = owner_of(stack)
-                stack_owner_list[stack + 1] = own
-            key = tag_ctx[tag] * base + own
-            live[addr] = (size, key, tag)
-            c = cur_get(key, 0) + size
-            cur[key] = c
-            if c > peak_get(key, 0):
-                peak[key] = c
-            if pending:
-                p = pending.get(stream)
-                if p is not None:
-                    if p[1] <= addr < p[2]:
-                        trig_req[p[0]] += size
-                    del pending[stream]
-        elif kind == free_kind:
-            entry = live.pop(addr, None)
-            if entry is not None:
-                cur[entry[1]] -= entry[0]
-        elif kind == _SEG_ALLOC:
-            ctx = tag_ctx[tag]
-            if pidx >= 0:
-                pool = pools_table[pidx]
-            else:
-                pool = tag_pool[tag] or DEFAULT_POOL
-            seg_live[addr] = (pool, size)
-            pool_growth[pool] += size
-            if ctx not in seen_stage:
-                seen_stage.add(ctx)
-                stage_order.append(ctx)
-            if pool == DEFAULT_POOL:
-                stage_default[ctx] += size
-                continue
-            own = owner_of(stack)
-            tkey = (ctx, own)
-            stage_growth[ctx] += size
-            stage_segments[ctx] += 1
-            stage_pools[ctx].add(pool)
-            phase_private_net[ctx_list[ctx][0]] += size
-            trig_bytes[tkey] += size
-            trig_count[tkey] += 1
-            trig_stack.setdefault(tkey, stack)
-            pending[stream] = (tkey, addr, addr + size)
-            if owner_list[own].startswith(UNATTRIBUTED):
-                top = owners.get(stack)[1]
-                urow = unattr.setdefault((ctx, top), [0, 0])
-                urow[0] += size
-                urow[1] += 1
-        elif kind == _SEG_FREE:
-            ctx = tag_ctx[tag]
-            known = seg_live.pop(addr, None)
-            if known is not None:
-                pool = known[0]
-            elif pidx >= 0:
-                pool = pools_table[pidx]
-            else:
-                unknown_free_segments += 1
-                pool = tag_pool[tag] or DEFAULT_POOL
-            pool_released[pool] += size
-            if pool != DEFAULT_POOL:
-                stage_released[ctx] += size
-                phase_private_net[ctx_list[ctx][0]] -= size
+        ev.get("pool") or [-1] * n_events,
+    )
+    stages, position = _stage_rows(snap, replay)
+    triggers = _trigger_rows(replay, position)
+    total_private_growth = _check_identity(stages, triggers, replay.tally)
+    retained = _retained_rows(replay, position)
+    warnings = _warnings(snap, tags, n_events, replay.tally)
+    return Breakdown(
+        phases=_phase_splits(phases, replay.tally.phase_private_net, warnings),
+        stages=stages,
+        triggers=triggers,
+        live_peaks=_live_peaks(replay),
+        retained=retained,
+        unattributed=_unattributed_rows(replay, retained),
+        graph_pool_growth_bytes=total_private_growth,
+        event_count=n_events,
+        pools=_pool_rows(snap, replay.tally),
+        warnings=warnings,
+    )
 
-    for t_idx, t_size in enumerate(tag_size):
+
+def _stage_rows(snap: Snapshot, replay: _Replay) -> tuple[list[StageGrowth], dict[int, int]]:
+    """Stage rows in first-seen order (capture windows give graph counts and sizes)."""
+    t, tables = replay.tally, replay.tables
+    stage_sizes: dict[int, set[int]] = defaultdict(set)
+    for t_idx, t_size in enumerate(tables.tag_size):
         if t_size is not None:
-            stage_sizes[tag_ctx[t_idx]].add(t_size)
-    # Stages: capture windows give graph counts and sizes.
+            stage_sizes[tables.tag_ctx[t_idx]].add(t_size)
     win_count: dict[Ctx, int] = defaultdict(int)
     for w in snap.get("windows", []):
         if isinstance(w, dict) and w.get("kind", "capture") == "capture" and w.get("tag"):
-            t = parse_tag(str(w["tag"]))
-            wkey = (t.phase, t.stage or NO_STAGE)
+            tag = parse_tag(str(w["tag"]))
+            wkey = (tag.phase, tag.stage or NO_STAGE)
             win_count[wkey] += 1
-            if t.capture_size is not None and wkey in ctx_index:
-                stage_sizes[ctx_index[wkey]].add(t.capture_size)
-            if wkey in ctx_index and ctx_index[wkey] not in seen_stage:
-                seen_stage.add(ctx_index[wkey])
-                stage_order.append(ctx_index[wkey])
+            if wkey in tables.ctx_index:
+                if tag.capture_size is not None:
+                    stage_sizes[tables.ctx_index[wkey]].add(tag.capture_size)
+                t.first_seen(tables.ctx_index[wkey])
     stages: list[StageGrowth] = []
-    for ctx in stage_order:
-        phase, stage = ctx_list[ctx]
-        if not (
-            stage_growth[ctx] or stage_released[ctx] or stage_default[ctx] or stage != NO_STAGE
-        ):
+    for ctx in t.stage_order:
+        phase, stage = tables.ctx_list[ctx]
+        moved = t.stage_growth[ctx] or t.stage_released[ctx] or t.stage_default[ctx]
+        if not moved and stage == NO_STAGE:
             continue
         sizes = sorted(stage_sizes.get(ctx, ()))
         stages.append(
             StageGrowth(
                 stage=stage,
                 phase=phase,
-                pool_growth_bytes=stage_growth[ctx],
-                segments=stage_segments[ctx],
-                graph_count=win_count.get(ctx_list[ctx]) if win_count else None,
+                pool_growth_bytes=t.stage_growth[ctx],
+                segments=t.stage_segments[ctx],
+                graph_count=win_count.get(tables.ctx_list[ctx]) if win_count else None,
                 widest=str(sizes[-1]) if sizes else None,
-                pool_released_bytes=stage_released[ctx],
-                default_pool_growth_bytes=stage_default[ctx],
-                pools=sorted(stage_pools.get(ctx, ())),
+                pool_released_bytes=t.stage_released[ctx],
+                default_pool_growth_bytes=t.stage_default[ctx],
+                pools=sorted(t.stage_pools.get(ctx, ())),
                 capture_sizes=sizes,
             )
         )
-    position = {ctx: i for i, ctx in enumerate(stage_order)}
+    return stages, {ctx: i for i, ctx in enumerate(t.stage_order)}
 
-    triggers: list[TriggerRow] = []
-    for (ctx, own), nbytes in sorted(
-        trig_bytes.items(), key=lambda kv: (position.get(kv[0][0], 0), -kv[1])
-    ):
+
+def _trigger_rows(replay: _Replay, position: dict[int, int]) -> list[TriggerRow]:
+    t, ctx_list, owners = replay.tally, replay.tables.ctx_list, replay.owners
+    rows: list[TriggerRow] = []
+    order = sorted(t.trig_bytes.items(), key=lambda kv: (position.get(kv[0][0], 0), -kv[1]))
+    for (ctx, own), nbytes in order:
         phase, stage = ctx_list[ctx]
-        triggers.append(
+        rows.append(
             TriggerRow.model_construct(
                 stage=stage,
                 phase=phase,
-                owner=owner_list[own],
+                owner=owners.names[own],
                 bytes=nbytes,
-                count=trig_count[(ctx, own)],
-                top_frame=owners.get(trig_stack[(ctx, own)])[1],
-                requested_bytes=trig_req.get((ctx, own), 0),
+                count=t.trig_count[(ctx, own)],
+                top_frame=owners.owners.get(t.trig_stack[(ctx, own)])[1],
+                requested_bytes=t.trig_req.get((ctx, own), 0),
             )
         )
-    # Identity: every byte of private-pool growth is charged to exactly one trigger row.
+    return rows
+
+
+def _check_identity(stages: list[StageGrowth], triggers: list[TriggerRow], t: _Tally) -> int:
+    """Every byte of private-pool growth is charged to exactly one trigger row; the total."""
     charged: dict[Ctx, int] = defaultdict(int)
     for trow in triggers:
         charged[(trow.phase, trow.stage)] += trow.bytes
@@ -343,54 +423,66 @@ def analyze(
                 f"{charged.get((st.phase, st.stage), 0)} bytes, pool growth is "
                 f"{st.pool_growth_bytes} bytes"
             )
-    total_private_growth = sum(st.pool_growth_bytes for st in stages)
-    if total_private_growth != sum(v for p, v in pool_growth.items() if p != DEFAULT_POOL):
+    total = sum(st.pool_growth_bytes for st in stages)
+    if total != sum(v for p, v in t.pool_growth.items() if p != DEFAULT_POOL):
         raise InvariantError("stage pool growth does not sum to the private pools' growth")
+    return total
 
-    live_peaks = [
+
+def _live_peaks(replay: _Replay) -> list[LivePeak]:
+    base, ctx_list, names = replay.tally.base, replay.tables.ctx_list, replay.owners.names
+    peaks = sorted(
+        ((divmod(k, base), v) for k, v in replay.tally.peak.items()),
+        key=lambda kv: (kv[0][0], -kv[1]),
+    )
+    return [
         LivePeak.model_construct(
-            phase=ctx_list[ctx][0], stage=ctx_list[ctx][1], owner=owner_list[own], peak_bytes=value
+            phase=ctx_list[ctx][0], stage=ctx_list[ctx][1], owner=names[own], peak_bytes=value
         )
-        for (ctx, own), value in sorted(
-            ((divmod(k, base), v) for k, v in peak.items()), key=lambda kv: (kv[0][0], -kv[1])
-        )
+        for (ctx, own), value in peaks
         if value > 0
     ]
 
+
+def _retained_rows(replay: _Replay, position: dict[int, int]) -> list[RetainedRow]:
+    """Allocations made under a stage and still live at the last event, by capture size."""
+    t, tables = replay.tally, replay.tables
     ret: dict[tuple[int, int, int | None], list[int]] = {}
-    ret_unattr: dict[tuple[int, str], list[int]] = {}
-    for size, lkey, ltag in live.values():
-        ctx, own = divmod(lkey, base)
-        if ctx_list[ctx][1] == NO_STAGE:
+    for size, lkey, ltag in t.live.values():
+        ctx, own = divmod(lkey, t.base)
+        if tables.ctx_list[ctx][1] == NO_STAGE:
             continue
-        rrow = ret.setdefault((ctx, own, tag_size[ltag]), [0, 0])
+        rrow = ret.setdefault((ctx, own, tables.tag_size[ltag]), [0, 0])
         rrow[0] += size
         rrow[1] += 1
-    retained = [
+    order = sorted(ret.items(), key=lambda kv: (position.get(kv[0][0], 0), kv[0][1], kv[0][2] or 0))
+    return [
         RetainedRow.model_construct(
-            phase=ctx_list[ctx][0],
-            stage=ctx_list[ctx][1],
-            owner=owner_list[own],
+            phase=tables.ctx_list[ctx][0],
+            stage=tables.ctx_list[ctx][1],
+            owner=replay.owners.names[own],
             capture_size=cs,
             bytes=v[0],
             count=v[1],
         )
-        for (ctx, own, cs), v in sorted(
-            ret.items(), key=lambda kv: (position.get(kv[0][0], 0), kv[0][1], kv[0][2] or 0)
-        )
+        for (ctx, own, cs), v in order
     ]
+
+
+def _unattributed_rows(replay: _Replay, retained: list[RetainedRow]) -> list[UnattributedRow]:
+    ctx_index, ctx_list = replay.tables.ctx_index, replay.tables.ctx_list
+    ret_unattr: dict[tuple[int, str], list[int]] = {}
     for r in retained:
         if r.owner.startswith(UNATTRIBUTED):
             top = r.owner.split(":", 1)[1]
             row = ret_unattr.setdefault((ctx_index[(r.phase, r.stage)], top), [0, 0])
             row[0] += r.bytes
             row[1] += r.count
-
     by_view: tuple[tuple[Literal["trigger", "retained"], dict[tuple[int, str], list[int]]], ...] = (
-        ("trigger", unattr),
+        ("trigger", replay.tally.unattr),
         ("retained", ret_unattr),
     )
-    unattributed = [
+    return [
         UnattributedRow.model_construct(
             phase=ctx_list[ctx][0],
             stage=ctx_list[ctx][1],
@@ -403,20 +495,25 @@ def analyze(
         for (ctx, top), v in sorted(rows.items(), key=lambda kv: -kv[1][0])
     ]
 
+
+def _pool_rows(snap: Snapshot, t: _Tally) -> list[PoolRow]:
     end_reserved: dict[str, int] = defaultdict(int)
     for seg in snap["segments"]:
         end_reserved[str(seg["pool"])] += int(seg["total_size"])
-    pools = [
+    return [
         PoolRow(
             pool=p,
             private=p != DEFAULT_POOL,
-            growth_bytes=pool_growth.get(p, 0),
-            released_bytes=pool_released.get(p, 0),
+            growth_bytes=t.pool_growth.get(p, 0),
+            released_bytes=t.pool_released.get(p, 0),
             reserved_end_bytes=end_reserved.get(p, 0),
         )
-        for p in sorted(set(pool_growth) | set(pool_released) | set(end_reserved))
+        for p in sorted(set(t.pool_growth) | set(t.pool_released) | set(end_reserved))
     ]
 
+
+def _warnings(snap: Snapshot, tags: list[StageTag], n_events: int, t: _Tally) -> list[str]:
+    warnings: list[str] = []
     source = snap.get("source", {})
     max_entries = source.get("max_entries") if isinstance(source, dict) else None
     if isinstance(max_entries, int) and n_events >= max_entries:
@@ -424,27 +521,14 @@ def analyze(
             f"history holds {n_events} events = max_entries: the earliest events were "
             "overwritten, so growth before them is missing"
         )
-    if unknown_free_segments:
+    if t.unknown_free_segments:
         warnings.append(
-            f"{unknown_free_segments} segment frees of segments created before the history "
+            f"{t.unknown_free_segments} segment frees of segments created before the history "
             "began (pool taken from the tag)"
         )
-    if n_events and not any(t.phase or t.stage for t in tags):
+    if n_events and not any(tag.phase or tag.stage for tag in tags):
         warnings.append("no event carries a stage tag: stages cannot be separated")
-
-    phase_rows = _phase_splits(phases, phase_private_net, warnings)
-    return Breakdown(
-        phases=phase_rows,
-        stages=stages,
-        triggers=triggers,
-        live_peaks=live_peaks,
-        retained=retained,
-        unattributed=unattributed,
-        graph_pool_growth_bytes=total_private_growth,
-        event_count=n_events,
-        pools=pools,
-        warnings=warnings,
-    )
+    return warnings
 
 
 def _tag_pool(tag: StageTag, window_pool: dict[int, str]) -> str | None:
