@@ -156,7 +156,7 @@ def render_ranks(agg: RankAggregate) -> str:
         ]
         lines.append("| " + " | ".join([name, *cells]) + " |")
     lines.append("")
-    if agg.binding_rank is not None:
+    if agg.binding_rank is not None and len(agg.ranks) > 1:
         lines.append(
             f"rank {agg.binding_rank} bound the KV cache (least KV memory available; vLLM sizes "
             "every rank's cache by it)"
