@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from memest.errors import ConfigError
 from memest.plan.inputs import BLOCK_DRAFTERS, PlanInput
 from memest.plan.seed import SeedSizes, one_token_tier_ks, resolve_seed
 from memest.plan.vllm033 import (
     MODE_HALVES,
+    CudaGraphMode,
     capture_sizes,
     decode_query_lens,
     uniform_decode_requests,
@@ -97,6 +100,153 @@ def _block_label(inp: PlanInput) -> str:
     return f"{BLOCK_DRAFTERS.get(inp.spec_method or '', 'Drafter')} FULL block routine"
 
 
+class _Sizes(Protocol):
+    """Where one sizing takes each runner's sizes from (vLLM 0.33.0's one list, or the seed's)."""
+
+    tokens: list[int]  # PIECEWISE and FULL-mixed token sizes
+    av_tokens: list[int]  # adaptive verification's token sizes
+    one_token_requests: list[int]  # later draft steps (q = 1)
+
+    def decode_rows(self, runner: str, q: int, label: str | None = None) -> list[RunnerRow]:
+        """Uniform-decode rows of a manager whose query length is q (one per dynamic-SD tier)."""
+        ...
+
+    def block_rows(self, q: int, label: str) -> list[RunnerRow]:
+        """The DSpark / DFlash block routine's rows."""
+        ...
+
+
+@dataclass
+class _MainSizes:
+    """vLLM 0.33.0: every runner draws from the one capture-size list."""
+
+    inp: PlanInput
+    sizes: list[int]
+    max_size: int
+    tokens: list[int] = field(init=False)
+    av_tokens: list[int] = field(init=False)
+    one_token_requests: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = self.sizes
+        self.av_tokens = [t for t in self.sizes if t <= self.inp.max_num_seqs * self.inp.q]
+        self.one_token_requests = self._requests(decode_query_len=1, q=1)
+
+    def _requests(self, *, decode_query_len: int, q: int) -> list[int]:
+        return uniform_decode_requests(
+            self.sizes,
+            max_size=self.max_size,
+            max_num_seqs=self.inp.max_num_seqs,
+            decode_query_len=decode_query_len,
+            q=q,
+        )
+
+    def decode_rows(self, runner: str, q: int, label: str | None = None) -> list[RunnerRow]:
+        inp, k, dyn = self.inp, self.inp.num_speculative_tokens, self.inp.dynamic_sd
+        qs = decode_query_lens(
+            q, max_num_seqs=inp.max_num_seqs, num_speculative_tokens=k, dynamic_sd=dyn
+        )
+        rows = []
+        for tier_q in sorted(qs, reverse=True):
+            requests = self._requests(decode_query_len=q, q=tier_q)
+            tier = tier_q - (q - k) if dyn is not None and q > k else None
+            rows.append(request_row(runner, requests, q=tier_q, tier_k=tier, label=label))
+        return rows
+
+    def block_rows(self, q: int, label: str) -> list[RunnerRow]:
+        return self.decode_rows("draft.block.full", q, label=label)
+
+
+@dataclass
+class _SeedSizes:
+    """The seed's five fields: prefill tokens, decode requests per tier, a token budget."""
+
+    sizes: SeedSizes
+    tokens: list[int]
+    av_tokens: list[int] = field(init=False)
+    one_token_requests: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.av_tokens = list(self.sizes.av_tokens)
+        self.one_token_requests = list(self.sizes.one_token_requests)
+
+    def decode_rows(self, runner: str, q: int, label: str | None = None) -> list[RunnerRow]:
+        return [
+            request_row(runner, tier.requests, q=tier.q, tier_k=tier.tier_k)
+            for tier in self.sizes.target_decode
+        ]
+
+    def block_rows(self, q: int, label: str) -> list[RunnerRow]:
+        return [request_row("draft.block.full", self.sizes.block_requests(q), q=q, label=label)]
+
+
+def _target_rows(src: _Sizes, inp: PlanInput, mode: CudaGraphMode) -> list[RunnerRow]:
+    decode_half, mixed_half = MODE_HALVES[mode]
+    seqs = inp.max_num_seqs
+    rows: list[RunnerRow] = []
+    if mixed_half == "PIECEWISE":
+        rows.append(
+            token_row("target.piecewise", src.tokens, graph_mode="PIECEWISE", max_num_seqs=seqs)
+        )
+    if mode == "FULL":
+        rows.append(
+            token_row("target.full_mixed", src.tokens, graph_mode="FULL", max_num_seqs=seqs)
+        )
+    elif inp.adaptive_verification:
+        rows.append(
+            token_row(
+                "target.av", src.av_tokens, graph_mode="FULL_VARLEN", max_num_seqs=seqs, q=inp.q
+            )
+        )
+    elif decode_half == "FULL":
+        rows.extend(src.decode_rows("target.full", inp.q))
+    return rows
+
+
+def _drafter_rows(src: _Sizes, inp: PlanInput, mode: CudaGraphMode) -> list[RunnerRow]:
+    decode_half, mixed_half = MODE_HALVES[mode]
+    decode_full = decode_half == "FULL"
+    seqs, q = inp.max_num_seqs, inp.q
+    rows: list[RunnerRow] = []
+    if inp.drafter == "target_dependent_ar":
+        if mixed_half == "PIECEWISE":
+            rows.append(
+                token_row(
+                    "draft.step0.piecewise",
+                    src.tokens,
+                    graph_mode="PIECEWISE",
+                    max_num_seqs=seqs,
+                    q=q,
+                )
+            )
+        if mode == "FULL":
+            rows.append(
+                token_row("draft.step0.full", src.tokens, graph_mode="FULL", max_num_seqs=seqs, q=q)
+            )
+        elif decode_full:
+            rows.extend(src.decode_rows("draft.step0.full", q))
+        if inp.num_speculative_tokens >= 2 and decode_full:
+            # With dynamic SD the fused draft loop is captured once per K >= 2 of the schedule.
+            rows.extend(
+                request_row("draft.steps.full", src.one_token_requests, q=1, tier_k=tier_k)
+                for tier_k in one_token_tier_ks(inp)
+            )
+    elif inp.drafter == "multi_module_mtp":
+        # Compiled piecewise graphs cannot specialize the module index: PIECEWISE is dropped.
+        if mode == "FULL":
+            rows.append(
+                token_row("draft.mtp.full", src.tokens, graph_mode="FULL", max_num_seqs=seqs, q=q)
+            )
+        elif decode_full:
+            rows.extend(src.decode_rows("draft.mtp.full", q))
+    elif inp.drafter == "block":
+        if decode_full:
+            rows.extend(src.block_rows(_block_q(inp), _block_label(inp)))
+    elif inp.spec_method is not None:
+        rows.append(_none_row())
+    return rows
+
+
 def _main_plan(inp: PlanInput) -> CapturePlan:
     main = capture_sizes(
         sm100=inp.sm100,
@@ -109,82 +259,14 @@ def _main_plan(inp: PlanInput) -> CapturePlan:
         performance_mode=inp.performance_mode,
         cudagraph_mode=inp.cudagraph_mode,
     )
-    sizes = main.sizes
-    seqs = inp.max_num_seqs
-    k = inp.num_speculative_tokens
-    dyn = inp.dynamic_sd
-
-    def uniform(runner: str, manager_q: int, *, label: str | None = None) -> list[RunnerRow]:
-        # One row per query length the manager captures (several with dynamic SD).
-        rows = []
-        qs = decode_query_lens(
-            manager_q, max_num_seqs=seqs, num_speculative_tokens=k, dynamic_sd=dyn
-        )
-        for q in sorted(qs, reverse=True):
-            requests = uniform_decode_requests(
-                sizes, max_size=main.max_size, max_num_seqs=seqs, decode_query_len=manager_q, q=q
-            )
-            tier = q - (manager_q - k) if dyn is not None and manager_q > k else None
-            rows.append(request_row(runner, requests, q=q, tier_k=tier, label=label))
-        return rows
-
-    def tokens(runner: str, graph_mode: GraphMode, q: int = 1) -> RunnerRow:
-        return token_row(runner, sizes, graph_mode=graph_mode, max_num_seqs=seqs, q=q)
-
-    mode = inp.cudagraph_mode
+    mode: CudaGraphMode = inp.cudagraph_mode
     if inp.adaptive_verification and mode != "FULL_DECODE_ONLY":
         mode = "FULL_AND_PIECEWISE"  # resolve_adaptive_cudagraph_mode with piecewise available
-    decode_half, mixed_half = MODE_HALVES[mode]
-    decode_full = decode_half == "FULL"
-    has_pw = mixed_half == "PIECEWISE"
     rows: list[RunnerRow] = []
-    if mode == "NONE" or not sizes:
-        return _plan(inp, "vllm-0.33.0", rows, main.max_size, sizes, main.warnings, {})
-    if has_pw:
-        rows.append(tokens("target.piecewise", "PIECEWISE"))
-    if mode == "FULL":
-        rows.append(tokens("target.full_mixed", "FULL"))
-    elif inp.adaptive_verification:
-        limit = seqs * inp.q
-        rows.append(
-            token_row(
-                "target.av",
-                [t for t in sizes if t <= limit],
-                graph_mode="FULL_VARLEN",
-                max_num_seqs=seqs,
-                q=inp.q,
-            )
-        )
-    elif decode_full:
-        rows.extend(uniform("target.full", inp.q))
-
-    drafter = inp.drafter
-    if drafter == "target_dependent_ar":
-        if has_pw:
-            rows.append(tokens("draft.step0.piecewise", "PIECEWISE", inp.q))
-        if mode == "FULL":
-            rows.append(tokens("draft.step0.full", "FULL", inp.q))
-        elif decode_full:
-            rows.extend(uniform("draft.step0.full", inp.q))
-        if k >= 2 and decode_full:
-            requests = uniform_decode_requests(
-                sizes, max_size=main.max_size, max_num_seqs=seqs, decode_query_len=1, q=1
-            )
-            # With dynamic SD the fused draft loop is captured once per K >= 2 of the schedule.
-            for tier_k in one_token_tier_ks(inp):
-                rows.append(request_row("draft.steps.full", requests, q=1, tier_k=tier_k))
-    elif drafter == "multi_module_mtp":
-        # Compiled piecewise graphs cannot specialize the module index: PIECEWISE is dropped.
-        if mode == "FULL":
-            rows.append(tokens("draft.mtp.full", "FULL", inp.q))
-        elif decode_full:
-            rows.extend(uniform("draft.mtp.full", inp.q))
-    elif drafter == "block":
-        if decode_full:
-            rows.extend(uniform("draft.block.full", _block_q(inp), label=_block_label(inp)))
-    elif inp.spec_method is not None:
-        rows.append(_none_row())
-    return _plan(inp, "vllm-0.33.0", rows, main.max_size, sizes, main.warnings, {})
+    if mode != "NONE" and main.sizes:
+        src = _MainSizes(inp, list(main.sizes), main.max_size)
+        rows = _target_rows(src, inp, mode) + _drafter_rows(src, inp, mode)
+    return _plan(inp, "vllm-0.33.0", rows, main.max_size, main.sizes, main.warnings, {})
 
 
 def _none_row() -> RunnerRow:
@@ -204,82 +286,10 @@ def _none_row() -> RunnerRow:
 
 def _seed_plan(inp: PlanInput) -> CapturePlan:
     sizes: SeedSizes = resolve_seed(inp)
-    seqs = inp.max_num_seqs
     mode = inp.cudagraph_mode
-    rows: list[RunnerRow] = []
-    decode_half, mixed_half = MODE_HALVES[mode]
-    decode_full = decode_half == "FULL"
-    has_pw = mixed_half == "PIECEWISE"
     prefill = sizes.prefill_tokens if mode != "NONE" else []
-
-    if has_pw:
-        rows.append(
-            token_row("target.piecewise", prefill, graph_mode="PIECEWISE", max_num_seqs=seqs)
-        )
-    if mode == "FULL":
-        rows.append(token_row("target.full_mixed", prefill, graph_mode="FULL", max_num_seqs=seqs))
-    elif inp.adaptive_verification:
-        rows.append(
-            token_row(
-                "target.av",
-                sizes.av_tokens,
-                graph_mode="FULL_VARLEN",
-                max_num_seqs=seqs,
-                q=inp.q,
-            )
-        )
-    elif decode_full:
-        for tier in sizes.target_decode:
-            rows.append(request_row("target.full", tier.requests, q=tier.q, tier_k=tier.tier_k))
-
-    drafter = inp.drafter
-    if drafter == "target_dependent_ar":
-        if has_pw:
-            rows.append(
-                token_row(
-                    "draft.step0.piecewise",
-                    prefill,
-                    graph_mode="PIECEWISE",
-                    max_num_seqs=seqs,
-                    q=inp.q,
-                )
-            )
-        if mode == "FULL":
-            rows.append(
-                token_row(
-                    "draft.step0.full", prefill, graph_mode="FULL", max_num_seqs=seqs, q=inp.q
-                )
-            )
-        elif decode_full:
-            for tier in sizes.target_decode:
-                rows.append(
-                    request_row("draft.step0.full", tier.requests, q=tier.q, tier_k=tier.tier_k)
-                )
-        if inp.num_speculative_tokens >= 2 and decode_full:
-            for tier_k in one_token_tier_ks(inp):
-                rows.append(
-                    request_row("draft.steps.full", sizes.one_token_requests, q=1, tier_k=tier_k)
-                )
-    elif drafter == "multi_module_mtp":
-        if mode == "FULL":
-            rows.append(
-                token_row("draft.mtp.full", prefill, graph_mode="FULL", max_num_seqs=seqs, q=inp.q)
-            )
-        elif decode_full:
-            for tier in sizes.target_decode:
-                rows.append(
-                    request_row("draft.mtp.full", tier.requests, q=tier.q, tier_k=tier.tier_k)
-                )
-    elif drafter == "block":
-        if decode_full:
-            q = _block_q(inp)
-            rows.append(
-                request_row(
-                    "draft.block.full", sizes.block_requests(q), q=q, label=_block_label(inp)
-                )
-            )
-    elif inp.spec_method is not None:
-        rows.append(_none_row())
+    src = _SeedSizes(sizes, list(prefill))
+    rows = _target_rows(src, inp, mode) + _drafter_rows(src, inp, mode)
     resolved: dict[str, int | list[int] | None] = {
         "max_prefill_cudagraph_capture_tokens": prefill[-1] if prefill else 0,
         "prefill_cudagraph_capture_token_sizes": list(prefill),
