@@ -1,6 +1,6 @@
 """Allocator replay: fidelity on the committed H200 snapshots, what-if with a snapshot, bad input.
 
-The real starts (reports/vllm/raw, vLLM 0.33.0, Llama-8B shape): A captures PIECEWISE graphs up to
+The real starts (tests/data/starts, copied from reports/vllm/raw; vLLM 0.33.0, Llama-8B shape): A captures PIECEWISE graphs up to
 256 tokens (35 graphs), B up to 64 (11), C adds an EAGLE3 drafter (K=3).
 """
 
@@ -24,7 +24,7 @@ from memest.schema import CapturePlan, RunReport
 from memest.snapshot import Snapshot, empty_snapshot, load_snapshot
 from memest.units import MiB
 
-RAW = Path(__file__).resolve().parents[3] / "reports" / "vllm" / "raw"
+RAW = Path(__file__).resolve().parents[2] / "data" / "starts"  # copies of reports/vllm/raw
 RUNS = {
     "A": "call3.A_llama8b_s128_t4096.enable",
     "B": "call4.B_llama8b_s32_t2048.enable",
