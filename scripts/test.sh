@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev,service,postgres,vllm]'
+.venv/bin/python -m pip install -q -e '.[dev,service,postgres,vllm,plots]'
 if [ -x scripts/setup-test-extras.sh ]; then bash scripts/setup-test-extras.sh; fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -92,7 +92,7 @@ def _png(draw: object, path: Path) -> None:
         draw(path)  # type: ignore[operator]
     except ImportError as exc:
         raise CommandError(
-            f"--png needs matplotlib (pip install 'memest[service]'): {exc}"
+            f"--png needs matplotlib (pip install 'memest[plots]'): {exc}"
         ) from None
 
 
