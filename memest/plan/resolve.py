@@ -8,11 +8,10 @@ from typing import Protocol
 
 from memest.errors import ConfigError
 from memest.plan.inputs import BLOCK_DRAFTERS, PlanInput
-from memest.plan.seed import SeedSizes, one_token_tier_ks, resolve_seed
+from memest.plan.seed import SeedSizes, one_token_tier_ks, resolve_seed, vllm_sizes
 from memest.plan.vllm033 import (
     MODE_HALVES,
     CudaGraphMode,
-    capture_sizes,
     decode_query_lens,
     uniform_decode_requests,
 )
@@ -248,17 +247,7 @@ def _drafter_rows(src: _Sizes, inp: PlanInput, mode: CudaGraphMode) -> list[Runn
 
 
 def _main_plan(inp: PlanInput) -> CapturePlan:
-    main = capture_sizes(
-        sm100=inp.sm100,
-        max_num_seqs=inp.max_num_seqs,
-        max_num_batched_tokens=inp.max_num_batched_tokens,
-        num_speculative_tokens=inp.num_speculative_tokens,
-        dynamic_sd=inp.dynamic_sd,
-        cudagraph_capture_sizes=inp.cudagraph_capture_sizes,
-        max_cudagraph_capture_size=inp.max_cudagraph_capture_size,
-        performance_mode=inp.performance_mode,
-        cudagraph_mode=inp.cudagraph_mode,
-    )
+    main = vllm_sizes(inp, inp.cudagraph_mode)
     mode: CudaGraphMode = inp.cudagraph_mode
     if inp.adaptive_verification and mode != "FULL_DECODE_ONLY":
         mode = "FULL_AND_PIECEWISE"  # resolve_adaptive_cudagraph_mode with piecewise available

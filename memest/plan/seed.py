@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from memest.plan.grids import av_grid, decode_grid, prefill_grid
 from memest.plan.inputs import PlanInput
 from memest.plan.vllm033 import (
+    CudaGraphMode,
     MainSizes,
     capture_sizes,
     ceil_counts,
@@ -116,6 +117,21 @@ def _clip_cap(name: str, cap: int, limit: int, limit_name: str, warnings: list[s
     return cap
 
 
+def vllm_sizes(inp: PlanInput, mode: CudaGraphMode = "FULL_AND_PIECEWISE") -> MainSizes:
+    """vLLM 0.33.0's capture sizes for ``inp`` under a cudagraph mode."""
+    return capture_sizes(
+        sm100=inp.sm100,
+        max_num_seqs=inp.max_num_seqs,
+        max_num_batched_tokens=inp.max_num_batched_tokens,
+        num_speculative_tokens=inp.num_speculative_tokens,
+        dynamic_sd=inp.dynamic_sd,
+        cudagraph_capture_sizes=inp.cudagraph_capture_sizes,
+        max_cudagraph_capture_size=inp.max_cudagraph_capture_size,
+        performance_mode=inp.performance_mode,
+        cudagraph_mode=mode,
+    )
+
+
 def resolve_seed(inp: PlanInput) -> SeedSizes:
     """Resolve the seed's five fields for ``inp`` (see the module docstring)."""
     warnings: list[str] = []
@@ -124,16 +140,7 @@ def resolve_seed(inp: PlanInput) -> SeedSizes:
     main_defaults = legacy or not inp.sm100
     main = _EMPTY_MAIN
     if main_defaults:
-        main = capture_sizes(
-            sm100=inp.sm100,
-            max_num_seqs=inp.max_num_seqs,
-            max_num_batched_tokens=inp.max_num_batched_tokens,
-            num_speculative_tokens=inp.num_speculative_tokens,
-            dynamic_sd=inp.dynamic_sd,
-            cudagraph_capture_sizes=inp.cudagraph_capture_sizes,
-            max_cudagraph_capture_size=inp.max_cudagraph_capture_size,
-            performance_mode=inp.performance_mode,
-        )
+        main = vllm_sizes(inp)
     if legacy:
         warnings.append(
             "cudagraph_capture_sizes / max_cudagraph_capture_size are deprecated: they "
