@@ -5,7 +5,8 @@
 # certificates trusted (pip reaches PyPI through them), imported into podman under both names the
 # FROM line may resolve to. Run as root. Idempotent: an existing image or cached rootfs is reused.
 #   bash scripts/container-base.sh            # installs podman, runc, debootstrap if missing
-# The rootfs is cached under $MEMEST_CONTAINER_CACHE (default /var/cache/memest-container).
+# The rootfs is cached under $MEMEST_CONTAINER_CACHE (default /var/cache/memest-container); to
+# remake the image (new CA certificates, say), remove that folder and `podman rmi` both names.
 set -euo pipefail
 IMAGE=docker.io/library/python:3.11-slim
 ALIAS=localhost/python:3.11-slim

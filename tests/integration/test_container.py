@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 BASE_SCRIPT = ROOT / "scripts" / "container-base.sh"
 BASE_IMAGE = "docker.io/library/python:3.11-slim"
 TEST_IMAGE = "localhost/memest:test"
-# Flags this host's podman needs: runc (crun is not installed), the host network (no CNI/netavark
-# set-up) and ulimits no higher than the host's own hard limits.
+# runc: the runtime scripts/container-base.sh installs. Host network: pip reaches PyPI the host's
+# way and the test reaches the service on loopback. Explicit ulimits: without them runc fails
+# ("error setting rlimit type 7: operation not permitted"): podman's default nofile exceeds what
+# such hosts allow.
 PODMAN_FLAGS = [
     "--runtime",
     "runc",
