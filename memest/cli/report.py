@@ -91,9 +91,7 @@ def _png(draw: object, path: Path) -> None:
     try:
         draw(path)  # type: ignore[operator]
     except ImportError as exc:
-        raise CommandError(
-            f"--png needs matplotlib (pip install 'memest[plots]'): {exc}"
-        ) from None
+        raise CommandError(f"--png needs matplotlib (pip install 'memest[plots]'): {exc}") from None
 
 
 COMMAND = ReportCommand()
