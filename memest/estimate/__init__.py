@@ -3,7 +3,7 @@
 Pure Python: reads RunReports (memest.schema), never imports torch.
 """
 
-from memest.estimate.accounting import account
+from memest.estimate.accounting import account, gpu_parts
 from memest.estimate.compare import compare, record, usage_bytes
 from memest.estimate.kv import kv_bytes_per_token, kv_page_bytes, kv_tokens
 from memest.estimate.phases import (
@@ -28,6 +28,7 @@ __all__ = [
     "PLAN_SCHEMA_VERSION",
     "FullInitTerms",
     "account",
+    "gpu_parts",
     "check_report",
     "compare",
     "extrapolate_full_graph_memory",

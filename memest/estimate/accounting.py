@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from memest.errors import MemestError
 from memest.estimate.compare import compare
-from memest.estimate.phases import graph_pool_by_stage
+from memest.estimate.phases import graph_pool_by_stage, terms_components
 from memest.estimate.startup_plan import graph_profiling_kept
 from memest.schema import EstimateComparison, EstimateRecord, RunReport, StartAccounting
 
@@ -140,3 +140,40 @@ def _stored(report: RunReport, reason: str) -> StartAccounting:
         vllm_cudagraph_estimate_bytes=figures.cudagraph_estimate_bytes if figures else None,
         vllm_cudagraph_actual_bytes=figures.cudagraph_actual_bytes if figures else None,
     )
+
+
+#: The whole GPU as the run page draws it: each full-initialization term, each graph stage, the
+#: KV cache, then what is left. Labels say what each part is for an operator.
+GPU_PART_LABELS = {
+    "baseline_torch_bytes": "CUDA libraries before the weights",
+    "weights_bytes": "weights",
+    "profile_peak_activation_bytes": "activation headroom",
+    "outside_torch_bytes": "outside PyTorch (context, NCCL, graphs)",
+    "runner_buffer_bytes": "runner buffers",
+    "profiling_residue_bytes": "profiling residue",
+    "margin_bytes": "margin",
+    "kv_cache_bytes": "KV cache",
+    "free_bytes": "free (not used)",
+}
+
+
+def gpu_parts(accounting: StartAccounting, total_bytes: int) -> list[tuple[str, str, int]]:
+    """(key, label, bytes) from 0 to the GPU's total: memest's terms with the graph pool split by
+    stage, the KV cache this start allocated, and the free rest (never negative).
+
+    Empty when the accounting has no terms (a report measured by an older definition).
+    """
+    terms = accounting.terms
+    if terms is None or accounting.kv_cache_bytes is None:
+        return []
+    parts: list[tuple[str, str, int]] = []
+    for key, value in terms_components(terms).items():
+        if key == "graph_pool_bytes":
+            by_stage = terms.graph_pool_by_stage_bytes or {"graph pools": value}
+            parts.extend((f"stage:{s}", f"graph pool · {s}", b) for s, b in by_stage.items())
+        else:
+            parts.append((key, GPU_PART_LABELS[key], value))
+    parts.append(("kv_cache_bytes", GPU_PART_LABELS["kv_cache_bytes"], accounting.kv_cache_bytes))
+    used = sum(b for _, _, b in parts)
+    parts.append(("free_bytes", GPU_PART_LABELS["free_bytes"], max(total_bytes - used, 0)))
+    return [p for p in parts if p[2] > 0]

@@ -405,3 +405,86 @@ def save_png_compare(cmp: Comparison, path: Path, title: str) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+_PART_COLORS = {
+    "baseline_torch_bytes": "#9e9e9e",
+    "weights_bytes": "#3f51b5",
+    "profile_peak_activation_bytes": "#ff9800",
+    "outside_torch_bytes": "#795548",
+    "runner_buffer_bytes": "#009688",
+    "profiling_residue_bytes": "#bdbdbd",
+    "margin_bytes": "#607d8b",
+    "kv_cache_bytes": "#4caf50",
+    "free_bytes": "#f5f5f5",
+}
+_STAGE_COLORS = ("#e91e63", "#9c27b0", "#f44336", "#673ab7", "#ad1457", "#d81b60")
+
+
+def _part_colors(parts: Sequence[tuple[str, str, int]]) -> list[str]:
+    """A colour per part: fixed per term, graph stages in turn from a red-violet family."""
+    stages = iter(_STAGE_COLORS * (1 + len(parts) // len(_STAGE_COLORS)))
+    return [
+        next(stages) if key.startswith("stage:") else _PART_COLORS.get(key, "#cccccc")
+        for key, _, _ in parts
+    ]
+
+
+def whole_gpu_svg(
+    parts: Sequence[tuple[str, str, int]],
+    *,
+    total_bytes: int,
+    budget_bytes: int | None,
+    usage_bytes: int | None,
+    title: str = "Where the whole GPU went",
+) -> str:
+    """One horizontal bar from 0 to the GPU's total: every part, the budget line, the usage mark.
+
+    ``parts`` is memest.estimate.gpu_parts (key, label, bytes); the legend lists every part with
+    its GiB, so small parts stay readable where their slice is thin.
+    """
+    width, left, right, bar_y, bar_h = 1100, 20, 20, 52, 46
+    plot_w = width - left - right
+    legend_top = bar_y + bar_h + 40
+    rows = (len(parts) + 2) // 3
+    height = legend_top + rows * 20 + 10
+    scale = plot_w / max(total_bytes, 1)
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="memest-plot whole-gpu" role="img" '
+        f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="12">',
+        f"<title>{escape(title)}</title>",
+        f'<text x="{left}" y="20" font-size="14" font-weight="bold">{escape(title)} · '
+        f"{fmt_gib(total_bytes)} GiB</text>",
+    ]
+    x = float(left)
+    colors = _part_colors(parts)
+    for (key, label, nbytes), color in zip(parts, colors, strict=True):
+        w = nbytes * scale
+        out.append(
+            f'<rect class="gpu-part" x="{x:.2f}" y="{bar_y}" width="{w:.2f}" height="{bar_h}" '
+            f'fill="{color}" stroke="#fff" stroke-width="0.5" data-part="{escape(key)}" '
+            f'data-bytes="{nbytes}"><title>{escape(label)}: {fmt_gib(nbytes)} GiB</title></rect>'
+        )
+        x += w
+    for mark, value, dash in (("budget", budget_bytes, ""), ("usage", usage_bytes, "4 3")):
+        if value is None:
+            continue
+        mx = left + value * scale
+        out.append(
+            f'<line class="gpu-{mark}" x1="{mx:.1f}" x2="{mx:.1f}" y1="{bar_y - 10}" '
+            f'y2="{bar_y + bar_h + 10}" stroke="#000" stroke-width="2" stroke-dasharray="{dash}" '
+            f'data-bytes="{value}"/>'
+            f'<text x="{mx:.1f}" y="{bar_y - 14 if mark == "budget" else bar_y + bar_h + 24}" '
+            f'text-anchor="middle">{mark} {fmt_gib(value)}</text>'
+        )
+    for i, ((_, label, nbytes), color) in enumerate(zip(parts, colors, strict=True)):
+        lx = left + (i % 3) * (plot_w / 3)
+        ly = legend_top + (i // 3) * 20
+        out.append(
+            f'<rect x="{lx:.1f}" y="{ly - 10}" width="12" height="12" fill="{color}" '
+            f'stroke="#999" stroke-width="0.5"/>'
+            f'<text x="{lx + 18:.1f}" y="{ly}">{escape(label)} · {fmt_gib(nbytes)} GiB</text>'
+        )
+    out.append("</svg>")
+    return "".join(out)

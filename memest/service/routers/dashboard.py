@@ -14,9 +14,12 @@ from jinja2 import pass_context
 
 from memest.analysis.ranks import rank_check
 from memest.analysis.stages import stage_bars
-from memest.estimate import account
+from memest.errors import MemestError
+from memest.estimate import account, gpu_parts
+from memest.estimate.phases import total_bytes
 from memest.reporters import plots
 from memest.reporters.views import compare, history, run_facts, runner_counts
+from memest.schema import RunReport, StartAccounting
 from memest.service import store
 from memest.service.deps import CacheDep, ReadAuth, SessionDep
 from memest.service.errors import NotFound
@@ -123,9 +126,27 @@ def model_page(
         runners=runner_counts(rep),
         facts=run_facts(rep),
         accounting=accounting,
+        gpu_svg=_whole_gpu(rep, accounting),
         svg=plots.stage_owner_svg(
             bars, f"Graph-pool growth by stage and owner · {rep.build.label}"
         ),
+    )
+
+
+def _whole_gpu(report: RunReport, accounting: StartAccounting) -> str | None:
+    """The whole-GPU bar of a run, or None when its accounting has no terms."""
+    try:
+        total = total_bytes(report)
+    except MemestError:
+        return None
+    parts = gpu_parts(accounting, total)
+    if not parts:
+        return None
+    return plots.whole_gpu_svg(
+        parts,
+        total_bytes=total,
+        budget_bytes=accounting.budget_bytes,
+        usage_bytes=accounting.usage_bytes,
     )
 
 

@@ -121,6 +121,7 @@ def test_every_surface_shows_the_same_figures(
         assert text == _shown(figure, api[figure]), figure
     if api["definition"] == "stored":
         assert "Measured by an older definition" in page
+    _check_whole_gpu(page, api, report)
 
     labels = (("build", report["build"]["label"]), ("model", report["model"]))
     samples = _metric_samples(client.get("/metrics").text)
@@ -146,3 +147,22 @@ def test_every_surface_shows_the_same_figures(
         in markdown
     )
     assert f"| KV capacity, tokens | {_shown('kv_tokens', api['kv_tokens'])} |" in markdown
+
+
+def _check_whole_gpu(page: str, api: dict[str, Any], report: dict[str, Any]) -> None:
+    """The run page's whole-GPU bar: its parts fill the GPU, its KV part and lines are the API's."""
+    picture = re.search(r'<figure class="plot wide" id="whole-gpu-plot">(.*?)</figure>', page, re.S)
+    if api["definition"] == "stored":
+        assert picture is None
+        return
+    assert picture is not None
+    parts = dict(re.findall(r'data-part="([^"]+)" data-bytes="(\d+)"', picture.group(1)))
+    assert int(parts["kv_cache_bytes"]) == api["kv_cache_bytes"]
+    assert sum(int(v) for v in parts.values()) == report["gpu"]["total_bytes"]
+    stages = {k.removeprefix("stage:"): int(v) for k, v in parts.items() if k.startswith("stage:")}
+    nonzero = {k: v for k, v in api["graph_pool_by_stage_bytes"].items() if v}
+    assert stages == nonzero
+    budget = re.search(r'class="gpu-budget"[^>]*data-bytes="(\d+)"', picture.group(1))
+    usage = re.search(r'class="gpu-usage"[^>]*data-bytes="(\d+)"', picture.group(1))
+    assert budget is not None and int(budget.group(1)) == api["budget_bytes"]
+    assert usage is not None and int(usage.group(1)) == api["usage_bytes"]
