@@ -60,7 +60,7 @@ class ServeCommand:
         settings = Settings(**overrides)  # type: ignore[arg-type]
         generated = None
         if settings.write_token is None:
-            generated = secrets.token_urlsafe(18)
+            generated = new_write_token()
             settings = settings.model_copy(update={"write_token": generated})
         app = create_app(settings)
         if args.exit_after_load:
@@ -78,6 +78,11 @@ class ServeCommand:
             )
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
         return 0
+
+
+def new_write_token() -> str:
+    # Hex, so the token never starts with "-": `--token <value>` would read such a value as an option.
+    return secrets.token_hex(20)
 
 
 def _safe_url(url: str) -> str:
