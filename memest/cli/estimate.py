@@ -1,6 +1,7 @@
 """KV budget of one start: vLLM's estimate, memest's full-initialization one, the end state.
 
-memest estimate --from REPORT.json [--grid JSON [--snapshot PATH]] [--kv-tokens N |
+memest estimate --from REPORT.json [--grid JSON [--snapshot PATH] [--model-config JSON
+                [--drafter-config JSON]]] [--kv-tokens N |
                 --concurrency C] [--margin SIZE] [--json]
                 [--write-startup-plan DIR [--create-dir]]
 
@@ -14,6 +15,11 @@ drafter), {"compilation_config": {"max_cudagraph_capture_size": 256}} (capture s
 five fields); max_model_len, speculative_method and num_speculative_tokens too. An unknown
 field is an error naming it. A full capture plan ({"runners": ...}) or memest.plan input
 fields ({"sizing": "vllm-0.33.0", "sm100": false, ...}) are accepted as before.
+--model-config names the model's Hugging Face config.json (and --drafter-config the drafter's):
+with them the grid-sized buffers vLLM allocates at load (penalties, structured-output masks,
+the sampler's top-k/top-p buffer, input and drafter buffers, block tables) move the baseline,
+weights, profiling-residue and runner-buffer terms by f(G') - f(G); without them those terms
+are kept at G's bytes.
 --snapshot names the allocator snapshot of the same start: the what-if then replays its graph-pool
 requests, resized for G', through a model of the caching allocator (pool growth is made of
 segments, which linear laws miss by up to a segment per trigger).
@@ -48,11 +54,13 @@ from memest.estimate import (
     what_if,
     write_startup_plan,
 )
+from memest.estimate.runner_buffers import ModelDims
+from memest.estimate.whatif import term_rows
 from memest.files import load_json_file, parse_json
 from memest.reporters.estimate import render_accounting, render_what_if
 from memest.schema import EstimateComparison, WhatIf
 from memest.snapshot import load_snapshot
-from memest.units import parse_bytes
+from memest.units import gib_cell, parse_bytes
 
 
 def load_grid(text: str) -> dict[str, Any]:
@@ -96,6 +104,18 @@ class EstimateCommand:
             help="allocator snapshot of the same start: what-if by allocator replay (with --grid)",
         )
         parser.add_argument(
+            "--model-config",
+            type=Path,
+            metavar="JSON",
+            help="the model's Hugging Face config.json: grid-sized runner buffers move with G'",
+        )
+        parser.add_argument(
+            "--drafter-config",
+            type=Path,
+            metavar="JSON",
+            help="the drafter's config.json (with --model-config)",
+        )
+        parser.add_argument(
             "--kv-tokens",
             type=int,
             metavar="N",
@@ -130,6 +150,9 @@ class EstimateCommand:
             raise ConfigError("--margin", args.margin, "must not be negative")
         if args.snapshot is not None and not args.grid:
             raise ConfigError("--snapshot", str(args.snapshot), "only used with --grid")
+        if args.model_config is not None and not args.grid and args.kv_tokens is None:
+            if args.concurrency is None:
+                raise ConfigError("--model-config", str(args.model_config), "only used with --grid")
         comparison = compare(report, margin_bytes=margin)
         accounting = account(report, margin_bytes=margin)
         target = _target_tokens(args, report)
@@ -137,7 +160,8 @@ class EstimateCommand:
         grid_result = _what_if(args, report, grid_text, margin)
         inverse = None
         if target is not None and grid_result is not None and grid_text is not None:
-            inverse = _inverse(report, grid_result, target, load_grid(grid_text), margin)
+            grid = load_grid(grid_text)
+            inverse = _inverse(report, grid_result, target, grid, margin, _dims(args, report))
         memest = accounting.estimator("memest")
         kv_bytes = memest.kv_cache_bytes if memest is not None else None
         plan_path = _write_plan(args, comparison, kv_bytes)
@@ -166,6 +190,28 @@ def _what_if(
         margin_bytes=margin,
         snapshot=snapshot,
         snapshot_source=str(args.snapshot),
+        dims=_dims(args, report),
+    )
+
+
+def _config_file(path: Path, flag: str) -> dict[str, Any]:
+    data = load_json_file(path, error=lambda msg: CommandError(f"{flag} {msg}"))
+    if not isinstance(data, dict):
+        raise ConfigError(flag, str(path), "expected a JSON object (a config.json)")
+    return data
+
+
+def _dims(args: argparse.Namespace, report: Any) -> ModelDims | None:
+    """ModelDims from --model-config (and --drafter-config), or None."""
+    if args.model_config is None:
+        if args.drafter_config is not None:
+            raise ConfigError("--drafter-config", str(args.drafter_config), "needs --model-config")
+        return None
+    drafter = None
+    if args.drafter_config is not None:
+        drafter = _config_file(args.drafter_config, "--drafter-config")
+    return ModelDims.from_report(
+        report, _config_file(args.model_config, "--model-config"), drafter=drafter
     )
 
 
@@ -210,6 +256,7 @@ def _as_text(out: dict[str, Any]) -> str:
     parts = [render_accounting(out["accounting"])]
     if grid_result is not None:
         parts.append("\nWhat-if\n\n" + render_what_if(grid_result))
+        parts.append(_render_terms(grid_result))
     if out["kv_cache_memory_bytes"]:
         parts.append(
             "\nvLLM flag for memest's budget: "
@@ -225,6 +272,17 @@ def _as_text(out: dict[str, Any]) -> str:
     if out["startup_plan_path"] is not None:
         parts.append(f"Startup plan written: {out['startup_plan_path']}\n")
     return "".join(parts)
+
+
+def _render_terms(result: WhatIf) -> str:
+    """Every full-initialization term at G and G' with the law that moved it."""
+    lines = ["\n| term | G GiB | G' GiB | law |", "|---|---|---|---|"]
+    for row in term_rows(result):
+        lines.append(
+            f"| {row['term']} | {gib_cell(row['bytes_from'])} | {gib_cell(row['bytes_to'])} "
+            f"| {row['law']} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _target_tokens(args: argparse.Namespace, report: Any) -> int | None:
@@ -246,7 +304,12 @@ def _target_tokens(args: argparse.Namespace, report: Any) -> int | None:
 
 
 def _inverse(
-    report: Any, result: Any, tokens: int, grid: dict[str, Any], margin: int
+    report: Any,
+    result: Any,
+    tokens: int,
+    grid: dict[str, Any],
+    margin: int,
+    dims: ModelDims | None = None,
 ) -> dict[str, Any]:
     from memest.estimate.inverse import largest_max_num_seqs, utilization_for_tokens
     from memest.estimate.whatif import is_overlay
@@ -259,7 +322,7 @@ def _inverse(
         answer["largest_max_num_seqs"] = largest_max_num_seqs(
             report,
             tokens,
-            lambda r, g: what_if(r, g, margin_bytes=margin),
+            lambda r, g: what_if(r, g, margin_bytes=margin, dims=dims),
             {k: v for k, v in grid.items() if k != "max_num_seqs"},
         )
     return answer

@@ -37,6 +37,12 @@ from memest.estimate.phases import (
     total_bytes,
 )
 from memest.estimate.poolreplay import pool_trace, replay
+from memest.estimate.runner_buffers import (
+    BUFFER_TERMS,
+    ModelDims,
+    RunnerGrid,
+    runner_buffer_bytes,
+)
 from memest.schema import (
     CapturePlan,
     FullInitTerms,
@@ -220,18 +226,33 @@ def _owner_rows(report: RunReport) -> list[tuple[str, str, int]]:
     return [(stage, owner, b) for (stage, owner), b in rows.items()]
 
 
-def _graph_object_bytes(report: RunReport) -> int:
-    """Outside-PyTorch growth over the real capture (graph objects and driver memory)."""
-    if report.breakdown is not None:
-        for split in report.breakdown.phases:
-            if split.phase == "capture":
-                return max(split.outside_torch_bytes, 0)
-    cap = phase(report, "capture")
-    if cap is None or cap.start.device_used_bytes is None or cap.end.device_used_bytes is None:
+def _outside_growth(report: RunReport, name: str) -> int:
+    record = phase(report, name)
+    if record is None:
         return 0
-    before = cap.start.device_used_bytes - cap.start.torch_reserved_bytes
-    after = cap.end.device_used_bytes - cap.end.torch_reserved_bytes
+    start, end = record.start, record.end
+    if start.device_used_bytes is None or end.device_used_bytes is None:
+        return 0
+    before = start.device_used_bytes - start.torch_reserved_bytes
+    after = end.device_used_bytes - end.torch_reserved_bytes
     return max(after - before, 0)
+
+
+def _graph_object_bytes(report: RunReport) -> int:
+    """Outside-PyTorch growth while graphs are captured (graph objects and driver memory).
+
+    vLLM 0.33.0 captures every graph once during graph-memory profiling and again in the real
+    capture; the driver memory of the graph objects grows in the first (real H200 starts:
+    178 MiB for 54 graphs, 54 MiB for 18) and stays, so both windows count.
+    """
+    profiling = (
+        "graph_profiling.total" if phase(report, "graph_profiling.total") else ("graph_profiling")
+    )
+    splits = [] if report.breakdown is None else report.breakdown.phases
+    capture = next((s.outside_torch_bytes for s in splits if s.phase == "capture"), None)
+    if capture is None:
+        capture = _outside_growth(report, "capture")
+    return _outside_growth(report, profiling) + max(capture, 0)
 
 
 def _describe(plan: CapturePlan) -> str:
@@ -373,6 +394,52 @@ def pool_predictions(
     return [_predict(s, o, b, g, g2, kept.get((s, o), 0)) for s, o, b in rows], []
 
 
+def _config_of(report: RunReport, g2: CapturePlan, config_to: RunConfig | None) -> RunConfig:
+    """G''s configuration: the overlay's, or the start's with the plan's scheduler limits."""
+    if config_to is not None:
+        return config_to
+    update = {"max_num_seqs": g2.max_num_seqs, "max_num_batched_tokens": g2.max_num_batched_tokens}
+    return report.config.model_copy(update={k: v for k, v in update.items() if v})
+
+
+def _buffer_terms(
+    report: RunReport,
+    terms: FullInitTerms,
+    g2: CapturePlan,
+    config_to: RunConfig | None,
+    dims: ModelDims | None,
+    notes: list[str],
+) -> tuple[dict[str, int], dict[str, str]]:
+    """The terms grid-sized runner buffers move, at G', and the law that moved each."""
+    if dims is None:
+        notes.append(
+            "model dimensions not given (--model-config): the grid-sized runner buffers "
+            "(baseline, weights, profiling residue, runner buffers) are kept at G's bytes"
+        )
+        return {}, {}
+    block = report.kv_cache.block_size if report.kv_cache is not None else 16
+    grid_g = RunnerGrid.from_config(report.config, block_size=block)
+    grid_to = RunnerGrid.from_config(_config_of(report, g2, config_to), block_size=block)
+    before, after = runner_buffer_bytes(dims, grid_g), runner_buffer_bytes(dims, grid_to)
+    moved: dict[str, int] = {}
+    names: dict[str, list[str]] = {}
+    for name in sorted(set(before) | set(after)):
+        change = after.get(name, 0) - before.get(name, 0)
+        if change:
+            term = BUFFER_TERMS[name]
+            moved[term] = moved.get(term, 0) + change
+            names.setdefault(term, []).append(name)
+    values = terms.model_dump()
+    out = {term: max(int(values[term]) + change, 0) for term, change in moved.items()}
+    laws = {term: "runner buffers f(G') - f(G): " + ", ".join(n) for term, n in names.items()}
+    if (grid_g.speculative_method is None) != (grid_to.speculative_method is None):
+        notes.append(
+            "the drafter is added or dropped: its weights and the buffers it allocates with "
+            "the KV cache are not modelled, only its grid-sized buffers"
+        )
+    return out, laws
+
+
 def what_if(
     report: RunReport,
     grid: CapturePlan | Mapping[str, Any],
@@ -380,6 +447,7 @@ def what_if(
     margin_bytes: int = 0,
     snapshot: Snapshot | None = None,
     snapshot_source: str = "snapshot",
+    dims: ModelDims | None = None,
 ) -> WhatIf:
     """Predict each owner's pool memory and the KV budget under grid G'.
 
@@ -390,6 +458,9 @@ def what_if(
         snapshot: the allocator snapshot of the same start; when given, pool rows are predicted
             by allocator replay (memest.estimate.poolreplay) instead of linear laws.
         snapshot_source: name of the snapshot in error messages (its path).
+        dims: the model's dimensions; with them the grid-sized runner buffers
+            (memest.estimate.runner_buffers) move the baseline, weights, profiling-residue and
+            runner-buffer terms by f(G') - f(G). Without them those terms are kept.
 
     Raises:
         ConfigError: the grid fails validation.
@@ -446,9 +517,11 @@ def what_if(
             f"budget {terms.requested_bytes} -> {requested_to} B "
             f"(gpu_memory_utilization {util_from} -> {util_to})"
         )
+    buffers_to, buffer_laws = _buffer_terms(report, terms, g2, config_to, dims, notes)
     terms_to = FullInitTerms.model_validate(
         {
             **terms.model_dump(),
+            **buffers_to,
             "requested_bytes": requested_to,
             "profile_peak_activation_bytes": activation_to,
             "graph_pool_bytes": pool_to,
@@ -466,8 +539,10 @@ def what_if(
     laws = {
         "graph_pool_bytes": "per-owner pool laws"
         + (" (allocator replay)" if snapshot is not None else ""),
-        "outside_torch_bytes": "graph objects scale with the graph count",
+        "outside_torch_bytes": "graph objects (graph profiling and capture) scale with the "
+        "graph count",
     }
+    laws.update(buffer_laws)
     if activation_to != terms.profile_peak_activation_bytes:
         laws["profile_peak_activation_bytes"] = "max_num_batched_tokens"
     if requested_to != terms.requested_bytes:
@@ -494,3 +569,24 @@ def what_if(
         dominant_change_bytes=changes[dominant] if dominant is not None else 0,
         notes=notes,
     )
+
+
+def term_rows(result: WhatIf) -> list[dict[str, Any]]:
+    """Each full-initialization term at G and at G', and the law that moved it (or "constant").
+
+    The one list every surface (CLI table, service, run page) shows.
+    """
+    from memest.estimate.phases import TERM_FIELDS
+
+    if result.terms_from is None or result.terms_to is None:
+        return []
+    before, after = result.terms_from.model_dump(), result.terms_to.model_dump()
+    return [
+        {
+            "term": term,
+            "bytes_from": int(before[term]),
+            "bytes_to": int(after[term]),
+            "law": result.term_laws.get(term, "constant"),
+        }
+        for term in ("requested_bytes", *TERM_FIELDS)
+    ]

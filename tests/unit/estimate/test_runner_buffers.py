@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from memest.errors import ConfigError
+from memest.estimate import full_init_terms, what_if
 from memest.estimate.runner_buffers import (
     BUFFER_TERMS,
     ModelDims,
@@ -12,6 +16,8 @@ from memest.estimate.runner_buffers import (
     runner_buffer_bytes,
     term_bytes,
 )
+from memest.schema import RunReport
+from memest.units import MiB
 
 LLAMA8B = {"hidden_size": 4096, "vocab_size": 128256, "torch_dtype": "bfloat16"}
 
@@ -68,3 +74,37 @@ def test_every_buffer_is_charged_to_a_term_and_terms_sum_to_the_buffers() -> Non
 def test_a_config_without_vocab_is_named() -> None:
     with pytest.raises(ConfigError, match="vocab_size"):
         ModelDims.from_hf_config({"hidden_size": 4096})
+
+
+RAW = Path(__file__).resolve().parents[3] / "reports" / "vllm" / "raw"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def _real(name: str) -> RunReport:
+    return RunReport.model_validate_json((RAW / f"{name}.report.rank0.json").read_text())
+
+
+def test_what_if_moves_load_time_terms_as_a_real_start_at_the_other_grid_measured() -> None:
+    s = _real("call9.S_llama8b_s128_t4096.apply")  # 128 seqs, 4,096 tokens
+    b = _real("call5.B_llama8b_s32_t2048.apply")  # 32 seqs, 2,048 tokens
+    dims = ModelDims.from_report(s, json.loads((EXAMPLES / "llama8b.config.json").read_text()))
+    result = what_if(s, {"max_num_seqs": 32, "max_num_batched_tokens": 2048}, dims=dims)
+    assert result.terms_to is not None and result.terms_from is not None
+    measured = full_init_terms(b)
+    # weights phase: 52.9 MiB less at B; profiling residue: 48.2 MiB less (real H200 starts)
+    for term, tolerance in (("weights_bytes", 4 * MiB), ("profiling_residue_bytes", 2 * MiB)):
+        moved = getattr(result.terms_from, term) - getattr(result.terms_to, term)
+        assert moved > 40 * MiB, term
+        assert abs(getattr(result.terms_to, term) - getattr(measured, term)) < tolerance, term
+    assert "penalties" in result.term_laws["weights_bytes"]
+    assert "topk_topp_buffer" in result.term_laws["profiling_residue_bytes"]
+    # graph objects: 178 MiB outside PyTorch for 54 graphs at S, 54 MiB for 18 at B
+    assert abs(result.terms_to.outside_torch_bytes - measured.outside_torch_bytes) < 8 * MiB
+
+
+def test_without_dims_the_buffer_terms_are_kept_and_the_note_says_so() -> None:
+    s = _real("call9.S_llama8b_s128_t4096.apply")
+    result = what_if(s, {"max_num_seqs": 32})
+    assert result.terms_to is not None and result.terms_from is not None
+    assert result.terms_to.weights_bytes == result.terms_from.weights_bytes
+    assert any("--model-config" in n for n in result.notes)
