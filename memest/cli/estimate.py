@@ -287,20 +287,12 @@ def _render_terms(result: WhatIf) -> str:
 
 def _target_tokens(args: argparse.Namespace, report: Any) -> int | None:
     """N of --kv-tokens, or --concurrency x max_model_len."""
-    if args.kv_tokens is not None and args.concurrency is not None:
-        raise ConfigError("--concurrency", args.concurrency, "give --kv-tokens or --concurrency")
-    if args.kv_tokens is not None:
-        if args.kv_tokens <= 0:
-            raise ConfigError("--kv-tokens", args.kv_tokens, "must be positive")
-        return int(args.kv_tokens)
-    if args.concurrency is None:
-        return None
-    if args.concurrency <= 0:
-        raise ConfigError("--concurrency", args.concurrency, "must be positive")
-    length = report.config.max_model_len
-    if not length:
-        raise ConfigError("--concurrency", args.concurrency, "the report has no max_model_len")
-    return int(args.concurrency) * int(length)
+    from memest.estimate.inverse import target_tokens
+
+    try:
+        return target_tokens(report, args.kv_tokens, args.concurrency)
+    except ConfigError as exc:
+        raise ConfigError(f"--{exc.field.replace('_', '-')}", exc.value, exc.reason) from None
 
 
 def _inverse(
@@ -311,21 +303,16 @@ def _inverse(
     margin: int,
     dims: ModelDims | None = None,
 ) -> dict[str, Any]:
-    from memest.estimate.inverse import largest_max_num_seqs, utilization_for_tokens
+    from memest.estimate.inverse import inverse_answer
     from memest.estimate.whatif import is_overlay
 
-    answer: dict[str, Any] = {
-        "kv_tokens": tokens,
-        "gpu_memory_utilization": utilization_for_tokens(report, result, tokens),
-    }
-    if is_overlay(grid):
-        answer["largest_max_num_seqs"] = largest_max_num_seqs(
-            report,
-            tokens,
-            lambda r, g: what_if(r, g, margin_bytes=margin, dims=dims),
-            {k: v for k, v in grid.items() if k != "max_num_seqs"},
-        )
-    return answer
+    return inverse_answer(
+        report,
+        result,
+        tokens,
+        grid if is_overlay(grid) else None,
+        lambda r, g: what_if(r, g, margin_bytes=margin, dims=dims),
+    )
 
 
 def _render_inverse(answer: dict[str, Any]) -> str:

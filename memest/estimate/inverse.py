@@ -78,3 +78,52 @@ def largest_max_num_seqs(
         mid = (low + high) // 2
         low, high = (mid, high) if holds(mid) else (low, mid)
     return low
+
+
+def target_tokens(report: RunReport, kv_tokens: int | None, concurrency: int | None) -> int | None:
+    """N of an inverse question: ``kv_tokens``, or ``concurrency`` x the start's max_model_len.
+
+    Raises:
+        ConfigError: both are given, one is not positive, or max_model_len is unknown.
+    """
+    if kv_tokens is not None and concurrency is not None:
+        raise ConfigError("concurrency", concurrency, "give kv_tokens or concurrency, not both")
+    if kv_tokens is not None:
+        if kv_tokens <= 0:
+            raise ConfigError("kv_tokens", kv_tokens, "must be positive")
+        return kv_tokens
+    if concurrency is None:
+        return None
+    if concurrency <= 0:
+        raise ConfigError("concurrency", concurrency, "must be positive")
+    length = report.config.max_model_len
+    if not length:
+        raise ConfigError("concurrency", concurrency, "the report has no max_model_len")
+    return concurrency * length
+
+
+def concurrency_at(report: RunReport, tokens: int | None) -> float | None:
+    """Requests of the start's max_model_len that ``tokens`` KV tokens hold."""
+    length = report.config.max_model_len
+    if tokens is None or not length:
+        return None
+    return tokens / length
+
+
+def inverse_answer(
+    report: RunReport,
+    result: WhatIf,
+    tokens: int,
+    changes: Mapping[str, Any] | None,
+    what_if: Any,
+) -> dict[str, Any]:
+    """The answers to "what holds ``tokens`` tokens": the utilization under G' and, for a grid
+    written as changes, the largest max_num_seqs that still holds them."""
+    answer: dict[str, Any] = {
+        "kv_tokens": tokens,
+        "gpu_memory_utilization": utilization_for_tokens(report, result, tokens),
+    }
+    if changes is not None:
+        rest = {k: v for k, v in changes.items() if k != "max_num_seqs"}
+        answer["largest_max_num_seqs"] = largest_max_num_seqs(report, tokens, what_if, rest)
+    return answer

@@ -6,7 +6,10 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from memest.schema import EstimateComparison, RunReport
+from pydantic import BaseModel, ConfigDict, Field
+
+from memest.errors import ConfigError
+from memest.schema import EstimateComparison, RunReport, WhatIf
 
 
 def _estimate_attr(name: str) -> Callable[..., Any] | None:
@@ -50,3 +53,95 @@ def what_if(report: RunReport, plan: Any) -> Any:
     if fn is None:
         raise LookupError("memest.estimate.what_if is not available")
     return fn(report, plan)
+
+
+class RunEstimateRequest(BaseModel):
+    """A what-if on a stored run: the grid changes as ``memest estimate --grid`` takes them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    grid: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Only what changes, with vLLM's flag names (max_num_seqs, "
+        "max_num_batched_tokens, max_model_len, gpu_memory_utilization, speculative_config, "
+        "compilation_config); {} is the start's own grid",
+        examples=[{"max_num_seqs": 32, "max_num_batched_tokens": 2048}],
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0, le=1, description="Shorthand for grid.gpu_memory_utilization"
+    )
+    kv_tokens: int | None = Field(
+        default=None, gt=0, description="Inverse question: what holds this many KV tokens"
+    )
+    concurrency: int | None = Field(
+        default=None, gt=0, description="Inverse question with kv_tokens = C x max_model_len"
+    )
+    model_dims: dict[str, Any] | None = Field(
+        default=None,
+        description="The model's Hugging Face config.json: grid-sized runner buffers move too",
+    )
+    drafter_dims: dict[str, Any] | None = Field(
+        default=None, description="The drafter's config.json (with model_dims)"
+    )
+    rank: int | None = Field(default=None, ge=0, le=65535, description="Default: the lowest")
+
+
+class TermRow(BaseModel):
+    term: str
+    bytes_from: int
+    bytes_to: int
+    law: str
+
+
+class RunEstimateResponse(BaseModel):
+    run_id: str
+    rank: int
+    what_if: WhatIf
+    terms: list[TermRow] = Field(description="Every full-initialization term at G and G'")
+    kv_cache_memory_bytes_to: int | None = Field(description="vLLM's flag for G'")
+    concurrency_from: float | None = Field(description="Requests of max_model_len at G")
+    concurrency_to: float | None = Field(description="Requests of max_model_len at G'")
+    inverse: dict[str, Any] | None = None
+
+
+def run_estimate(report: RunReport, req: RunEstimateRequest) -> RunEstimateResponse:
+    """memest.estimate.what_if (and the inverse questions) on a stored report.
+
+    Raises:
+        ConfigError: a field of the request is refused (named).
+        MemestError: the estimator cannot use the report.
+    """
+    from memest.estimate import what_if as core_what_if
+    from memest.estimate.inverse import concurrency_at, inverse_answer, target_tokens
+    from memest.estimate.runner_buffers import ModelDims
+    from memest.estimate.whatif import term_rows
+
+    grid = dict(req.grid)
+    if req.gpu_memory_utilization is not None:
+        if "gpu_memory_utilization" in grid:
+            raise ConfigError(
+                "gpu_memory_utilization", req.gpu_memory_utilization, "also given in grid"
+            )
+        grid["gpu_memory_utilization"] = req.gpu_memory_utilization
+    if req.drafter_dims is not None and req.model_dims is None:
+        raise ConfigError("drafter_dims", "...", "needs model_dims")
+    dims = None
+    if req.model_dims is not None:
+        dims = ModelDims.from_report(report, req.model_dims, drafter=req.drafter_dims)
+    tokens = target_tokens(report, req.kv_tokens, req.concurrency)
+    result = core_what_if(report, grid, dims=dims)
+    inverse = None
+    if tokens is not None:
+        inverse = inverse_answer(
+            report, result, tokens, grid, lambda r, g: core_what_if(r, g, dims=dims)
+        )
+    return RunEstimateResponse(
+        run_id=report.run_id,
+        rank=report.rank,
+        what_if=result,
+        terms=[TermRow(**row) for row in term_rows(result)],
+        kv_cache_memory_bytes_to=result.kv_budget_bytes_to,
+        concurrency_from=concurrency_at(report, result.kv_tokens_from),
+        concurrency_to=concurrency_at(report, result.kv_tokens_to),
+        inverse=inverse,
+    )

@@ -115,3 +115,93 @@ WHAT_IF = {
     "dominant_change_bytes": -696557379,
     "notes": ["Example of the response shape; these figures are not a prediction."],
 }
+
+# POST /api/v1/runs/{run_id}/estimate on the H200 start reports/vllm/raw/call9.S_llama8b_s128_t4096
+# (what_if trimmed to its headline fields).
+RUN_ESTIMATE_REQUEST = {
+    "grid": {"max_num_seqs": 32, "max_num_batched_tokens": 2048},
+    "concurrency": 200,
+    "model_dims": {"hidden_size": 4096, "vocab_size": 128256, "torch_dtype": "bfloat16"},
+}
+RUN_ESTIMATE = {
+    "run_id": "S_llama8b_s128_t4096.apply.1796123281",
+    "rank": 0,
+    "what_if": {
+        "grid_from": "vllm-0.33.0 max_num_seqs=128 max_num_batched_tokens=4096: target.piecewise 35<= 256 tok, target.full 19<= 128 tok",
+        "grid_to": "vllm-0.33.0 max_num_seqs=32 max_num_batched_tokens=2048: target.piecewise 11<= 64 tok, target.full 7<= 32 tok",
+        "graph_pool_bytes_from": 65011712,
+        "graph_pool_bytes_to": 16252928,
+        "kv_budget_bytes_from": 109614686208,
+        "kv_budget_bytes_to": 110200073899,
+        "kv_tokens_from": 836288,
+        "kv_tokens_to": 840752,
+        "term_laws": {
+            "graph_pool_bytes": "per-owner pool laws",
+            "outside_torch_bytes": "graph objects (graph profiling and capture) scale with the graph count",
+            "runner_buffer_bytes": "runner buffers f(G') - f(G): block_tables",
+            "baseline_torch_bytes": "runner buffers f(G') - f(G): input_buffers, request_state",
+            "weights_bytes": "runner buffers f(G') - f(G): penalties, structured_outputs",
+            "profiling_residue_bytes": "runner buffers f(G') - f(G): topk_topp_buffer",
+            "profile_peak_activation_bytes": "max_num_batched_tokens",
+        },
+    },
+    "terms": [
+        {
+            "term": "requested_bytes",
+            "bytes_from": 127593398272,
+            "bytes_to": 127593398272,
+            "law": "constant",
+        },
+        {
+            "term": "baseline_torch_bytes",
+            "bytes_from": 35651584,
+            "bytes_to": 35623936,
+            "law": "runner buffers f(G') - f(G): input_buffers, request_state",
+        },
+        {
+            "term": "weights_bytes",
+            "bytes_from": 16136193536,
+            "bytes_to": 16083865088,
+            "law": "runner buffers f(G') - f(G): penalties, structured_outputs",
+        },
+        {
+            "term": "profile_peak_activation_bytes",
+            "bytes_from": 620756992,
+            "bytes_to": 310378496,
+            "law": "max_num_batched_tokens",
+        },
+        {
+            "term": "outside_torch_bytes",
+            "bytes_from": 980221952,
+            "bytes_to": 855790933,
+            "law": "graph objects (graph profiling and capture) scale with the graph count",
+        },
+        {
+            "term": "graph_pool_bytes",
+            "bytes_from": 65011712,
+            "bytes_to": 16252928,
+            "law": "per-owner pool laws",
+        },
+        {
+            "term": "runner_buffer_bytes",
+            "bytes_from": 39912448,
+            "bytes_to": 39699456,
+            "law": "runner buffers f(G') - f(G): block_tables",
+        },
+        {
+            "term": "profiling_residue_bytes",
+            "bytes_from": 100963840,
+            "bytes_to": 51713536,
+            "law": "runner buffers f(G') - f(G): topk_topp_buffer",
+        },
+        {"term": "margin_bytes", "bytes_from": 0, "bytes_to": 0, "law": "constant"},
+    ],
+    "kv_cache_memory_bytes_to": 110200073899,
+    "concurrency_from": 204.171875,
+    "concurrency_to": 205.26171875,
+    "inverse": {
+        "kv_tokens": 819200,
+        "gpu_memory_utilization": 0.8312,
+        "largest_max_num_seqs": 4364,
+    },
+}

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from memest.analysis.ranks import rank_check
 from memest.analysis.stages import stage_bars
+from memest.errors import ConfigError, MemestError
 from memest.estimate import account
 from memest.reporters.views import run_facts, runner_counts
 from memest.schema import RunReport
@@ -23,8 +24,14 @@ from memest.service.deps import (
     SessionDep,
     WriteAuth,
 )
-from memest.service.errors import NotFound
-from memest.service.estimates import compare_report, estimate_available
+from memest.service.errors import BadRequest, NotFound
+from memest.service.estimates import (
+    RunEstimateRequest,
+    RunEstimateResponse,
+    compare_report,
+    estimate_available,
+    run_estimate,
+)
 from memest.service.models import Run
 from memest.service.schemas import (
     BreakdownResponse,
@@ -248,3 +255,37 @@ def delete_run(
     cache.drop(report_ids)
     responses.drop_run(run_id)
     return DeleteResponse(status="deleted", run_id=run_id, report_ids=report_ids)
+
+
+@router.post(
+    "/{run_id}/estimate",
+    response_model=RunEstimateResponse,
+    responses={
+        **examples.json_example(examples.RUN_ESTIMATE, "Every term and the KV budget at G'"),
+        404: {"description": "No such run or rank"},
+        422: {"description": "A refused field (named), or a report the estimator cannot use"},
+    },
+    openapi_extra={
+        "requestBody": {"content": {"application/json": {"example": examples.RUN_ESTIMATE_REQUEST}}}
+    },
+)
+def estimate_run(
+    run_id: RunIdPath, body: RunEstimateRequest, session: SessionDep, cache: CacheDep
+) -> RunEstimateResponse:
+    """What-if on a stored run: memest's KV budget, tokens and concurrency under grid G' (the
+    changes ``memest estimate --grid`` takes), each term at G and G' with its law, and the
+    inverse questions (kv_tokens / concurrency), by memest.estimate."""
+    rows = store.run_reports(session, run_id)
+    if not rows:
+        raise NotFound(f"no run {run_id!r}", field="run_id")
+    if body.rank is not None:
+        rows = [r for r in rows if r.rank == body.rank]
+        if not rows:
+            raise NotFound(f"run {run_id!r} has no rank {body.rank}", field="rank")
+    report = cache.get(rows[0])
+    try:
+        return run_estimate(report, body)
+    except ConfigError as exc:
+        raise BadRequest(str(exc), field=exc.field) from None
+    except MemestError as exc:
+        raise BadRequest(f"memest.estimate cannot use this run: {exc}", field="run_id") from None

@@ -1,0 +1,83 @@
+"""POST /api/v1/runs/{run_id}/estimate: the CLI's what-if on a stored run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+
+from memest.cli import main
+
+from .conftest import AUTH  # noqa: TID252
+
+ROOT = Path(__file__).resolve().parents[3]
+REPORT = ROOT / "reports/vllm/raw/call9.S_llama8b_s128_t4096.apply.report.rank0.json"
+MODEL = ROOT / "examples/llama8b.config.json"
+GRID = {"max_num_seqs": 32, "max_num_batched_tokens": 2048}
+
+
+def _store(client: TestClient) -> str:
+    body = REPORT.read_bytes()
+    r = client.post(
+        "/api/v1/reports", content=body, headers={**AUTH, "Content-Type": "application/json"}
+    )
+    assert r.status_code in (200, 201), r.text
+    return str(json.loads(body)["run_id"])
+
+
+def test_estimate_on_a_stored_run_matches_the_cli(client: TestClient, capsys: object) -> None:
+    run_id = _store(client)
+    model = json.loads(MODEL.read_text())
+    r = client.post(
+        f"/api/v1/runs/{run_id}/estimate",
+        json={"grid": GRID, "concurrency": 200, "model_dims": model},
+    )
+    assert r.status_code == 200, r.text
+    got = r.json()
+    code = main(
+        [
+            "estimate",
+            "--from",
+            str(REPORT),
+            "--grid",
+            json.dumps(GRID),
+            "--model-config",
+            str(MODEL),
+            "--concurrency",
+            "200",
+            "--json",
+        ]
+    )
+    assert code == 0
+    cli = json.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
+    assert got["what_if"] == cli["what_if"]
+    assert got["kv_cache_memory_bytes_to"] == cli["kv_cache_memory_bytes_to"]
+    assert got["inverse"] == cli["inverse"]
+    terms = {t["term"]: t for t in got["terms"]}
+    # 32 seqs instead of 128: the penalties buffers shrink by 96 x 128,256 x 4 B and more
+    assert (
+        terms["weights_bytes"]["bytes_from"] - terms["weights_bytes"]["bytes_to"] > 96 * 128256 * 4
+    )
+    assert "penalties" in terms["weights_bytes"]["law"]
+    assert got["concurrency_to"] == got["what_if"]["kv_tokens_to"] / 4096
+
+
+def test_bad_fields_are_a_422_naming_them(client: TestClient) -> None:
+    run_id = _store(client)
+    cases = [
+        ({"grid": {"max_num_sequences": 3}}, "grid.max_num_sequences"),
+        ({"grid": {"max_num_seqs": 0}}, "grid.max_num_seqs"),
+        ({"kv_tokens": 10, "concurrency": 2}, "concurrency"),
+        ({"grid": {"gpu_memory_utilization": 0.8}, "gpu_memory_utilization": 0.9}, "gpu_memory"),
+        ({"drafter_dims": {"hidden_size": 1}}, "drafter_dims"),
+        ({"model_dims": {"hidden_size": 4096}}, "vocab_size"),
+    ]
+    for body, field in cases:
+        r = client.post(f"/api/v1/runs/{run_id}/estimate", json=body)
+        assert r.status_code == 422, (body, r.text)
+        assert field in json.dumps(r.json()), (body, r.json())
+    r = client.post("/api/v1/runs/no-such-run/estimate", json={})
+    assert r.status_code == 404
+    r = client.post(f"/api/v1/runs/{run_id}/estimate", json={"grid": {}, "bogus": 1})
+    assert r.status_code == 422
