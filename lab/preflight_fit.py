@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from memest.preflight.calibration import CALIBRATIONS, Calibration, load_calibration  # noqa: E402
+from memest.preflight.calibration import CALIBRATIONS, load_calibration  # noqa: E402
 from memest.preflight.fit import (  # noqa: E402
     TERMS,
     Residual,
