@@ -1,0 +1,263 @@
+"""vLLM 0.33.0's grid-sized persistent buffers (Model Runner V2), in bytes.
+
+Buffers sized by ``max_num_seqs`` (S), ``max_num_batched_tokens`` (T), ``max_model_len`` (L),
+the KV block size and the number of speculative tokens (K) are allocated while vLLM starts and
+stay allocated: they move the full-initialization terms between two grids of one model.
+Each buffer is charged to the term of the phase that allocates it:
+
+======================================  ================================  ========================
+buffer (vLLM 0.33.0 source)             bytes                              term (phase)
+======================================  ================================  ========================
+InputBuffers (gpu/input_batch.py)       T x (4+8+1) + (S+1)x4 + 2 S x4     baseline (init_device)
+RequestState (gpu/states.py)            S x (4+4+8+4) + S x K x 8          baseline (init_device)
+drafter hidden_states (target_depend-   T x drafter hidden x dtype         baseline (init_device)
+ent_ar/speculator.py)
+drafter InputBuffers and per-request    as InputBuffers, + S x (8+4+8+8+8) baseline (init_device)
+tensors (spec_decode/speculator.py)     + S x K x (8+4)
+penalties (gpu/sample/penalties.py)     S x V x 4 + S x ceil(V/32) x 4     weights (load_model)
+structured outputs (gpu/structured_     S(K+1) x 4 + S(K+1) x ceil(V/32)x4 weights (load_model)
+outputs.py)
+top-k/top-p buffer (sample/ops/         min(next_pow2(min(SMs, S)), SMs)   profiling residue
+topk_topp_triton.py)                    x V x 4                            (the sampler's dummy run)
+block tables (gpu/block_table.py)       2 x S x ceil(L/block) x 4 + T x 8  runner buffers
+                                                                           (kv_cache_alloc)
+======================================  ================================  ========================
+
+V is the vocabulary, SMs the GPU's multiprocessor count (132 on an H200). Every size is rounded
+up to 512 B, as PyTorch's caching allocator rounds each block. Model weights are not here: they
+do not depend on the grid.
+
+Real H200 starts (Llama-3-8B shape, reports/vllm/whatif_terms.txt) check these laws pair by pair.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from memest.errors import ConfigError
+from memest.schema import RunConfig, RunReport
+
+#: PyTorch's caching allocator rounds every block up to this many bytes.
+ALLOC_ROUND_BYTES = 512
+#: Multiprocessors of an H100 / H200 (SXM), the top-k/top-p buffer's row cap.
+H200_SMS = 132
+
+_DTYPE_BYTES = {
+    "float32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "fp8": 1,
+    "float8_e4m3fn": 1,
+}
+
+#: The full-initialization term (memest.schema.FullInitTerms field) each buffer is charged to.
+BUFFER_TERMS: dict[str, str] = {
+    "input_buffers": "baseline_torch_bytes",
+    "request_state": "baseline_torch_bytes",
+    "drafter_hidden_states": "baseline_torch_bytes",
+    "drafter_requests": "baseline_torch_bytes",
+    "penalties": "weights_bytes",
+    "structured_outputs": "weights_bytes",
+    "topk_topp_buffer": "profiling_residue_bytes",
+    "block_tables": "runner_buffer_bytes",
+}
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """The model dimensions vLLM sizes its runner buffers by.
+
+    ``drafter_hidden_size`` is the drafter's hidden size (EAGLE/MTP drafters); None means the
+    target's.
+    """
+
+    hidden_size: int
+    vocab_size: int
+    dtype_bytes: int = 2
+    drafter_hidden_size: int | None = None
+    num_sms: int = H200_SMS
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "vocab_size", "dtype_bytes", "num_sms"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model.{name}", value, "must be a positive integer")
+        d = self.drafter_hidden_size
+        if d is not None and (not isinstance(d, int) or isinstance(d, bool) or d <= 0):
+            raise ConfigError("model.drafter_hidden_size", d, "must be a positive integer")
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        config: Mapping[str, Any],
+        *,
+        drafter: Mapping[str, Any] | None = None,
+        num_sms: int = H200_SMS,
+    ) -> ModelDims:
+        """From a Hugging Face ``config.json`` (and the drafter's, when there is one).
+
+        Raises:
+            ConfigError: ``hidden_size`` or ``vocab_size`` is missing, or the dtype is unknown.
+        """
+        text = config.get("text_config")
+        cfg: Mapping[str, Any] = text if isinstance(text, Mapping) else config
+        for key in ("hidden_size", "vocab_size"):
+            if key not in cfg:
+                raise ConfigError(f"model config.{key}", None, "missing")
+        dtype = str(cfg.get("torch_dtype") or config.get("torch_dtype") or "bfloat16")
+        if dtype not in _DTYPE_BYTES:
+            raise ConfigError("model config.torch_dtype", dtype, "not a known dtype")
+        drafter_hidden = None
+        if drafter is not None:
+            if "hidden_size" not in drafter:
+                raise ConfigError("drafter config.hidden_size", None, "missing")
+            drafter_hidden = drafter["hidden_size"]
+        return cls(
+            hidden_size=cfg["hidden_size"],
+            vocab_size=cfg["vocab_size"],
+            dtype_bytes=_DTYPE_BYTES[dtype],
+            drafter_hidden_size=drafter_hidden,
+            num_sms=num_sms,
+        )
+
+    @classmethod
+    def from_report(
+        cls,
+        report: RunReport,
+        config: Mapping[str, Any],
+        *,
+        drafter: Mapping[str, Any] | None = None,
+    ) -> ModelDims:
+        """From a start's report and its model's ``config.json``.
+
+        The report gives the GPU (its multiprocessor count); a report does not record the hidden
+        size or the vocabulary, so ``config`` gives those.
+        """
+        return cls.from_hf_config(config, drafter=drafter, num_sms=sms_of(report))
+
+
+def sms_of(report: RunReport) -> int:
+    """Multiprocessor count of the report's GPU (vLLM 0.33.0's targets; H200 otherwise)."""
+    name = report.gpu.name if report.gpu is not None else ""
+    if "B200" in name or "GB200" in name:
+        return 148
+    return H200_SMS
+
+
+@dataclass(frozen=True)
+class RunnerGrid:
+    """The scheduler and speculative settings the runner buffers are sized by."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int = 16
+    num_speculative_tokens: int = 0
+    speculative_method: str | None = None
+
+    @classmethod
+    def from_config(cls, config: RunConfig, *, block_size: int = 16) -> RunnerGrid:
+        """From a start's configuration (a report's, or a what-if's G').
+
+        Raises:
+            ConfigError: a scheduler limit the buffers are sized by is unknown.
+        """
+        seqs, tokens, length = (
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.max_model_len,
+        )
+        if seqs is None or tokens is None or length is None:
+            missing = "max_num_seqs" if seqs is None else "max_num_batched_tokens"
+            missing = "max_model_len" if seqs and tokens else missing
+            raise ConfigError(f"config.{missing}", None, "unknown, so runner buffers are too")
+        return cls(
+            max_num_seqs=seqs,
+            max_num_batched_tokens=tokens,
+            max_model_len=length,
+            block_size=block_size,
+            num_speculative_tokens=config.num_speculative_tokens
+            if config.speculative_method
+            else 0,
+            speculative_method=config.speculative_method,
+        )
+
+    @classmethod
+    def from_report(cls, report: RunReport) -> RunnerGrid:
+        block = report.kv_cache.block_size if report.kv_cache is not None else 16
+        return cls.from_config(report.config, block_size=block)
+
+
+def _blocks(*sizes: int) -> int:
+    """Bytes the caching allocator hands out for tensors of these sizes (512-B rounding)."""
+    return sum(math.ceil(n / ALLOC_ROUND_BYTES) * ALLOC_ROUND_BYTES for n in sizes if n > 0)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _input_buffers(seqs: int, tokens: int) -> int:
+    # input_ids int32, positions int64, is_padding bool; query_start_loc, seq_lens,
+    # dcp_local_seq_lens int32.
+    return _blocks(tokens * 4, tokens * 8, tokens, (seqs + 1) * 4, seqs * 4, seqs * 4)
+
+
+def _drafter(dims: ModelDims, grid: RunnerGrid) -> dict[str, int]:
+    if not grid.speculative_method or grid.num_speculative_tokens <= 0:
+        return {}
+    s, t, k = grid.max_num_seqs, grid.max_num_batched_tokens, grid.num_speculative_tokens
+    hidden = dims.drafter_hidden_size or dims.hidden_size
+    requests = _input_buffers(s, t) + _blocks(
+        s * 8,  # idx_mapping
+        s * 4,  # temperature
+        s * 8,  # seeds
+        s * k * 8,  # draft_tokens
+        s * k * 4,  # draft_token_confidence_probs
+        8,  # current_draft_step
+        s * 8,  # last_token_indices
+        s * 8,  # sample_src_positions
+    )
+    return {
+        "drafter_hidden_states": _blocks(t * hidden * dims.dtype_bytes),
+        "drafter_requests": requests,
+    }
+
+
+def runner_buffer_bytes(dims: ModelDims, grid: RunnerGrid) -> dict[str, int]:
+    """Bytes of each grid-sized persistent buffer of vLLM 0.33.0 (names: ``BUFFER_TERMS``)."""
+    s, t, v = grid.max_num_seqs, grid.max_num_batched_tokens, dims.vocab_size
+    k = grid.num_speculative_tokens if grid.speculative_method else 0
+    words = math.ceil(v / 32)  # one int32 bit-mask word per 32 tokens of vocabulary
+    logits_rows = s * (k + 1)
+    topk_rows = min(_next_pow2(min(dims.num_sms, s)), dims.num_sms)
+    blocks_per_req = math.ceil(grid.max_model_len / grid.block_size)
+    out = {
+        "input_buffers": _input_buffers(s, t),
+        "request_state": _blocks(s * 4, s * 4, s * 8, s * k * 8, s * 4),
+        **_drafter(dims, grid),
+        "penalties": _blocks(s * v * 4, s * words * 4),
+        "structured_outputs": _blocks(logits_rows * 4, logits_rows * words * 4),
+        "topk_topp_buffer": _blocks(topk_rows * v * 4),
+        "block_tables": _blocks(s * blocks_per_req * 4, s * blocks_per_req * 4, t * 8),
+    }
+    return out
+
+
+def term_bytes(dims: ModelDims, grid: RunnerGrid) -> dict[str, int]:
+    """The buffers summed per full-initialization term they are charged to."""
+    out: dict[str, int] = {}
+    for name, size in runner_buffer_bytes(dims, grid).items():
+        term = BUFFER_TERMS[name]
+        out[term] = out.get(term, 0) + size
+    return out
+
+
+def total_bytes(dims: ModelDims, grid: RunnerGrid) -> int:
+    """Every grid-sized persistent buffer of one start (for a pre-flight's absolute figure)."""
+    return sum(runner_buffer_bytes(dims, grid).values())
