@@ -1,4 +1,5 @@
-"""Export the JSON Schema of RunReport to reports/schema/ (a test fails when the file is stale)."""
+"""Export the JSON Schemas of RunReport and of pre-flight to reports/schema/ (a test fails when a
+file is stale)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import json
 import sys
 from pathlib import Path
 
+from memest.schema.preflight import PreflightRequest, PreflightResult
 from memest.schema.report import RunReport
 
 SCHEMA_FILE = Path("reports/schema/run-report.v1.json")
+PREFLIGHT_SCHEMA_FILE = Path("reports/schema/preflight.v1.json")
 
 
 def render() -> str:
@@ -17,10 +20,26 @@ def render() -> str:
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 
 
+def render_preflight() -> str:
+    """The pre-flight request and result (memest preflight --json, POST /api/v1/preflight)."""
+    request = PreflightRequest.model_json_schema(ref_template="#/$defs/{model}")
+    result = PreflightResult.model_json_schema(ref_template="#/$defs/{model}")
+    defs = {**request.pop("$defs", {}), **result.pop("$defs", {})}
+    defs["PreflightRequest"], defs["PreflightResult"] = request, result
+    schema = {
+        "$id": "https://memest.dev/schema/preflight.v1.json",
+        "title": "memest pre-flight",
+        "oneOf": [{"$ref": "#/$defs/PreflightRequest"}, {"$ref": "#/$defs/PreflightResult"}],
+        "$defs": defs,
+    }
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     target = Path(argv[0]) if argv else SCHEMA_FILE
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render())
+    (target.parent / PREFLIGHT_SCHEMA_FILE.name).write_text(render_preflight())
     return 0
 
 

@@ -17,6 +17,7 @@ from fastapi.staticfiles import StaticFiles
 
 from memest._version import __version__
 from memest.schema import RunReport
+from memest.schema.preflight import PreflightRequest
 from memest.service import db, store
 from memest.service.config import Settings, get_settings
 from memest.service.deps import ReadAuth
@@ -30,6 +31,7 @@ from memest.service.routers import (
     health,
     login,
     models,
+    preflight,
     reports,
     runs,
 )
@@ -83,7 +85,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     # The report routes read their body themselves (size limit first), so FastAPI does not see
     # RunReport; publish its schema so that the request bodies resolve.
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in (RunReport, WhatIfRequest):
+    for model in (RunReport, WhatIfRequest, PreflightRequest):
         sch = model.model_json_schema(ref_template="#/components/schemas/{model}")
         for name, sub in sch.pop("$defs", {}).items():
             components.setdefault(name, sub)
@@ -140,7 +142,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = ServiceMetrics(latest)
     install_handlers(app)
     app.add_middleware(HardeningMiddleware)
-    for router in (reports, models, runs, compare, calculators, health, dashboard, login):
+    for router in (
+        reports,
+        models,
+        runs,
+        compare,
+        calculators,
+        preflight,
+        health,
+        dashboard,
+        login,
+    ):
         app.include_router(router.router)
     app.mount(
         "/static",

@@ -10,7 +10,7 @@ import sys
 def test_core_imports_no_heavy_dependency() -> None:
     code = (
         "import sys, json\n"
-        "import memest, memest.schema, memest.plan, memest.analysis, memest.estimate, memest.units\n"
+        "import memest, memest.schema, memest.plan, memest.analysis, memest.estimate, memest.units, memest.preflight\n"
         "print(json.dumps(sorted(m for m in ('torch','fastapi','sqlalchemy','vllm') "
         "if m in sys.modules)))\n"
     )

@@ -1,0 +1,133 @@
+"""Refit the pre-flight calibration from the committed measured starts and print the residuals.
+
+    python lab/preflight_fit.py                 # print the fit, per-start residuals, leave-one-out
+    python lab/preflight_fit.py --write         # also store the coefficients in memest/preflight/data
+                                                # and the tables in reports/preflight/
+
+Every committed real start is the Llama-3-8B shape (with and without an EAGLE3 drafter), TP 1,
+on one H200 (vLLM 0.33.0, CUDA 13): the configs it ran are tests/data/configs/llama8b.json and
+eagle3_8b.json. Starts that calibrate: a warm profile pass and figures memest recomputes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from memest.preflight.calibration import CALIBRATIONS, load_calibration  # noqa: E402
+from memest.preflight.fit import (  # noqa: E402
+    TERMS,
+    Residual,
+    Start,
+    calibrate,
+    leave_one_out,
+    residuals,
+    start_from_report,
+)
+from memest.schema import RunReport  # noqa: E402
+
+REPORTS = sorted((ROOT / "reports/vllm/raw").glob("*.report.rank0.json"))
+CONFIGS = ROOT / "tests/data/configs"
+DATA = ROOT / "memest/preflight/data"
+OUT = ROOT / "reports/preflight"
+COMMAND = "python lab/preflight_fit.py --write"
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def _configs(report: RunReport) -> tuple[dict[str, object], dict[str, object] | None]:
+    name = Path(report.config.model).name
+    cfg = json.loads((CONFIGS / f"{name}.json").read_text())
+    draft = None
+    if report.config.speculative_method == "eagle3":
+        draft = json.loads((CONFIGS / "eagle3_8b.json").read_text())
+    return cfg, draft
+
+
+def load_starts() -> list[Start]:
+    seen: set[str] = set()
+    starts: list[Start] = []
+    for path in REPORTS:
+        report = RunReport.model_validate_json(path.read_text())
+        if report.report_id in seen:
+            continue
+        seen.add(report.report_id)
+        st = start_from_report(report, *_configs(report))
+        if st is not None:
+            starts.append(st)
+    return starts
+
+
+def _gib(b: int | None) -> str:
+    return "–" if b is None else f"{b / GIB:+.3f}"
+
+
+def table(rows: list[Residual], title: str) -> list[str]:
+    out = [
+        f"## {title}",
+        "",
+        "| start | grid | exact KV budget (GiB) | memest pre-flight − exact | ± | vLLM's estimate − exact |"
+        + "".join(f" {t.replace('_bytes', '')} (MiB) |" for t in (*TERMS, "weights_and_buffers")),
+        "|---|---|---|---|---|---|" + "---|" * (len(TERMS) + 1),
+    ]
+    for r in rows:
+        st = r.start
+        out.append(
+            f"| {st.report_id[:12]} | {st.group} | {st.exact_kv_bytes / GIB:.3f} | "
+            f"{_gib(r.kv_error_bytes)} | {r.uncertainty_bytes / GIB:.3f} | "
+            f"{_gib(r.vllm_error_bytes)} |"
+            + "".join(
+                f" {r.term_residuals[t] / MIB:+.1f} |" for t in (*TERMS, "weights_and_buffers")
+            )
+        )
+    worst = max(abs(r.kv_error_bytes) for r in rows) if rows else 0
+    vworst = max((abs(r.vllm_error_bytes or 0) for r in rows), default=0)
+    out += [
+        "",
+        f"Largest |memest − exact|: {worst / GIB:.3f} GiB; vLLM's: {vworst / GIB:.3f} GiB.",
+        "",
+    ]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="store coefficients and tables")
+    args = parser.parse_args(argv)
+    template = load_calibration("h200")
+    starts = load_starts()
+    cal = calibrate(starts, template).model_copy(update={"command": COMMAND})
+    fitted = table(residuals(starts, cal), "In-sample: every start predicted by the fit of all")
+    loo = leave_one_out(starts, template)
+    held = [r for rows in loo.values() for r in rows]
+    lines = [
+        "# Pre-flight calibration: H200, vLLM 0.33.0, CUDA 13 (Llama-3-8B shape starts)",
+        "",
+        f"Command: `{COMMAND}`. Starts: {len(starts)} in {len({s.group for s in starts})} grids.",
+        "Error = predicted KV budget − exact KV budget (measured KV − (usage − budget)); "
+        "term columns: predicted − measured.",
+        "",
+        "Coefficients: " + json.dumps(cal.coefficients.model_dump()),
+        "",
+        *fitted,
+        *table(held, "Leave one grid out: each grid predicted by the fit of the other grids"),
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        DATA.mkdir(parents=True, exist_ok=True)
+        (DATA / CALIBRATIONS["h200"]).write_text(
+            json.dumps(cal.model_dump(), indent=2, sort_keys=True) + "\n"
+        )
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "fit.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

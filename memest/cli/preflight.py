@@ -1,0 +1,127 @@
+"""KV budget before any start: every full-initialization term predicted from config.json and the grid.
+
+memest preflight --model-config PATH/config.json --gpu h200 [--tensor-parallel-size N]
+                 [--max-num-seqs N] [--max-num-batched-tokens N] [--max-model-len N]
+                 [--gpu-memory-utilization F] [--speculative-config JSON]
+                 [--compilation-config JSON] [--draft-model-config PATH] [--dtype DTYPE] [--json]
+
+Per rank: weights from the config's parameter shapes and dtype split by TP, the activation
+headroom, memory outside PyTorch, graph pools (vLLM 0.33.0's capture plan, a synthetic per-graph
+request trace replayed through the allocator model), runner buffers and profiling residue, each
+with its uncertainty; then the KV budget, KV bytes, tokens and max concurrency. Coefficients come
+from measured starts on that GPU kind (reports/preflight/). An architecture, drafter or TP size
+no start measured gets a wider range and a note. Flags default as `vllm serve` does
+(1024 seqs, 8192 batched tokens, utilization 0.9, max_model_len from the config).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from memest.errors import CommandError
+from memest.files import parse_json, read_regular_file
+from memest.preflight import preflight, request_from
+from memest.schema.preflight import PreflightResult
+from memest.units import fmt_gib
+
+#: Largest config.json read (a real one is a few KiB).
+CONFIG_LIMIT = 16 << 20
+
+
+def _json_file(flag: str, path: str) -> dict[str, Any]:
+    data = parse_json(
+        read_regular_file(path, limit=CONFIG_LIMIT, error=CommandError),
+        source=path,
+        error=CommandError,
+    )
+    if not isinstance(data, dict):
+        raise CommandError(f"{flag} {path}: expected a JSON object (a config.json)")
+    return data
+
+
+def _inline(flag: str, text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    data = parse_json(text.encode("utf-8", "surrogateescape"), source=flag, error=CommandError)
+    if not isinstance(data, dict):
+        raise CommandError(f"{flag}: expected a JSON object")
+    return data
+
+
+class _Preflight:
+    name = "preflight"
+    help = __doc__ or ""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--model-config", required=True, metavar="PATH", help="config.json")
+        parser.add_argument("--gpu", default="h200", help="GPU kind of the calibration (h200)")
+        parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N")
+        parser.add_argument("--max-num-seqs", type=int, metavar="N")
+        parser.add_argument("--max-num-batched-tokens", type=int, metavar="N")
+        parser.add_argument("--max-model-len", type=int, metavar="N")
+        parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
+        parser.add_argument("--speculative-config", metavar="JSON", help="vLLM's flag")
+        parser.add_argument("--compilation-config", metavar="JSON", help="vLLM's flag")
+        parser.add_argument(
+            "--draft-model-config", metavar="PATH", help="the drafter's config.json"
+        )
+        parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16, float32")
+        parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    def run(self, args: argparse.Namespace) -> int:
+        fields: dict[str, Any] = {
+            "model_config": _json_file("--model-config", args.model_config),
+            "gpu": args.gpu,
+            "tensor_parallel_size": args.tensor_parallel_size,
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "max_model_len": args.max_model_len,
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "speculative_config": _inline("--speculative-config", args.speculative_config),
+            "compilation_config": _inline("--compilation-config", args.compilation_config),
+            "dtype": args.dtype,
+        }
+        if args.draft_model_config:
+            fields["draft_model_config"] = _json_file(
+                "--draft-model-config", args.draft_model_config
+            )
+        result = preflight(request_from(fields))
+        print(result.model_dump_json(indent=2) if args.json else render(result))
+        return 0
+
+
+def render(r: PreflightResult) -> str:
+    """The result as a text table (figures formatted by memest.units)."""
+    spec = f" + {r.speculative_method} K={r.num_speculative_tokens}" if r.speculative_method else ""
+    lines = [
+        f"{r.model} ({r.family}){spec} on {r.gpu}, TP {r.tensor_parallel_size}, per rank; "
+        f"calibration {r.calibration}",
+        f"grid: {r.max_num_seqs} seqs, {r.max_num_batched_tokens} batched tokens, "
+        f"max_model_len {r.max_model_len}, utilization {r.gpu_memory_utilization}, "
+        f"{r.total_graphs} CUDA graphs",
+        "",
+        f"{'term':<32}{'GiB':>9}{'± GiB':>9}  law",
+        f"{'requested (budget)':<32}{fmt_gib(r.terms.requested_bytes):>9}",
+    ]
+    for t in r.term_details:
+        lines.append(f"{t.name:<32}{fmt_gib(t.bytes):>9}{fmt_gib(t.uncertainty_bytes):>9}  {t.law}")
+    lines += [
+        f"{'non-KV':<32}{fmt_gib(r.non_kv_bytes):>9}",
+        "",
+        f"KV cache per rank: {fmt_gib(r.kv_cache_bytes)} GiB ± "
+        f"{fmt_gib(r.kv_cache_uncertainty_bytes)}: {r.kv_tokens:,} tokens "
+        f"({r.kv_tokens_low:,} to {r.kv_tokens_high:,}), {r.kv_bytes_per_token:,} B per token, "
+        f"max concurrency {r.max_concurrency:.2f} at {r.max_model_len} tokens",
+    ]
+    if r.vllm_kv_overshoot_bytes is not None:
+        lines.append(
+            f"vLLM's own estimate overshot the exact budget by "
+            f"{fmt_gib(r.vllm_kv_overshoot_bytes, signed=True)} GiB on average on the "
+            "calibration's starts"
+        )
+    lines += [f"note: {n}" for n in r.notes]
+    return "\n".join(lines)
+
+
+COMMAND = _Preflight()

@@ -1,0 +1,94 @@
+"""The calibration a pre-flight prediction reads: fitted coefficients per GPU kind and vLLM version.
+
+Coefficients are fitted from measured starts (memest.preflight.fit, refit and published by
+``python lab/preflight_fit.py``) and stored as JSON next to this module, one file per GPU kind and
+vLLM version: ``data/<gpu>-vllm-<version>.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+from pydantic import Field
+
+from memest.errors import ConfigError
+from memest.schema._base import MemestModel
+
+#: Calibration files shipped with memest, by GPU kind.
+CALIBRATIONS = {"h200": "h200-vllm-0.33.0.json"}
+
+
+class Coefficients(MemestModel):
+    """The laws' coefficients (see memest.preflight.predict for the laws)."""
+
+    baseline_bytes: int = Field(description="Allocator reservation before the weights")
+    baseline_drafter_bytes: int = Field(description="Added with a drafter (its cuBLAS workspace)")
+    activation_factor: float = Field(
+        description="Activation headroom over max_num_batched_tokens x one layer's token bytes"
+    )
+    activation_drafter_factor: float = Field(
+        description="The drafter's share, over max_num_batched_tokens x its layer's token bytes"
+    )
+    outside_bytes: int = Field(description="Memory outside PyTorch with no graphs (context)")
+    outside_per_graph_layer_bytes: float = Field(
+        description="Outside PyTorch per captured graph and decoder layer (graph objects)"
+    )
+    residue_factor: float = Field(
+        description="Profiling residue over max_num_batched_tokens x hidden x dtype bytes"
+    )
+    residue_drafter_bytes: int = Field(description="Profiling residue a drafter adds")
+    grid_buffers_bytes: int = Field(
+        description="Grid-sized runner buffers (loading and KV allocation), no drafter"
+    )
+    grid_buffers_drafter_bytes: int = Field(description="The same with a drafter")
+
+
+class Calibration(MemestModel):
+    """Coefficients, their per-term uncertainty and what the measured starts covered."""
+
+    gpu: str
+    vllm_version: str
+    cuda_version: str
+    torch_version: str
+    total_bytes: int = Field(ge=1, description="CUDA total memory of one GPU")
+    coefficients: Coefficients
+    uncertainty_bytes: dict[str, int] = Field(
+        default_factory=dict, description="Per term: largest fit residual (half-width)"
+    )
+    measured_architectures: list[str] = Field(default_factory=list)
+    measured_drafters: list[str] = Field(default_factory=list)
+    measured_tensor_parallel_sizes: list[int] = Field(default_factory=list)
+    unmeasured_widening: dict[str, float] = Field(
+        default_factory=dict,
+        description="Prior relative half-widths for a family or setting no start measured",
+    )
+    unmeasured_tp_outside_bytes: int = Field(
+        default=0, description="Prior half-width outside PyTorch for an unmeasured TP (NCCL)"
+    )
+    vllm_overshoot_bytes: int | None = Field(
+        default=None, description="Mean of vLLM's own KV estimate minus the exact budget"
+    )
+    starts: list[str] = Field(default_factory=list, description="Report ids fitted")
+    command: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.gpu} + vLLM {self.vllm_version} + CUDA {self.cuda_version}"
+
+
+def load_calibration(gpu: str) -> Calibration:
+    """The shipped calibration of GPU kind ``gpu``.
+
+    Raises:
+        ConfigError: no calibration for that GPU kind.
+    """
+    name = CALIBRATIONS.get(gpu.lower()) if isinstance(gpu, str) else None
+    if name is None:
+        raise ConfigError(
+            "gpu", gpu, f"no calibration for this GPU kind; calibrated: {', '.join(CALIBRATIONS)}"
+        )
+    text = resources.files("memest.preflight").joinpath("data", name).read_text()
+    data: dict[str, Any] = json.loads(text)
+    return Calibration.model_validate(data)

@@ -1,0 +1,315 @@
+"""Predict every full-initialization term of one rank from a config.json and the grid.
+
+=============================  =====================================================================
+term                           law (coefficients: memest.preflight.calibration, fitted from starts)
+=============================  =====================================================================
+baseline_torch_bytes           fitted constant (+ one for a drafter)
+weights_bytes                  parameter shapes x dtype bytes, split by TP (memest.preflight.shape)
+profile_peak_activation_bytes  factor x max_num_batched_tokens x one layer's token bytes (+ drafter)
+outside_torch_bytes            context constant + per graph and decoder layer (graph objects)
+graph_pool_bytes               synthetic per-graph request trace, allocator replay (graphs.py)
+runner_buffer_bytes            grid-sized buffers (loading and KV allocation): fitted constant
+profiling_residue_bytes        factor x max_num_batched_tokens x hidden x dtype bytes (+ drafter)
+=============================  =====================================================================
+
+The KV budget is memest.estimate.full_init_kv_budget of those terms and the tokens are
+memest.estimate.kv_tokens of a KV-cache spec built from the config: the same arithmetic as for a
+measured start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from memest.errors import ConfigError
+from memest.estimate.kv import kv_page_bytes, kv_tokens
+from memest.estimate.phases import budget_bytes, full_init_kv_budget, non_kv_bytes
+from memest.plan import SERVE_DEFAULTS, gpu_preset, resolve
+from memest.plan.overlay import overlay_config, plan_input
+from memest.preflight.calibration import Calibration, load_calibration
+from memest.preflight.graphs import pool_bytes
+from memest.preflight.shape import ModelShape, layer_token_bytes, model_shape, parameter_bytes
+from memest.schema import CapturePlan, FullInitTerms, KVCacheSpec, RunConfig
+from memest.schema.preflight import PreflightRequest, PreflightResult, PreflightTerm
+
+#: vLLM 0.33.0's default KV block size (tokens per block).
+BLOCK_SIZE = 16
+#: Drafter methods whose graphs the synthetic trace writes as measured (EAGLE3).
+MEASURED_DRAFTER_PROGRAM = ("eagle3",)
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What the laws read: the shapes, the resolved grid and its capture plan."""
+
+    target: ModelShape
+    drafter: ModelShape | None
+    config: RunConfig
+    plan: CapturePlan
+    gpu: str
+
+    @property
+    def mbt(self) -> int:
+        assert self.config.max_num_batched_tokens is not None
+        return self.config.max_num_batched_tokens
+
+    @property
+    def draft_steps(self) -> int:
+        return max(self.config.num_speculative_tokens - 1, 1)
+
+    def graph_layers(self) -> int:
+        """Captured graphs times the decoder layers each runs (drafter rows: its layers)."""
+        total = 0
+        for row in self.plan.runners:
+            shape = self.target if row.runner.startswith("target") else self.drafter
+            layers = shape.num_layers if shape is not None else 0
+            total += row.graph_count * layers * (self.draft_steps if ".steps" in row.runner else 1)
+        return total
+
+
+def _drafter_config(
+    req: PreflightRequest, target_cfg: Mapping[str, Any], method: str
+) -> dict[str, Any]:
+    if req.draft_model_config is not None:
+        return dict(req.draft_model_config)
+    arch = "LlamaForCausalLMEagle3" if method == "eagle3" else f"{method}-drafter"
+    return {**target_cfg, "num_hidden_layers": 1, "architectures": [arch]}
+
+
+def setup(req: PreflightRequest) -> Setup:
+    """Shapes, grid and capture plan of a request (vLLM 0.33.0's sizing and defaults).
+
+    Raises:
+        ConfigError: the config, a flag or the grid is refused (the field is named).
+    """
+    sm100 = gpu_preset(req.gpu)
+    cfg = req.model_config_json
+    target = model_shape(cfg, tp=req.tensor_parallel_size, dtype=req.dtype)
+    seqs, mbt = SERVE_DEFAULTS[sm100]
+    base = RunConfig(
+        model=target.architecture,
+        max_num_seqs=req.max_num_seqs or seqs,
+        max_num_batched_tokens=req.max_num_batched_tokens or mbt,
+        max_model_len=req.max_model_len or target.max_position,
+        gpu_memory_utilization=req.gpu_memory_utilization,
+        tensor_parallel_size=req.tensor_parallel_size,
+    )
+    changes: dict[str, Any] = {}
+    if req.speculative_config is not None:
+        changes["speculative_config"] = {
+            k: v for k, v in req.speculative_config.items() if k != "model"
+        }
+    if req.compilation_config is not None:
+        changes["compilation_config"] = req.compilation_config
+    config = overlay_config(base, changes)
+    drafter = None
+    if config.speculative_method:
+        draft_cfg = _drafter_config(req, cfg, config.speculative_method)
+        drafter = model_shape(draft_cfg, tp=req.tensor_parallel_size, dtype=req.dtype)
+    plan = resolve(plan_input(config, sm100=sm100, gpu=req.gpu.lower()), "vllm-0.33.0")
+    return Setup(target, drafter, config, plan, req.gpu.lower())
+
+
+def kv_spec(s: Setup) -> KVCacheSpec:
+    """The KV-cache spec of one rank: MHA/GQA K and V per head, or MLA's latent, per layer."""
+    shapes = [s.target] + ([s.drafter] if s.drafter is not None else [])
+    per_token = sum(_layer_kv_bytes(m) * m.num_layers for m in shapes)
+    layers = sum(m.num_layers for m in shapes)
+    t = s.target
+    extra: dict[str, Any] = {}
+    if t.family == "mla":
+        extra = {"kv_lora_rank": t.kv_lora_rank, "qk_rope_head_dim": t.qk_rope_head_dim}
+    return KVCacheSpec(
+        kind="mla" if t.family == "mla" else "full_attention",
+        num_layers=layers,
+        num_kv_heads=1 if t.family == "mla" else t.kv_heads,
+        head_size=t.kv if t.family == "mla" else t.head_dim,
+        dtype_bytes=t.dtype_bytes,
+        block_size=BLOCK_SIZE,
+        page_size_bytes=per_token * BLOCK_SIZE,
+        extra=extra,
+    )
+
+
+def _layer_kv_bytes(m: ModelShape) -> int:
+    if m.family == "mla":
+        return m.kv * m.dtype_bytes
+    return 2 * m.kv_heads * m.head_dim * m.dtype_bytes
+
+
+def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
+    """Each term's predicted bytes and the law that gave it."""
+    c = cal.coefficients
+    d = s.drafter
+    b = s.target.dtype_bytes
+    pools = pool_bytes(s.plan, s.target, d, draft_steps=s.draft_steps)
+    activation = c.activation_factor * s.mbt * layer_token_bytes(s.target)
+    residue = c.residue_factor * s.mbt * s.target.hidden * b
+    weights = parameter_bytes(s.target)
+    if d is not None:
+        activation += c.activation_drafter_factor * s.mbt * layer_token_bytes(d)
+        residue += c.residue_drafter_bytes
+        weights += parameter_bytes(d)
+    outside = c.outside_bytes + c.outside_per_graph_layer_bytes * s.graph_layers()
+    return {
+        "baseline_torch_bytes": (
+            c.baseline_bytes + (c.baseline_drafter_bytes if d else 0),
+            "fitted constant (cuBLAS workspaces before the weights)",
+        ),
+        "weights_bytes": (weights, "parameter shapes x dtype bytes / TP"),
+        "profile_peak_activation_bytes": (
+            round(activation),
+            f"{c.activation_factor:.3f} x max_num_batched_tokens x layer token bytes",
+        ),
+        "outside_torch_bytes": (
+            round(outside),
+            f"context + {c.outside_per_graph_layer_bytes:.0f} B x graphs x layers "
+            f"({s.graph_layers()})",
+        ),
+        "graph_pool_bytes": (
+            sum(pools.by_stage.values()),
+            f"synthetic request trace of {s.plan.total_graphs} graphs, allocator replay",
+        ),
+        "runner_buffer_bytes": (
+            c.grid_buffers_drafter_bytes if d else c.grid_buffers_bytes,
+            "fitted constant: grid-sized buffers of loading and KV allocation",
+        ),
+        "profiling_residue_bytes": (
+            round(residue),
+            f"{c.residue_factor:.3f} x max_num_batched_tokens x hidden x dtype bytes",
+        ),
+    }
+
+
+def _unmeasured(s: Setup, cal: Calibration) -> tuple[dict[str, float], list[str]]:
+    """Relative widening per term for what no calibration start measured, and the notes."""
+    widen: dict[str, float] = {}
+    notes: list[str] = []
+    w = cal.unmeasured_widening
+    if s.target.architecture not in cal.measured_architectures:
+        notes.append(
+            f"{s.target.architecture} ({s.target.family}) has no measured start in the "
+            f"{cal.label} calibration (measured: {', '.join(cal.measured_architectures)}): its "
+            "activation, graph-pool, residue and buffer terms are extrapolated from those "
+            "and carry the wider prior uncertainty"
+        )
+        for term, rel in w.items():
+            widen[term] = max(widen.get(term, 0.0), rel)
+    method = s.config.speculative_method
+    if method and method not in cal.measured_drafters:
+        notes.append(
+            f"drafter {method} has no measured start: modelled as EAGLE3's one-layer program "
+            "with the wider prior uncertainty"
+        )
+        for term, rel in w.items():
+            widen[term] = max(widen.get(term, 0.0), rel)
+    return widen, notes
+
+
+def _uncertainties(
+    s: Setup, cal: Calibration, laws: Mapping[str, tuple[int, str]]
+) -> tuple[dict[str, int], list[str]]:
+    widen, notes = _unmeasured(s, cal)
+    out: dict[str, int] = {}
+    for term, (value, _) in laws.items():
+        u = cal.uncertainty_bytes.get(term, 0)
+        out[term] = u + round(widen.get(term, 0.0) * value)
+    tp = s.config.tensor_parallel_size
+    if tp not in cal.measured_tensor_parallel_sizes:
+        out["outside_torch_bytes"] += cal.unmeasured_tp_outside_bytes
+        notes.append(
+            f"tensor_parallel_size={tp} has no measured start: NCCL's buffers outside PyTorch "
+            f"are not in the outside term; its range is widened by "
+            f"{cal.unmeasured_tp_outside_bytes} B per rank"
+        )
+    return out, notes
+
+
+def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> PreflightResult:
+    """Predict one rank's full-initialization terms, its KV budget, tokens and concurrency.
+
+    Raises:
+        ConfigError: the config, a flag, the grid or the GPU kind is refused (named).
+    """
+    cal = calibration or load_calibration(req.gpu)
+    s = setup(req)
+    laws = _laws(s, cal)
+    util = req.gpu_memory_utilization
+    terms = FullInitTerms(
+        requested_bytes=budget_bytes(cal.total_bytes, util),
+        **{name: value for name, (value, _) in laws.items()},
+        source=f"pre-flight ({cal.label})",
+    )
+    unc, notes = _uncertainties(s, cal, laws)
+    notes.append(
+        "runner_buffer_bytes holds every grid-sized buffer (those vLLM allocates while loading "
+        "too); weights_bytes is the parameters alone"
+    )
+    return _result(req, s, cal, terms, laws, unc, notes)
+
+
+def _result(
+    req: PreflightRequest,
+    s: Setup,
+    cal: Calibration,
+    terms: FullInitTerms,
+    laws: Mapping[str, tuple[int, str]],
+    unc: Mapping[str, int],
+    notes: list[str],
+) -> PreflightResult:
+    spec = kv_spec(s)
+    budget = full_init_kv_budget(terms)
+    tokens = kv_tokens(spec, budget)
+    spread = sum(unc.values())
+    length = s.config.max_model_len or 1
+    details = [
+        PreflightTerm(name=n, bytes=v, uncertainty_bytes=unc[n], law=law)
+        for n, (v, law) in laws.items()
+    ]
+    return PreflightResult(
+        model=s.target.architecture,
+        family=s.target.family,
+        measured_family=s.target.architecture in cal.measured_architectures,
+        gpu=s.gpu,
+        calibration=cal.label,
+        tensor_parallel_size=s.config.tensor_parallel_size,
+        max_num_seqs=s.plan.max_num_seqs,
+        max_num_batched_tokens=s.mbt,
+        max_model_len=length,
+        gpu_memory_utilization=req.gpu_memory_utilization,
+        speculative_method=s.config.speculative_method,
+        num_speculative_tokens=s.config.num_speculative_tokens,
+        total_graphs=s.plan.total_graphs,
+        terms=terms,
+        term_details=details,
+        non_kv_bytes=non_kv_bytes(terms),
+        kv_budget_bytes=budget,
+        kv_cache_bytes=tokens // spec.block_size * kv_page_bytes(spec),
+        kv_cache_uncertainty_bytes=spread,
+        kv_tokens=tokens,
+        kv_tokens_low=kv_tokens(spec, max(budget - spread, 0)),
+        kv_tokens_high=kv_tokens(spec, budget + spread),
+        kv_bytes_per_token=kv_page_bytes(spec) // spec.block_size,
+        max_concurrency=tokens / length,
+        kv_cache=spec,
+        vllm_kv_overshoot_bytes=cal.vllm_overshoot_bytes,
+        notes=notes,
+    )
+
+
+def request_from(fields: Mapping[str, Any]) -> PreflightRequest:
+    """A PreflightRequest from a mapping (the CLI's flags, a JSON body), first error named.
+
+    Raises:
+        ConfigError: naming the first field pydantic refuses.
+    """
+    from pydantic import ValidationError
+
+    try:
+        return PreflightRequest.model_validate(dict(fields))
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        loc = ".".join(str(x) for x in err.get("loc", ())) or "request"
+        raise ConfigError(loc, err.get("input"), str(err.get("msg"))) from None

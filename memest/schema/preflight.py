@@ -1,0 +1,90 @@
+"""Pre-flight: the KV budget of a model never started on this GPU, predicted from its config.json
+and the grid (memest.preflight); request and result as the CLI's --json and the API show them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memest.schema._base import Bytes, Field, MemestModel, NonNegativeBytes
+from memest.schema.estimate import FullInitTerms
+from memest.schema.report import KVCacheSpec
+
+
+class PreflightRequest(MemestModel):
+    """A model (its config.json content) and the flags ``vllm serve`` would get."""
+
+    model_config_json: dict[str, Any] = Field(
+        alias="model_config", description="The model's config.json content (Hugging Face)"
+    )
+    draft_model_config: dict[str, Any] | None = Field(
+        default=None,
+        description="The drafter's config.json content; without it an EAGLE3 drafter is one "
+        "decoder layer of the target's dimensions",
+    )
+    gpu: str = Field(default="h200", max_length=64, description="GPU kind of the calibration")
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    max_num_seqs: int | None = Field(default=None, ge=1, le=1 << 16)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=1 << 22)
+    max_model_len: int | None = Field(default=None, ge=1, le=1 << 24)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    speculative_config: dict[str, Any] | None = Field(
+        default=None, description="vLLM's --speculative-config: method, num_speculative_tokens"
+    )
+    compilation_config: dict[str, Any] | None = Field(
+        default=None, description="vLLM's --compilation-config (capture-size fields)"
+    )
+    dtype: str = Field(default="auto", max_length=16, description="auto, bfloat16, float16")
+
+
+class PreflightTerm(MemestModel):
+    """One predicted full-initialization term of one rank."""
+
+    name: str = Field(description="The FullInitTerms field it predicts")
+    bytes: NonNegativeBytes
+    uncertainty_bytes: NonNegativeBytes = Field(description="Half-width of the term's range")
+    law: str = Field(description="How the term is predicted")
+    note: str = ""
+
+
+class PreflightResult(MemestModel):
+    """Every full-initialization term of one rank predicted, then the KV cache it leaves."""
+
+    model: str = Field(description="Architecture named by the config")
+    family: str = Field(description="dense, moe or mla")
+    measured_family: bool = Field(
+        description="Whether the calibration holds a measured start of this architecture"
+    )
+    gpu: str
+    calibration: str = Field(description="Calibration used: GPU kind, vLLM and CUDA versions")
+    tensor_parallel_size: int = Field(ge=1)
+    max_num_seqs: int = Field(ge=1)
+    max_num_batched_tokens: int = Field(ge=1)
+    max_model_len: int = Field(ge=1)
+    gpu_memory_utilization: float
+    speculative_method: str | None = None
+    num_speculative_tokens: int = Field(default=0, ge=0)
+    total_graphs: int = Field(ge=0, description="CUDA graphs the capture plan captures")
+    terms: FullInitTerms = Field(description="Predicted terms of one rank (sum = non-KV)")
+    term_details: list[PreflightTerm] = Field(default_factory=list)
+    non_kv_bytes: NonNegativeBytes
+    kv_budget_bytes: NonNegativeBytes = Field(
+        description="requested - every other term (memest.estimate.full_init_kv_budget)"
+    )
+    kv_cache_bytes: NonNegativeBytes = Field(
+        description="KV cache of one rank: the budget in whole blocks"
+    )
+    kv_cache_uncertainty_bytes: NonNegativeBytes = Field(
+        description="Half-width of the KV range: the sum of the terms' uncertainties"
+    )
+    kv_tokens: int = Field(ge=0, description="Tokens of KV cache per rank")
+    kv_tokens_low: int = Field(ge=0, description="Tokens at the low end of the range")
+    kv_tokens_high: int = Field(ge=0, description="Tokens at the high end of the range")
+    kv_bytes_per_token: int = Field(ge=1)
+    max_concurrency: float = Field(ge=0, description="Requests of max_model_len the KV holds")
+    kv_cache: KVCacheSpec = Field(description="The KV-cache spec derived from the config")
+    vllm_kv_overshoot_bytes: Bytes | None = Field(
+        default=None,
+        description="How far vLLM's own estimate exceeded the budget on the calibration's "
+        "measured starts (mean), for comparison",
+    )
+    notes: list[str] = Field(default_factory=list)

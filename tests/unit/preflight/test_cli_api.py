@@ -1,0 +1,122 @@
+"""memest preflight and POST /api/v1/preflight: the same result, bad input named in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memest.cli import main
+from memest.estimate import account
+from memest.schema import RunReport
+
+ROOT = Path(__file__).resolve().parents[3]
+LLAMA = ROOT / "tests/data/configs/llama8b.json"
+DSV2 = ROOT / "lab/models/dsv2lite_8l/config.json"
+S_START = ROOT / "reports/vllm/raw/call9.S_llama8b_s128_t4096.apply.report.rank0.json"
+GRID = [
+    "--max-num-seqs",
+    "128",
+    "--max-num-batched-tokens",
+    "4096",
+    "--max-model-len",
+    "4096",
+    "--gpu-memory-utilization",
+    "0.85",
+]
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["preflight", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_holds_kv_bytes_and_tokens_near_the_measured_exact_budget(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = _run(capsys, "--model-config", str(LLAMA), "--gpu", "h200", *GRID, "--json")
+    assert code == 0
+    got = json.loads(out)
+    acc = account(RunReport.model_validate_json(S_START.read_text()))
+    assert acc.kv_cache_bytes is not None and acc.usage_minus_budget_bytes is not None
+    exact = acc.kv_cache_bytes - acc.usage_minus_budget_bytes
+    assert abs(got["kv_cache_bytes"] - exact) < (1 << 30) // 4
+    assert got["kv_tokens"] == got["kv_cache_bytes"] // (32 * 2 * 8 * 128 * 2)
+    assert got["kv_tokens_low"] <= got["kv_tokens"] <= got["kv_tokens_high"]
+    assert got["measured_family"] is True
+
+
+def test_unmeasured_family_and_tp_get_a_note_and_a_wider_range(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, out, _ = _run(capsys, "--model-config", str(LLAMA), *GRID, "--json")
+    llama = json.loads(out)
+    _, out, _ = _run(capsys, "--model-config", str(DSV2), "--tensor-parallel-size", "2", "--json")
+    mla = json.loads(out)
+    assert mla["family"] == "mla" and mla["measured_family"] is False
+    assert any("no measured start" in n and "DeepseekV2" in n for n in mla["notes"])
+    assert any("tensor_parallel_size=2" in n for n in mla["notes"])
+    assert mla["kv_cache_uncertainty_bytes"] > 5 * llama["kv_cache_uncertainty_bytes"]
+
+
+def test_text_output_names_every_term(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(
+        capsys,
+        "--model-config",
+        str(LLAMA),
+        *GRID,
+        "--speculative-config",
+        '{"method": "eagle3", "num_speculative_tokens": 3}',
+    )
+    assert code == 0
+    for term in ("weights_bytes", "graph_pool_bytes", "outside_torch_bytes", "KV cache per rank"):
+        assert term in out
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model-config", "/nonexistent/config.json"], "/nonexistent/config.json"),
+        (["--model-config", str(LLAMA), "--gpu", "a100"], "gpu='a100'"),
+        (["--model-config", str(LLAMA), "--speculative-config", "{bad"], "--speculative-config"),
+        (["--model-config", str(LLAMA), "--tensor-parallel-size", "3"], "num_attention_heads"),
+        (["--model-config", str(LLAMA), "--gpu-memory-utilization", "1.5"], "gpu_memory_util"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], args: list[str], needle: str
+) -> None:
+    code, _, err = _run(capsys, *args)
+    assert code == 2
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_api_answers_as_the_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from memest.service.app import create_app
+    from memest.service.config import Settings
+
+    _, out, _ = _run(capsys, "--model-config", str(LLAMA), *GRID, "--json")
+    cli = json.loads(out)
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'm.db'}", write_token="t"))
+    body = {
+        "model_config": json.loads(LLAMA.read_text()),
+        "max_num_seqs": 128,
+        "max_num_batched_tokens": 4096,
+        "max_model_len": 4096,
+        "gpu_memory_utilization": 0.85,
+    }
+    with TestClient(app) as client:
+        r = client.post("/api/v1/preflight", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json() == cli
+        bad = {**body, "model_config": {"num_attention_heads": 8}}
+        r = client.post("/api/v1/preflight", json=bad)
+        assert r.status_code == 422 and "hidden_size" in r.text
+        r = client.post("/api/v1/preflight", json={**body, "gpu": "a100"})
+        assert r.status_code == 422 and "a100" in r.text
+        r = client.post("/api/v1/preflight", json={**body, "max_num_seqs": 0})
+        assert r.status_code == 422 and "max_num_seqs" in r.text

@@ -1,0 +1,119 @@
+"""The fit and leave-one-out: on synthetic starts whose truth is known, and on the real starts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from memest.preflight.calibration import Calibration, Coefficients, load_calibration
+from memest.preflight.fit import Start, calibrate, fit_coefficients, leave_one_out
+from memest.preflight.predict import preflight
+from memest.schema.preflight import PreflightRequest
+
+ROOT = Path(__file__).resolve().parents[3]
+LLAMA = json.loads((ROOT / "tests/data/configs/llama8b.json").read_text())
+GIB = 1 << 30
+TRUTH = Coefficients(
+    baseline_bytes=40 << 20,
+    baseline_drafter_bytes=30 << 20,
+    activation_factor=1.25,
+    activation_drafter_factor=0.5,
+    outside_bytes=700 << 20,
+    outside_per_graph_layer_bytes=100_000.0,
+    residue_factor=2.5,
+    residue_drafter_bytes=60 << 20,
+    grid_buffers_bytes=90 << 20,
+    grid_buffers_drafter_bytes=200 << 20,
+)
+GRIDS = [
+    (128, 4096, None),
+    (32, 2048, None),
+    (256, 8192, None),
+    (64, 4096, {"method": "eagle3", "num_speculative_tokens": 3}),
+    (96, 2048, {"method": "eagle3", "num_speculative_tokens": 5}),
+]
+
+
+def _lab() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("preflight_fit", ROOT / "lab/preflight_fit.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _synthetic_starts(truth: Calibration) -> list[Start]:
+    """Starts whose measured terms are exactly the laws with TRUTH's coefficients."""
+    out = []
+    for seqs, mbt, spec in GRIDS:
+        req = PreflightRequest.model_validate(
+            {
+                "model_config": LLAMA,
+                "max_num_seqs": seqs,
+                "max_num_batched_tokens": mbt,
+                "max_model_len": 4096,
+                "gpu_memory_utilization": 0.85,
+                "speculative_config": spec,
+            }
+        )
+        r = preflight(req, truth)
+        out.append(
+            Start(f"syn-{seqs}-{mbt}", f"{seqs}/{mbt}", req, r.terms, r.kv_budget_bytes, None, "X")
+        )
+    return out
+
+
+def test_fit_recovers_known_coefficients() -> None:
+    truth = load_calibration("h200").model_copy(update={"coefficients": TRUTH})
+    got = fit_coefficients(_synthetic_starts(truth))
+    for name, value in TRUTH.model_dump().items():
+        assert getattr(got, name) == pytest.approx(value, rel=1e-6, abs=1), name
+
+
+def test_leave_one_out_on_known_truth_is_exact() -> None:
+    truth = load_calibration("h200").model_copy(update={"coefficients": TRUTH})
+    loo = leave_one_out(_synthetic_starts(truth), truth)
+    assert set(loo) == {f"{s}/{t}" for s, t, _ in GRIDS}
+    for rows in loo.values():
+        for r in rows:
+            assert abs(r.kv_error_bytes) <= 1 << 10  # rounding only
+
+
+def test_leave_one_out_sees_a_wrong_law() -> None:
+    """A start whose activation is 256 MiB off shows up as that error once held out."""
+    truth = load_calibration("h200").model_copy(update={"coefficients": TRUTH})
+    starts = _synthetic_starts(truth)
+    bad = starts[2]
+    shifted = bad.terms.model_copy(
+        update={
+            "profile_peak_activation_bytes": bad.terms.profile_peak_activation_bytes + (256 << 20)
+        }
+    )
+    starts[2] = Start(
+        bad.report_id, bad.group, bad.request, shifted, bad.exact_kv_bytes - (256 << 20), None, "X"
+    )
+    held = leave_one_out(starts, truth)[bad.group][0]
+    assert held.kv_error_bytes > 200 << 20
+
+
+def test_committed_calibration_is_the_fit_of_the_committed_starts() -> None:
+    lab = _lab()
+    starts = lab.load_starts()
+    shipped = load_calibration("h200")
+    refit = calibrate(starts, shipped).model_copy(update={"command": shipped.command})
+    assert refit == shipped, "run `python lab/preflight_fit.py --write` and commit the result"
+
+
+def test_every_grid_held_out_is_within_a_quarter_gib_of_its_exact_budget() -> None:
+    lab = _lab()
+    starts = lab.load_starts()
+    assert len({s.group for s in starts}) >= 5
+    loo = leave_one_out(starts, load_calibration("h200"))
+    assert set(loo) == {s.group for s in starts}
+    for group, rows in loo.items():
+        for r in rows:
+            assert abs(r.kv_error_bytes) < GIB // 4, (group, r.kv_error_bytes)
