@@ -150,7 +150,7 @@ def stage_owner_svg(bars: Sequence[StageBar], title: str = "Added graph-pool mem
     max_gib = _nice_max(max((b.pool_growth_bytes / GiB for b in bars), default=0))
     scale = plot_w / (max_gib * GiB)
     out = _svg_open(width, height, title, "stage-owner")
-    out.append(f'<text x="0" y="18" font-size="14" font-weight="bold">{escape(title)}</text>')
+    out.append(f'<text x="0" y="18" font-size="14" font-weight="bold">{escape(title)} (GiB)</text>')
     ticks = nice_ticks(0.0, max_gib)
     for v in ticks:
         x = left + v * GiB * scale
@@ -159,10 +159,6 @@ def stage_owner_svg(bars: Sequence[StageBar], title: str = "Added graph-pool mem
             f'stroke="#e5e5e5"/><text x="{x:.1f}" y="{top - 12}" text-anchor="middle" '
             f'font-size="10" fill="#616e7c">{tick_text(v, ticks[1] - ticks[0], "GiB")}</text>'
         )
-    out.append(
-        f'<text x="{left - 10}" y="{top - 12}" text-anchor="end" font-size="10" '
-        'fill="#616e7c">GiB</text>'
-    )
     for i, bar in enumerate(bars):
         out += _stage_row(bar, top + i * (row_h + gap), left, row_h, scale)
     col_w = width / cols
