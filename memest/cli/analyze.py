@@ -102,12 +102,14 @@ class AnalyzeCommand:
         phases = _load_phases(args.phases) if args.phases else None
         rules = _load_rules(args.rules) if args.rules else OwnerRules.default()
         breakdown = analyze(snapshot, phases, rules)
+        if phases is None:
+            phases = [PhaseRecord.model_validate(p) for p in snapshot.get("phases", [])]
         if args.json:
             sys.stdout.write(breakdown.model_dump_json(indent=2) + "\n")
         elif args.md:
-            sys.stdout.write(render_markdown(breakdown, args.unit))
+            sys.stdout.write(render_markdown(breakdown, args.unit, phases))
         else:
-            sys.stdout.write(render_text(breakdown, args.unit))
+            sys.stdout.write(render_text(breakdown, args.unit, phases))
         return 0
 
 

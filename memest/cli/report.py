@@ -17,7 +17,12 @@ from memest.analysis.stages import stage_bars
 from memest.cli._reports import load_report
 from memest.errors import CommandError
 from memest.reporters import html, plots
-from memest.reporters.markdown import comparison_markdown, run_markdown
+from memest.reporters.markdown import (
+    comparison_markdown,
+    comparison_title,
+    run_markdown,
+    run_title,
+)
 from memest.reporters.views import compare
 
 
@@ -56,20 +61,20 @@ class ReportCommand:
         if len(reports) == 1:
             rep = reports[0]
             bars = stage_bars(rep)
-            targets["svg"].write_text(
-                plots.stage_owner_svg(bars, f"{rep.model} · {rep.build.label}")
-            )
+            title = run_title(rep)
+            targets["svg"].write_text(plots.stage_owner_svg(bars, title))
             text = run_markdown(rep, images[:1])
             if args.png:
-                _png(lambda p: plots.save_png_stage_owner(bars, p, rep.model), targets["png"])
+                _png(lambda p: plots.save_png_stage_owner(bars, p, title), targets["png"])
             if args.html:
                 targets["html"].write_text(html.run_html(rep))
         else:
             cmp = compare(reports[0], reports[1])
+            title = comparison_title(cmp)
             targets["svg"].write_text(plots.compare_svg(cmp))
             text = comparison_markdown(cmp, images[:1])
             if args.png:
-                _png(lambda p: plots.save_png_compare(cmp, p, cmp.a.model), targets["png"])
+                _png(lambda p: plots.save_png_compare(cmp, p, title), targets["png"])
             if args.html:
                 targets["html"].write_text(html.comparison_html(cmp))
         targets["md"].write_text(text)

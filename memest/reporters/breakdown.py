@@ -11,8 +11,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from memest.analysis.replay import NO_STAGE
-from memest.schema.breakdown import Breakdown, StageGrowth
+from memest.reporters.views import NEGATIVE_NOTE, phase_rows
+from memest.schema.breakdown import Breakdown, PhaseRecord, StageGrowth
 from memest.units import GiB, MiB
+
+#: (title, header, rows, footnotes)
+BreakdownTable = tuple[str, list[str], list[list[str]], list[str]]
 
 _UNITS = {"GiB": (GiB, 3), "MiB": (MiB, 1)}
 
@@ -32,62 +36,85 @@ def _stage_label(phase: str, stage: str) -> str:
     return f"{stage} [{phase}]" if phase and phase != "capture" else stage
 
 
-def tables(bd: Breakdown, unit: str = "GiB") -> list[tuple[str, list[str], list[list[str]]]]:
-    """The breakdown as (title, header, rows) tables, in the seed's order."""
+def _phase_table(bd: Breakdown, f: _Fmt, phases: Sequence[PhaseRecord]) -> BreakdownTable:
+    """Added memory per phase, one column per phase: a phase that runs inside another follows
+    it, marked ↳ (its bytes are in that phase too); a negative category is marked †."""
+    rows_ = phase_rows(bd.phases, phases)
+    negative = False
+
+    def cell(v: int) -> str:
+        nonlocal negative
+        negative = negative or v < 0
+        return f(v) + (" †" if v < 0 else "")
+
+    header = [f"Actual added GPU memory ({f.unit})"]
+    header += [f"↳ {r.split.phase} (in {r.parent})" if r.parent else r.split.phase for r in rows_]
+    splits = [r.split for r in rows_]
+    rows = [
+        ["Total", *[cell(p.total_added_bytes) for p in splits]],
+        ["CUDA graph pools", *[cell(p.graph_pool_bytes) for p in splits]],
+        ["Other PyTorch buffers and cached memory", *[cell(p.other_torch_bytes) for p in splits]],
+        [
+            "CUDA / library allocations outside PyTorch",
+            *[cell(p.outside_torch_bytes) for p in splits],
+        ],
+    ]
+    notes = []
+    if any(r.parent for r in rows_):
+        notes.append(
+            "↳ runs inside the named phase: its memory is already in that column; only unmarked "
+            "columns add up."
+        )
+    if negative:
+        notes.append(f"† {NEGATIVE_NOTE}.")
+    return ("Added GPU memory per phase", header, rows, notes)
+
+
+def _stage_table(staged: Sequence[StageGrowth], f: _Fmt) -> BreakdownTable:
+    """Graph counts and pool growth per capture stage (a Widest column only when known)."""
+    u = f.unit
+    widest = any(s.widest for s in staged)
+    header = ["Capture stage", *(["Widest"] if widest else [])]
+    header += ["CUDA graphs captured", f"Added pool memory ({u})", f"Warm-up / eager growth ({u})"]
+    rows = []
+    by_phase: dict[str, list[StageGrowth]] = defaultdict(list)
+    for s in staged:
+        by_phase[s.phase].append(s)
+    for phase, group in by_phase.items():
+        for s in group:
+            count = "" if s.graph_count is None else str(s.graph_count)
+            rows.append(
+                [_stage_label(s.phase, s.stage), *([s.widest or ""] if widest else [])]
+                + [count, f(s.pool_growth_bytes), f(s.default_pool_growth_bytes)]
+            )
+        counted = [s.graph_count for s in group if s.graph_count is not None]
+        rows.append(
+            [_stage_label(phase, "Total graph pool"), *([""] if widest else [])]
+            + [
+                str(sum(counted)) if counted else "",
+                f(sum(s.pool_growth_bytes for s in group)),
+                f(sum(s.default_pool_growth_bytes for s in group)),
+            ]
+        )
+    return ("Measured graph counts and capture-stage memory", header, rows, [])
+
+
+def tables(
+    bd: Breakdown, unit: str = "GiB", phases: Sequence[PhaseRecord] = ()
+) -> list[BreakdownTable]:
+    """The breakdown as (title, header, rows, footnotes) tables, in the seed's order.
+
+    ``phases`` (the phase records with their windows) nests the phase table.
+    """
     f = _Fmt(unit)
     u = f.unit
-    out: list[tuple[str, list[str], list[list[str]]]] = []
+    out: list[BreakdownTable] = []
     if bd.phases:
-        header = [f"Actual added GPU memory ({u})", *[p.phase for p in bd.phases]]
-        rows = [
-            ["Total", *[f(p.total_added_bytes) for p in bd.phases]],
-            ["CUDA graph pools", *[f(p.graph_pool_bytes) for p in bd.phases]],
-            [
-                "Other PyTorch buffers and cached memory",
-                *[f(p.other_torch_bytes) for p in bd.phases],
-            ],
-            [
-                "CUDA / library allocations outside PyTorch",
-                *[f(p.outside_torch_bytes) for p in bd.phases],
-            ],
-        ]
-        out.append(("Added GPU memory per phase", header, rows))
+        out.append(_phase_table(bd, f, phases))
     # Eager phases have no capture stage; their growth is already in the phase table.
     staged = [s for s in bd.stages if s.stage != NO_STAGE or s.pool_growth_bytes]
     if staged:
-        header = [
-            "Capture stage",
-            "Widest",
-            "CUDA graphs captured",
-            f"Added pool memory ({u})",
-            f"Warm-up / eager growth ({u})",
-        ]
-        rows = []
-        by_phase: dict[str, list[StageGrowth]] = defaultdict(list)
-        for s in staged:
-            by_phase[s.phase].append(s)
-        for phase, group in by_phase.items():
-            rows += [
-                [
-                    _stage_label(s.phase, s.stage),
-                    s.widest or "",
-                    "" if s.graph_count is None else str(s.graph_count),
-                    f(s.pool_growth_bytes),
-                    f(s.default_pool_growth_bytes),
-                ]
-                for s in group
-            ]
-            counted = [s.graph_count for s in group if s.graph_count is not None]
-            rows.append(
-                [
-                    _stage_label(phase, "Total graph pool"),
-                    "",
-                    str(sum(counted)) if counted else "",
-                    f(sum(s.pool_growth_bytes for s in group)),
-                    f(sum(s.default_pool_growth_bytes for s in group)),
-                ]
-            )
-        out.append(("Measured graph counts and capture-stage memory", header, rows))
+        out.append(_stage_table(staged, f))
     by_stage: dict[tuple[str, str], list[list[str]]] = defaultdict(list)
     totals: dict[tuple[str, str], int] = defaultdict(int)
     for t in bd.triggers:
@@ -103,6 +130,7 @@ def tables(bd: Breakdown, unit: str = "GiB") -> list[tuple[str, list[str], list[
                 f"{label}: allocation that triggers new reserved space",
                 ["Owner", f"Added reserved {u}", "Segments", f"Requested {u}", "Frame"],
                 rows,
+                [],
             )
         )
     if bd.live_peaks:
@@ -112,7 +140,7 @@ def tables(bd: Breakdown, unit: str = "GiB") -> list[tuple[str, list[str], list[
             if p.stage != "(none)" or not p.owner.startswith("unattr")
         ]
         out.append(
-            ("Live-tensor peak per stage and owner", ["Stage", "Owner", f"Live peak {u}"], rows)
+            ("Live-tensor peak per stage and owner", ["Stage", "Owner", f"Live peak {u}"], rows, [])
         )
     if bd.retained:
         rows = [
@@ -134,6 +162,7 @@ def tables(bd: Breakdown, unit: str = "GiB") -> list[tuple[str, list[str], list[
                 "Retained: allocated in a capture stage, still live at the end",
                 ["Stage", "Owner", "Capture size", f"Retained {u}", "Tensors"],
                 rows,
+                [],
             )
         )
     if bd.unattributed:
@@ -142,7 +171,12 @@ def tables(bd: Breakdown, unit: str = "GiB") -> list[tuple[str, list[str], list[
             for r in bd.unattributed
         ]
         out.append(
-            ("Unattributed bytes by top frame", ["Stage", "View", "Top frame", u, "Count"], rows)
+            (
+                "Unattributed bytes by top frame",
+                ["Stage", "View", "Top frame", u, "Count"],
+                rows,
+                [],
+            )
         )
     if bd.pools:
         rows = [
@@ -160,20 +194,22 @@ def tables(bd: Breakdown, unit: str = "GiB") -> list[tuple[str, list[str], list[
                 "Allocator pools: replayed segment events and the final snapshot",
                 ["Pool", "Kind", f"Grown {u}", f"Released {u}", f"Reserved at snapshot {u}"],
                 rows,
+                [],
             )
         )
     return out
 
 
-def render_markdown(bd: Breakdown, unit: str = "GiB") -> str:
+def render_markdown(bd: Breakdown, unit: str = "GiB", phases: Sequence[PhaseRecord] = ()) -> str:
     """Markdown tables (the seed's layout)."""
     parts: list[str] = []
-    for title, header, rows in tables(bd, unit):
+    for title, header, rows, notes in tables(bd, unit, phases):
         parts.append(f"### {title}\n")
         parts.append("| " + " | ".join(header) + " |")
         parts.append("|" + "|".join("---" for _ in header) + "|")
         parts += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
         parts.append("")
+        parts += [f"{n}\n" for n in notes]
     parts += _footer(bd)
     return "\n".join(parts) + "\n"
 
@@ -187,11 +223,11 @@ def _align(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return [line(header), "  ".join("-" * w for w in widths), *[line(r) for r in rows]]
 
 
-def render_text(bd: Breakdown, unit: str = "GiB") -> str:
+def render_text(bd: Breakdown, unit: str = "GiB", phases: Sequence[PhaseRecord] = ()) -> str:
     """Aligned plain-text tables for a terminal."""
     parts: list[str] = []
-    for title, header, rows in tables(bd, unit):
-        parts += [title, *_align(header, rows), ""]
+    for title, header, rows, notes in tables(bd, unit, phases):
+        parts += [title, *_align(header, rows), *notes, ""]
     parts += _footer(bd)
     return "\n".join(parts) + "\n"
 

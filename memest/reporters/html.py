@@ -7,7 +7,13 @@ from html import escape
 
 from memest.analysis.stages import stage_bars
 from memest.reporters import plots
-from memest.reporters.markdown import Table, comparison_tables, run_tables
+from memest.reporters.markdown import (
+    Table,
+    comparison_tables,
+    comparison_title,
+    run_tables,
+    run_title,
+)
 from memest.reporters.views import Comparison
 from memest.schema import RunReport
 
@@ -36,6 +42,7 @@ def _tables(tables: Sequence[Table]) -> str:
         for row in t.rows:
             parts.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in row) + "</tr>")
         parts.append("</tbody></table>")
+        parts.extend(f'<p class="meta">{escape(n)}</p>' for n in t.notes)
     return "".join(parts)
 
 
@@ -49,10 +56,10 @@ def _page(title: str, meta: str, body: str) -> str:
 
 def run_html(report: RunReport) -> str:
     """One report: stacked stage x owner bars and the run tables."""
-    svg = plots.stage_owner_svg(stage_bars(report), "Graph-pool growth by stage and owner")
+    svg = plots.stage_owner_svg(stage_bars(report), "Graph-pool growth by capture stage and owner")
     meta = f"Run {report.run_id}, rank {report.rank}/{report.world_size}, source {report.source}"
     return _page(
-        f"{report.model} · {report.build.label or report.run_id}",
+        run_title(report),
         meta,
         svg + _tables(run_tables(report)),
     )
@@ -62,7 +69,7 @@ def comparison_html(cmp: Comparison) -> str:
     """Two runs: paired stage bars and the "main → PR" tables."""
     meta = f"A {cmp.a.run_id} ({cmp.a.source}) · B {cmp.b.run_id} ({cmp.b.source})"
     return _page(
-        f"{cmp.a.model}: {cmp.a.build} → {cmp.b.build}",
+        comparison_title(cmp),
         meta,
         plots.compare_svg(cmp) + _tables(comparison_tables(cmp)),
     )

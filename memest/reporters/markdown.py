@@ -7,11 +7,24 @@ same cells; ``memest report`` writes both.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from memest.analysis.stages import stage_bars
 from memest.estimate import account
-from memest.reporters.views import Comparison, Delta, run_facts, runner_counts
+from memest.reporters.owners import owner_label
+from memest.reporters.views import (
+    NEGATIVE_NOTE,
+    Comparison,
+    Delta,
+    PhaseRow,
+    build_label,
+    config_summary,
+    fingerprint,
+    model_name,
+    phase_rows,
+    run_facts,
+    runner_counts,
+)
 from memest.schema import RunReport
 from memest.units import count_cell, gib_cell, ratio_cell
 
@@ -21,6 +34,7 @@ class Table:
     title: str
     header: list[str]
     rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
 
 
 def _g(v: int | None, digits: int = 3) -> str:
@@ -55,28 +69,13 @@ def run_tables(report: RunReport) -> list[Table]:
     out = [Table("Summary", ["Figure", "Value"], summary)]
     bd = report.breakdown
     if bd is not None and bd.phases:
-        out.append(
-            Table(
-                "Actual added GPU memory (GiB/GPU)",
-                ["Phase", "Total", "CUDA graph pools", "Other PyTorch", "Outside PyTorch"],
-                [
-                    [
-                        p.phase,
-                        _g(p.total_added_bytes),
-                        _g(p.graph_pool_bytes),
-                        _g(p.other_torch_bytes),
-                        _g(p.outside_torch_bytes),
-                    ]
-                    for p in bd.phases
-                ],
-            )
-        )
+        out.append(phase_table(phase_rows(bd.phases, report.phases)))
     bars = stage_bars(report)
     if bars:
         rows: list[list[str]] = []
         for bar in bars:
             rows.append([f"**{bar.stage}**", bar.widest or "", f"**{_g(bar.pool_growth_bytes)}**"])
-            rows.extend(["", seg.owner, _g(seg.bytes)] for seg in bar.owners)
+            rows.extend(["", owner_label(seg.owner), _g(seg.bytes)] for seg in bar.owners)
         out.append(Table("Pool growth per stage and owner (GiB)", ["Stage", "Owner", "GiB"], rows))
     runners = runner_counts(report)
     if runners:
@@ -109,6 +108,39 @@ def run_tables(report: RunReport) -> list[Table]:
     return out
 
 
+def _neg(v: int, marks: list[bool]) -> str:
+    if v < 0:
+        marks.append(True)
+        return _g(v) + " †"
+    return _g(v)
+
+
+def phase_table(rows: Sequence[PhaseRow]) -> Table:
+    """Added memory per phase, nested phases indented under the phase they run in; a negative
+    category carries a mark and the footnote that says why."""
+    marks: list[bool] = []
+    body = []
+    for r in rows:
+        p = r.split
+        name = p.phase if not r.depth else " " * r.depth + f"↳ {p.phase} (in {r.parent})"
+        cells = [p.total_added_bytes, p.graph_pool_bytes, p.other_torch_bytes]
+        body.append([name, *(_neg(v, marks) for v in [*cells, p.outside_torch_bytes])])
+    notes = []
+    if any(r.depth for r in rows):
+        notes.append(
+            "↳ runs inside the phase above: its memory is already in that row; only "
+            "unindented rows add up."
+        )
+    if marks:
+        notes.append(f"† {NEGATIVE_NOTE}.")
+    return Table(
+        "Actual added GPU memory per phase (GiB/GPU)",
+        ["Phase", "Total", "CUDA graph pools", "Other PyTorch", "Outside PyTorch"],
+        body,
+        notes,
+    )
+
+
 def _rows(deltas: Sequence[Delta], *, counts: bool, widest: bool) -> list[list[str]]:
     fmt = _n if counts else _g
     rows = []
@@ -124,9 +156,10 @@ def _rows(deltas: Sequence[Delta], *, counts: bool, widest: bool) -> list[list[s
 
 def comparison_tables(cmp: Comparison) -> list[Table]:
     """The seed's "main → PR" tables for two runs."""
-    a, b = cmp.a.build or "A", cmp.b.build or "B"
+    a, b = cmp.a_name, cmp.b_name
     head = [a, b, "Δ", "ratio"]
     out = [
+        _compared(cmp),
         Table(
             "Actual added GPU memory (GiB/GPU)",
             ["", *head],
@@ -182,33 +215,63 @@ def render_tables(tables: Sequence[Table]) -> str:
         for row in t.rows:
             parts.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
         parts.append("")
+        parts += [f"{n}\n" for n in t.notes]
     return "\n".join(parts)
+
+
+def run_title(report: RunReport) -> str:
+    """A run named by what it is: model, build and configuration."""
+    return f"{model_name(report.model)} · {build_label(report)} · {config_summary(report.config)}"
 
 
 def run_markdown(report: RunReport, images: Sequence[str] = ()) -> str:
     """A run report in markdown: header, optional image links, then the tables."""
     head = [
-        f"## {report.model} · {report.build.label or report.run_id}",
+        f"## {run_title(report)}",
         "",
         f"Run `{report.run_id}`, rank {report.rank} of {report.world_size}, "
         f"source **{report.source}**"
         + (f", commit `{report.build.vllm_commit}`" if report.build.vllm_commit else "")
         + (f", {report.gpu.name}" if report.gpu else "")
-        + ".",
+        + f", configuration fingerprint `{fingerprint(report)}`.",
         "",
     ]
     head += [f"![{img}]({img})\n" for img in images]
     return "\n".join(head) + "\n" + render_tables(run_tables(report))
 
 
+def comparison_title(cmp: Comparison) -> str:
+    """What a comparison compares: the model(s), A → B, and the first differences."""
+    ma, mb = cmp.a.model_name or cmp.a.model, cmp.b.model_name or cmp.b.model
+    title = ma if ma == mb else f"{ma} vs {mb}"
+    text = f"{title}: {cmp.a_name} → {cmp.b_name}"
+    if cmp.a_name == "A":
+        changed = "; ".join(f"{c.field} {c.a} → {c.b}" for c in cmp.changes[:2])
+        text += f" ({changed or 'same build and configuration'})"
+    return text
+
+
+def _compared(cmp: Comparison) -> Table:
+    """Which runs, builds, commits and configurations are compared."""
+    a, b = cmp.a, cmp.b
+    rows = [
+        ["Run", f"`{a.run_id}`", f"`{b.run_id}`"],
+        ["Build", a.build, b.build],
+        ["Commit", a.commit or "not recorded", b.commit or "not recorded"],
+        ["Configuration", a.config_summary, b.config_summary],
+        ["Fingerprint", f"`{a.config_fingerprint}`", f"`{b.config_fingerprint}`"],
+        ["Source", a.source, b.source],
+    ]
+    notes = [
+        "Differences: "
+        + ("; ".join(f"{c.field} {c.a} → {c.b}" for c in cmp.changes) or "none")
+        + "."
+    ]
+    return Table("What is compared", ["", cmp.a_name, cmp.b_name], rows, notes)
+
+
 def comparison_markdown(cmp: Comparison, images: Sequence[str] = ()) -> str:
     """A comparison in markdown, in the seed's "main → PR" layout."""
-    title = cmp.a.model if cmp.a.model == cmp.b.model else f"{cmp.a.model} vs {cmp.b.model}"
-    head = [
-        f"## {title}: {cmp.a.build} → {cmp.b.build}",
-        "",
-        f"A: `{cmp.a.run_id}` ({cmp.a.source}), B: `{cmp.b.run_id}` ({cmp.b.source}).",
-        "",
-    ]
+    head = [f"## {comparison_title(cmp)}", ""]
     head += [f"![{img}]({img})\n" for img in images]
     return "\n".join(head) + "\n" + render_tables(comparison_tables(cmp))

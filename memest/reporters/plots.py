@@ -7,43 +7,30 @@ checked against the API.
 
 from __future__ import annotations
 
-import hashlib
+import math
+import textwrap
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
 from memest.analysis.stages import StageBar
+from memest.reporters.owners import owner_color, owner_label
 from memest.reporters.views import Comparison, History
 from memest.units import GiB, fmt_gib
 
-_PALETTE = {
-    "indexer_logits_fp32": "#c0392b",
-    "indexer_logits_bf16": "#e67e22",
-    "aux_hidden_states": "#8e44ad",
-    "draft_logits": "#16a085",
-    "attn_output": "#2980b9",
-    "qnorm_rope_kv_insert": "#27ae60",
-    "moe_workspace": "#d35400",
-    "gemm_workspace": "#2c3e50",
-    "kv_cache": "#7f8c8d",
-    "weights": "#34495e",
-}
-_FALLBACK = ["#1abc9c", "#3498db", "#9b59b6", "#f1c40f", "#e74c3c", "#95a5a6", "#f39c12"]
-#: Unattributed owners are shades of grey, so that named owners stand out.
-_GREYS = ["#bdc3c7", "#a6acaf", "#d5d8dc", "#909497", "#ccd1d1", "#b3b6b7"]
-_A_COLOR = "#7f8c8d"
+__all__ = ["owner_color", "owner_label"]
+
+_A_COLOR = "#9e9e9e"
 _B_COLOR = "#2471a3"
 _BAD = "#c0392b"
+#: One colour per configuration of a model's history (series), in order of first appearance.
+SERIES_COLORS = ("#2471a3", "#e67e22", "#27ae60", "#8e44ad", "#16a085", "#c2185b", "#7f8c8d")
 
 
-def owner_color(owner: str) -> str:
-    """A fixed colour per owner: known owners get theirs, unattributed ones grey shades."""
-    if owner in _PALETTE:
-        return _PALETTE[owner]
-    digest = int(hashlib.sha256(owner.encode()).hexdigest()[:8], 16)
-    if owner.startswith("unattributed"):
-        return _GREYS[digest % len(_GREYS)]
-    return _FALLBACK[digest % len(_FALLBACK)]
+def series_color(index: int) -> str:
+    """The colour of history series ``index`` (a configuration fingerprint)."""
+    return SERIES_COLORS[index % len(SERIES_COLORS)]
 
 
 def _short(label: str, limit: int = 34) -> str:
@@ -51,170 +38,215 @@ def _short(label: str, limit: int = 34) -> str:
 
 
 def _nice_max(value: float) -> float:
-    if value <= 0:
-        return 1.0
-    for step in (
-        0.0025,
-        0.005,
-        0.01,
-        0.025,
-        0.05,
-        0.1,
-        0.25,
-        0.5,
-        1,
-        2,
-        2.5,
-        5,
-        10,
-        20,
-        25,
-        50,
-        100,
-        200,
-        500,
-        1000,
-    ):
-        if value <= step * 4:
-            return step * 4
-    return value * 1.1
+    """The top of a GiB axis: the first of 4 nice steps (1, 2, 2.5, 5 x 10^k) above ``value``."""
+    ticks = nice_ticks(0.0, value)
+    return ticks[-1] if value > 0 else 1.0
 
 
-def _gib_frame(
-    title: str,
-    width: int,
-    height: int,
-    left: int,
-    top: int,
-    plot_w: int,
-    plot_h: int,
-    max_gib: float,
-) -> list[str]:
-    """The opening of a GiB bar chart: the svg element, its title and five grid lines to max_gib."""
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="memest-plot" role="img" '
+def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    """About ``count`` ticks at a nice step (1, 2, 2.5 or 5 x 10^k) covering [lo, hi]."""
+    if hi <= lo:
+        pad = abs(hi) * 0.05 or 1.0
+        lo, hi = lo - pad, hi + pad
+    raw = (hi - lo) / max(count - 1, 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw * 0.999)
+    start = math.floor(lo / step + 1e-9) * step
+    n = math.ceil((hi - start) / step - 1e-9)
+    return [start + i * step for i in range(n + 1)]
+
+
+def tick_text(value: float, step: float, unit: str) -> str:
+    """A tick's text, with just the decimals its step needs (tokens in k or M)."""
+    div, suffix = 1.0, ""
+    if unit == "tokens" and step >= 100:
+        div, suffix = (1e6, "M") if step >= 1e6 else (1e3, "k")
+    scaled = step / div
+    digits = next((d for d in range(7) if abs(round(scaled, d) - scaled) < scaled * 1e-6), 6)
+    v = value / div
+    if abs(v) < scaled / 1e6:
+        return f"{0:.{digits}f}"
+    return f"{v:.{digits}f}{suffix}"
+
+
+def _svg_open(width: int, height: int, title: str, cls: str = "", **data: str) -> list[str]:
+    attrs = "".join(f' data-{k}="{escape(v)}"' for k, v in data.items())
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="memest-plot {cls}" role="img"{attrs} '
         f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-        f'font-family="sans-serif" font-size="11">',
+        f'font-family="sans-serif" font-size="12">',
         f"<title>{escape(title)}</title>",
-        f'<text x="{left}" y="20" font-size="13" font-weight="bold">{escape(title)} (GiB)</text>',
     ]
-    for i in range(5):
-        v = max_gib * i / 4
-        y = top + plot_h - plot_h * i / 4
+
+
+@dataclass
+class _LegendEntry:
+    label: str
+    color: str
+    bytes: int = 0
+    owners: list[str] = field(default_factory=list)
+
+
+def _owner_legend(bars: Sequence[StageBar]) -> list[_LegendEntry]:
+    """One entry per owner label (Inductor's hashed names share one), largest first."""
+    entries: dict[str, _LegendEntry] = {}
+    for bar in bars:
+        for seg in bar.owners:
+            label = owner_label(seg.owner)
+            e = entries.setdefault(label, _LegendEntry(label, owner_color(seg.owner)))
+            e.bytes += seg.bytes
+            if seg.owner not in e.owners:
+                e.owners.append(seg.owner)
+    return sorted(entries.values(), key=lambda e: -e.bytes)
+
+
+def _stage_row(bar: StageBar, y: float, left: int, row_h: int, scale: float) -> list[str]:
+    """One horizontal stacked bar: the stage's label, a segment per owner, its total."""
+    graphs = f"{bar.graph_count} graphs" if bar.graph_count is not None else ""
+    sub = " · ".join(x for x in (graphs, f"widest {bar.widest}" if bar.widest else "") if x)
+    out = [
+        f'<g class="stage-bar" data-stage="{escape(bar.stage)}" '
+        f'data-bytes="{bar.pool_growth_bytes}">',
+        f'<text x="{left - 10}" y="{y + row_h / 2 - 1:.1f}" text-anchor="end" '
+        f'font-weight="bold">{escape(bar.stage)}</text>',
+        f'<text x="{left - 10}" y="{y + row_h / 2 + 12:.1f}" text-anchor="end" font-size="10" '
+        f'fill="#616e7c">{escape(sub)}</text>',
+    ]
+    x = float(left)
+    for seg in bar.owners:
+        w = seg.bytes * scale
+        label = owner_label(seg.owner)
         out.append(
-            f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e5e5e5"/>'
-            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{v:g}</text>'
+            f'<rect class="owner-seg" x="{x:.2f}" y="{y:.1f}" width="{max(w, 0):.2f}" '
+            f'height="{row_h}" fill="{owner_color(seg.owner)}" stroke="#fff" stroke-width="0.5" '
+            f'data-owner="{escape(seg.owner)}" data-label="{escape(label)}" '
+            f'data-bytes="{seg.bytes}"><title>{escape(bar.stage)} · {escape(label)}: '
+            f"{fmt_gib(seg.bytes)} GiB ({escape(seg.owner)})</title></rect>"
         )
+        x += w
+    total = (
+        f"{fmt_gib(bar.pool_growth_bytes)} GiB"
+        if bar.pool_growth_bytes
+        else "0: no new pool memory (reused the pool)"
+    )
+    out.append(
+        f'<text class="bar-total" x="{x + 6:.1f}" y="{y + row_h / 2 + 4:.1f}">{total}</text></g>'
+    )
     return out
 
 
 def stage_owner_svg(bars: Sequence[StageBar], title: str = "Added graph-pool memory") -> str:
-    """Stacked bars: one per capture stage, one segment per owner, heights in GiB."""
-    width, height = 620, 330
-    left, right, top, bottom = 50, 215, 36, 66
-    plot_w, plot_h = width - left - right, height - top - bottom
+    """Horizontal stacked bars: one row per capture stage, one segment per owner (GiB).
+
+    The legend names each owner by what it is (owner_label) with its GiB over all stages; the
+    raw owner names are in each segment's and legend entry's tooltip.
+    """
+    width, left, right, top, row_h, gap = 1100, 190, 230, 48, 26, 16
+    plot_w = width - left - right
+    legend = _owner_legend(bars)
+    cols = 3
+    legend_top = top + len(bars) * (row_h + gap) + 18
+    height = legend_top + ((len(legend) + cols - 1) // cols) * 20 + 8
     max_gib = _nice_max(max((b.pool_growth_bytes / GiB for b in bars), default=0))
-    out = _gib_frame(title, width, height, left, top, plot_w, plot_h, max_gib)
-    n = max(len(bars), 1)
-    slot = plot_w / n
-    bar_w = min(60.0, slot * 0.6)
-    owners_seen: list[str] = []
+    scale = plot_w / (max_gib * GiB)
+    out = _svg_open(width, height, title, "stage-owner")
+    out.append(f'<text x="0" y="18" font-size="14" font-weight="bold">{escape(title)} (GiB)</text>')
+    ticks = nice_ticks(0.0, max_gib)
+    for v in ticks:
+        x = left + v * GiB * scale
+        out.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top - 8}" y2="{legend_top - 18}" '
+            f'stroke="#e5e5e5"/><text x="{x:.1f}" y="{top - 12}" text-anchor="middle" '
+            f'font-size="10" fill="#616e7c">{tick_text(v, ticks[1] - ticks[0], "GiB")}</text>'
+        )
     for i, bar in enumerate(bars):
-        x = left + slot * i + (slot - bar_w) / 2
-        y: float = top + plot_h
+        out += _stage_row(bar, top + i * (row_h + gap), left, row_h, scale)
+    col_w = width / cols
+    for j, e in enumerate(legend):
+        lx, ly = (j % cols) * col_w, legend_top + (j // cols) * 20
         out.append(
-            f'<g class="stage-bar" data-stage="{escape(bar.stage)}" '
-            f'data-bytes="{bar.pool_growth_bytes}">'
-        )
-        for seg in bar.owners:
-            h = plot_h * (seg.bytes / GiB) / max_gib
-            y -= h
-            if seg.owner not in owners_seen:
-                owners_seen.append(seg.owner)
-            out.append(
-                f'<rect class="owner-seg" x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" '
-                f'height="{max(h, 0):.1f}" fill="{owner_color(seg.owner)}" '
-                f'data-owner="{escape(seg.owner)}" data-bytes="{seg.bytes}">'
-                f"<title>{escape(bar.stage)} · {escape(seg.owner)}: {fmt_gib(seg.bytes)} GiB"
-                "</title></rect>"
-            )
-        top_y = top + plot_h - plot_h * (bar.pool_growth_bytes / GiB) / max_gib
-        out.append(
-            f'<text class="bar-total" x="{x + bar_w / 2:.1f}" y="{min(top_y, y) - 4:.1f}" '
-            f'text-anchor="middle">{fmt_gib(bar.pool_growth_bytes)}</text>'
-        )
-        label = bar.stage
-        out.append(
-            f'<text x="{x + bar_w / 2:.1f}" y="{top + plot_h + 14}" text-anchor="end" '
-            f'transform="rotate(-25 {x + bar_w / 2:.1f} {top + plot_h + 14})">{escape(label)}</text>'
-        )
-        out.append("</g>")
-    out.append(
-        f'<line x1="{left}" x2="{left + plot_w}" y1="{top + plot_h}" y2="{top + plot_h}" '
-        'stroke="#333"/>'
-    )
-    lx, ly = left + plot_w + 16, top
-    for j, owner in enumerate(owners_seen[:16]):
-        yy = ly + j * 16
-        out.append(
-            f'<rect x="{lx}" y="{yy}" width="10" height="10" fill="{owner_color(owner)}"/>'
-            f'<text x="{lx + 14}" y="{yy + 9}">{escape(_short(owner))}'
-            f"<title>{escape(owner)}</title></text>"
+            f'<g class="legend-entry" data-label="{escape(e.label)}" data-bytes="{e.bytes}">'
+            f'<rect x="{lx:.1f}" y="{ly}" width="12" height="12" fill="{e.color}"/>'
+            f'<text x="{lx + 18:.1f}" y="{ly + 10}">{escape(_short(e.label, 60))} · '
+            f"{fmt_gib(e.bytes)} GiB<title>{escape(', '.join(e.owners))}</title></text></g>"
         )
     out.append("</svg>")
     return "".join(out)
 
 
 def compare_svg(cmp: Comparison, title: str = "Graph-pool growth per stage") -> str:
-    """Paired bars per stage: build A beside build B (GiB)."""
+    """Paired horizontal bars per stage: run A above run B (GiB)."""
     rows = [d for d in cmp.stages if d.key != "total"]
-    width, height = 640, 320
-    left, right, top, bottom = 60, 120, 36, 70
-    plot_w, plot_h = width - left - right, height - top - bottom
+    width, left, right, top, bar_h = 640, 150, 70, 64, 14
+    plot_w = width - left - right
+    slot = 2 * bar_h + 14
+    height = top + len(rows) * slot + 10
     max_gib = _nice_max(max(((max(d.a or 0, d.b or 0)) / GiB for d in rows), default=0))
-    out = _gib_frame(title, width, height, left, top, plot_w, plot_h, max_gib)
-    slot = plot_w / max(len(rows), 1)
-    bw = min(28.0, slot * 0.35)
+    scale = plot_w / (max_gib * GiB)
+    out = _svg_open(width, height, title, "compare")
+    out.append(f'<text x="0" y="18" font-size="14" font-weight="bold">{escape(title)} (GiB)</text>')
+    for j, (name, color) in enumerate(((cmp.a_name, _A_COLOR), (cmp.b_name, _B_COLOR))):
+        lx = left + j * 200
+        out.append(
+            f'<rect x="{lx}" y="30" width="12" height="12" fill="{color}"/>'
+            f'<text x="{lx + 18}" y="40">{escape(_short(name, 28))}</text>'
+        )
+    ticks = nice_ticks(0.0, max_gib)
+    for v in ticks:
+        x = left + v * GiB * scale
+        out.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top - 6}" y2="{height - 10}" stroke="#e5e5e5"/>'
+            f'<text x="{x:.1f}" y="{top - 8}" text-anchor="middle" font-size="10" '
+            f'fill="#616e7c">{tick_text(v, ticks[1] - ticks[0], "GiB")}</text>'
+        )
     for i, d in enumerate(rows):
-        cx = left + slot * i + slot / 2
-        for side, val, color, dx in (("a", d.a, _A_COLOR, -bw), ("b", d.b, _B_COLOR, 0.0)):
+        y0 = top + i * slot
+        out.append(
+            f'<text x="{left - 8}" y="{y0 + bar_h + 4}" text-anchor="end">{escape(d.key)}</text>'
+        )
+        for k, (side, val, color) in enumerate((("a", d.a, _A_COLOR), ("b", d.b, _B_COLOR))):
+            y = y0 + k * bar_h
             if val is None:
+                out.append(
+                    f'<text x="{left + 4}" y="{y + bar_h - 3}" font-size="10" fill="#616e7c">'
+                    "not captured</text>"
+                )
                 continue
-            h = plot_h * (val / GiB) / max_gib
-            y = top + plot_h - h
+            w = val * scale
             out.append(
-                f'<rect class="cmp-bar" x="{cx + dx:.1f}" y="{y:.1f}" width="{bw:.1f}" '
-                f'height="{h:.1f}" fill="{color}" data-stage="{escape(d.key)}" data-side="{side}" '
+                f'<rect class="cmp-bar" x="{left}" y="{y}" width="{w:.1f}" height="{bar_h - 1}" '
+                f'fill="{color}" data-stage="{escape(d.key)}" data-side="{side}" '
                 f'data-bytes="{val}"><title>{escape(d.key)} {side.upper()}: {fmt_gib(val)} GiB'
                 f"</title></rect>"
-                f'<text x="{cx + dx + bw / 2:.1f}" y="{y - 3:.1f}" text-anchor="middle" '
-                f'font-size="9">{fmt_gib(val, 2)}</text>'
+                f'<text x="{left + w + 4:.1f}" y="{y + bar_h - 3}" font-size="10">'
+                f"{fmt_gib(val)}</text>"
             )
-        out.append(
-            f'<text x="{cx:.1f}" y="{top + plot_h + 14}" text-anchor="end" '
-            f'transform="rotate(-25 {cx:.1f} {top + plot_h + 14})">{escape(d.key)}</text>'
-        )
-    out.append(
-        f'<line x1="{left}" x2="{left + plot_w}" y1="{top + plot_h}" y2="{top + plot_h}" '
-        'stroke="#333"/>'
-    )
-    lx = left + plot_w + 16
-    for j, (name, color) in enumerate(((cmp.a.build, _A_COLOR), (cmp.b.build, _B_COLOR))):
-        out.append(
-            f'<rect x="{lx}" y="{top + j * 16}" width="10" height="10" fill="{color}"/>'
-            f'<text x="{lx + 14}" y="{top + j * 16 + 9}">{escape(name or "?")}</text>'
-        )
     out.append("</svg>")
     return "".join(out)
 
 
-def _tick(v: float) -> str:
-    a = abs(v)
-    if a >= 1e6:
-        return f"{v / 1e6:.2f}M"
-    if a >= 1e4:
-        return f"{v / 1e3:.0f}k"
-    return f"{v:.2f}"
+@dataclass(frozen=True)
+class _Axis:
+    """A value axis: its ticks and the mapping from value to y."""
+
+    ticks: list[float]
+    top: float
+    height: float
+
+    def y(self, v: float) -> float:
+        lo, hi = self.ticks[0], self.ticks[-1]
+        return self.top + self.height - self.height * (v - lo) / (hi - lo)
+
+
+def _axis(values: Sequence[float], top: float, height: float, zero: bool) -> _Axis:
+    """Ticks around the values (0 kept on the axis when ``zero``), padded by 8 % of their span."""
+    lo, hi = min(values, default=0.0), max(values, default=1.0)
+    if zero:
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+    pad = (hi - lo) * 0.08 or abs(hi) * 0.02 or 1.0
+    lo = lo if zero and lo == 0 else lo - pad
+    hi = hi if zero and hi == 0 else hi + pad
+    return _Axis(nice_ticks(lo, hi), top, height)
 
 
 def series_svg(
@@ -226,77 +258,103 @@ def series_svg(
     unit: str,
     metric: str,
     raw: Sequence[int | None],
+    series: Sequence[int] = (),
+    zero: bool = False,
 ) -> str:
-    """One history series: a line over builds; regressed builds are red rings."""
-    width, height = 400, 240
-    left, right, top, bottom = 64, 16, 32, 70
+    """A history metric: one line per configuration (``series``); regressions are red rings.
+
+    Ticks fall on nice steps of the unit; ``zero`` keeps 0 on the axis (signed figures).
+    """
+    width, height, left, right, top, bottom = 440, 300, 84, 14, 34, 112
     plot_w, plot_h = width - left - right, height - top - bottom
-    present = [v for v in values if v is not None]
-    lo = min(min(present, default=0.0), 0.0)
-    hi = max(present, default=1.0)
-    if hi <= lo:
-        hi = lo + 1.0
-    span = hi - lo
-    hi += span * 0.1
-    lo -= span * 0.1 if lo < 0 else 0
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="memest-plot" role="img" '
-        f'data-metric="{escape(metric)}" viewBox="0 0 {width} {height}" width="{width}" '
-        f'height="{height}" font-family="sans-serif" font-size="11">',
-        f"<title>{escape(title)}</title>",
-        f'<text x="{left}" y="18" font-size="13" font-weight="bold">'
-        f"{escape(title)} ({escape(unit)})</text>",
-    ]
-
-    def ypos(v: float) -> float:
-        return top + plot_h - plot_h * (v - lo) / (hi - lo)
-
-    for i in range(5):
-        v = lo + (hi - lo) * i / 4
+    groups = list(series) if series else [0] * len(values)
+    axis = _axis([v for v in values if v is not None], top, plot_h, zero)
+    step = axis.ticks[1] - axis.ticks[0]
+    out = _svg_open(width, height, title, "history", metric=metric)
+    out.append(
+        f'<text x="0" y="18" font-size="13" font-weight="bold">{escape(title)} '
+        f"({escape(unit)})</text>"
+    )
+    for v in axis.ticks:
+        yv = axis.y(v)
+        stroke = "#999" if v == 0 and zero else "#e5e5e5"
         out.append(
-            f'<line x1="{left}" x2="{left + plot_w}" y1="{ypos(v):.1f}" y2="{ypos(v):.1f}" '
-            f'stroke="#e5e5e5"/><text x="{left - 6}" y="{ypos(v) + 4:.1f}" text-anchor="end">'
-            f"{_tick(v)}</text>"
-        )
-    if lo < 0 < hi:
-        out.append(
-            f'<line x1="{left}" x2="{left + plot_w}" y1="{ypos(0):.1f}" y2="{ypos(0):.1f}" '
-            'stroke="#999" stroke-dasharray="3 3"/>'
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{yv:.1f}" y2="{yv:.1f}" '
+            f'stroke="{stroke}"/><text x="{left - 6}" y="{yv + 4:.1f}" text-anchor="end" '
+            f'font-size="10">{tick_text(v, step, unit)}</text>'
         )
     n = len(labels)
-    xs = [left + (plot_w * (i + 0.5) / n if n else 0) for i in range(n)]
-    pts = [(x, ypos(v)) for x, v in zip(xs, values, strict=True) if v is not None]
-    if len(pts) > 1:
-        path = " ".join(f"{px:.1f},{py:.1f}" for px, py in pts)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{_B_COLOR}" stroke-width="2"/>')
-    last_label = -1e9
-    for i, (x, val) in enumerate(zip(xs, values, strict=True)):
-        if x - last_label >= 28:  # skip labels that would overlap their neighbour
-            last_label = x
-            ly = top + plot_h + 12
+    xs = [left + plot_w * (i + 0.5) / max(n, 1) for i in range(n)]
+    for g in sorted(set(groups)):
+        pts = [
+            f"{x:.1f},{axis.y(v):.1f}"
+            for x, v, s in zip(xs, values, groups, strict=True)
+            if v is not None and s == g
+        ]
+        if len(pts) > 1:
             out.append(
-                f'<text x="{x:.1f}" y="{ly}" text-anchor="end" font-size="10" '
-                f'transform="rotate(-35 {x:.1f} {ly})">{escape(labels[i][:16])}</text>'
+                f'<polyline points="{" ".join(pts)}" fill="none" stroke="{series_color(g)}" '
+                'stroke-width="2"/>'
             )
-        if val is None:
-            continue
-        color = _BAD if bad[i] else _B_COLOR
-        r = 6 if bad[i] else 4
-        out.append(
-            f'<circle class="point{" regression" if bad[i] else ""}" cx="{x:.1f}" '
-            f'cy="{ypos(val):.1f}" r="{r}" fill="{color}" data-value="{raw[i]}">'
-            f"<title>{escape(labels[i])}: {val:,.3f}</title></circle>"
-        )
+    out += _history_points(labels, values, bad, raw, groups, xs, axis, top + plot_h)
     out.append("</svg>")
     return "".join(out)
 
 
+def _history_points(
+    labels: Sequence[str],
+    values: Sequence[float | None],
+    bad: Sequence[bool],
+    raw: Sequence[int | None],
+    groups: Sequence[int],
+    xs: Sequence[float],
+    axis: _Axis,
+    base_y: float,
+) -> list[str]:
+    """Each run's point (a red ring when it regressed) and its rotated x label."""
+    out = []
+    last_label = -1e9
+    for i, (x, val) in enumerate(zip(xs, values, strict=True)):
+        if x - last_label >= 14:  # skip labels that would overlap their neighbour
+            last_label = x
+            ly = base_y + 10
+            out.append(
+                f'<text x="{x:.1f}" y="{ly:.1f}" text-anchor="end" font-size="10" '
+                f'transform="rotate(-40 {x:.1f} {ly:.1f})">{escape(_short(labels[i], 20))}'
+                f"<title>{escape(labels[i])}</title></text>"
+            )
+        if val is None:
+            continue
+        color = series_color(groups[i])
+        ring = f' stroke="{_BAD}" stroke-width="3"' if bad[i] else ""
+        out.append(
+            f'<circle class="point{" regression" if bad[i] else ""}" cx="{x:.1f}" '
+            f'cy="{axis.y(val):.1f}" r="{6 if bad[i] else 4}" fill="{color}"{ring} '
+            f'data-value="{raw[i]}"><title>{escape(labels[i])}: {val:,.3f}</title></circle>'
+        )
+    return out
+
+
+def history_labels(hist: History) -> list[str]:
+    """x labels: the build when every run has its own, else the run id."""
+    builds = [p.build for p in hist.points]
+    if all(builds) and len(set(builds)) == len(builds):
+        return builds
+    return [p.run_id for p in hist.points]
+
+
 def history_svgs(hist: History) -> dict[str, str]:
     """The history page's three series: KV tokens, graph-pool GiB, estimator error GiB."""
-    labels = [p.build or p.run_id[:10] for p in hist.points]
+    labels = history_labels(hist)
+    groups = [p.series for p in hist.points]
 
     def one(
-        metric: str, raw: list[int | None], to_unit: Callable[[int], float], title: str, unit: str
+        metric: str,
+        raw: list[int | None],
+        to_unit: Callable[[int], float],
+        title: str,
+        unit: str,
+        zero: bool = False,
     ) -> str:
         return series_svg(
             labels,
@@ -306,6 +364,8 @@ def history_svgs(hist: History) -> dict[str, str]:
             unit=unit,
             metric=metric,
             raw=raw,
+            series=groups,
+            zero=zero,
         )
 
     def gib(v: int) -> float:
@@ -326,14 +386,15 @@ def history_svgs(hist: History) -> dict[str, str]:
             "estimator_error_bytes",
             [p.estimator_error_bytes for p in hist.points],
             gib,
-            "Usage minus budget (vLLM estimate)",
+            "Usage minus budget, vLLM's estimate",
             "GiB",
+            zero=True,
         ),
     }
 
 
 def save_png_stage_owner(bars: Sequence[StageBar], path: Path, title: str) -> Path:
-    """The stacked stage x owner bars as a PNG (matplotlib, Agg backend).
+    """The stacked stage x owner bars as a PNG (matplotlib, Agg backend), owners by label.
 
     Raises:
         ImportError: matplotlib is not installed.
@@ -343,26 +404,30 @@ def save_png_stage_owner(bars: Sequence[StageBar], path: Path, title: str) -> Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(11, 1.6 + 0.55 * max(len(bars), 1)))
     seen: set[str] = set()
     for i, bar in enumerate(bars):
-        bottom = 0.0
+        left = 0.0
         for seg in bar.owners:
-            h = seg.bytes / GiB
-            ax.bar(
+            w = seg.bytes / GiB
+            label = owner_label(seg.owner)
+            ax.barh(
                 i,
-                h,
-                bottom=bottom,
+                w,
+                left=left,
                 color=owner_color(seg.owner),
-                label=None if seg.owner in seen else seg.owner,
+                label=None if label in seen else label,
             )
-            seen.add(seg.owner)
-            bottom += h
-        ax.text(i, bottom, fmt_gib(bar.pool_growth_bytes), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(bars)), [b.stage for b in bars], rotation=20, ha="right")
-    ax.set_ylabel("GiB")
-    ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+            seen.add(label)
+            left += w
+        text = f" {fmt_gib(bar.pool_growth_bytes)}" if bar.pool_growth_bytes else " 0: reused"
+        ax.text(left, i, text, va="center", fontsize=8)
+    ax.set_yticks(range(len(bars)), [b.stage for b in bars])
+    ax.invert_yaxis()
+    ax.set_xlabel("GiB")
+    ax.set_title(textwrap.fill(title, 100), fontsize=10)
+    if seen:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -381,25 +446,18 @@ def save_png_compare(cmp: Comparison, path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     rows = [d for d in cmp.stages if d.key != "total"]
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    xs = range(len(rows))
-    ax.bar(
-        [x - 0.2 for x in xs],
-        [(d.a or 0) / GiB for d in rows],
-        0.4,
-        label=cmp.a.build,
-        color=_A_COLOR,
-    )
-    ax.bar(
-        [x + 0.2 for x in xs],
-        [(d.b or 0) / GiB for d in rows],
-        0.4,
-        label=cmp.b.build,
-        color=_B_COLOR,
-    )
-    ax.set_xticks(list(xs), [d.key for d in rows], rotation=20, ha="right")
-    ax.set_ylabel("GiB")
-    ax.set_title(title)
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 0.6 * max(len(rows), 1)))
+    ys = range(len(rows))
+    for side, name, color, dy in (
+        ("a", cmp.a_name, _A_COLOR, -0.2),
+        ("b", cmp.b_name, _B_COLOR, 0.2),
+    ):
+        vals = [getattr(d, side) for d in rows]
+        ax.barh([y + dy for y in ys], [(v or 0) / GiB for v in vals], 0.4, label=name, color=color)
+    ax.set_yticks(list(ys), [d.key for d in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("GiB")
+    ax.set_title(textwrap.fill(title, 100), fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -6,6 +6,7 @@ in the API and in a markdown report come from one computation. No I/O here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -14,7 +15,10 @@ from pydantic import BaseModel, Field
 from memest.analysis.ranks import capture_stages
 from memest.analysis.stages import stage_bars
 from memest.estimate import account
-from memest.schema import RunReport, StartAccounting
+from memest.identity import config_fingerprint, public_model_name, with_default_label
+from memest.reporters.owners import owner_key, owner_label
+from memest.schema import PhaseRecord, RunConfig, RunReport, StartAccounting
+from memest.schema.breakdown import PhaseSplit
 from memest.units import GiB
 
 #: A later build regresses when its KV tokens drop by more than this fraction ...
@@ -61,6 +65,25 @@ class RunFacts(BaseModel):
         default=None, description="memest's budget: usage minus budget, when the run carries it"
     )
     total_graphs: int | None = None
+    kv_sized_by: str | None = Field(
+        default=None,
+        description="Who sized this start's KV cache: 'vllm', 'memest' (apply mode) or "
+        "'memest-plan' (a startup plan); None when the report does not say",
+    )
+
+
+#: How a report says who sized its KV cache: the plugin's note, or its measured record's note.
+_SIZED_BY = re.compile(r"KV (?:cache of this start )?sized by ([a-z-]+)")
+
+
+def kv_sized_by(report: RunReport) -> str | None:
+    """Who sized the start's KV cache, as the report says: 'vllm', 'memest' or 'memest-plan'."""
+    records = [] if report.estimate is None else report.estimate.records
+    for text in [*report.notes, *(r.note for r in records if r.estimator == "measured")]:
+        m = _SIZED_BY.search(text)
+        if m:
+            return m.group(1)
+    return None
 
 
 def kv_tokens(report: RunReport) -> int | None:
@@ -102,6 +125,7 @@ def run_facts(report: RunReport) -> RunFacts:
         estimator_error_bytes=_error(acc, "vllm"),
         memest_error_bytes=_error(acc, "memest"),
         total_graphs=sum(counts) if counts else None,
+        kv_sized_by=kv_sized_by(report),
     )
 
 
@@ -162,17 +186,31 @@ def _delta(key: str, label: str, a: int | None, b: int | None, **kw: str | None)
         a=a,
         b=b,
         delta=None if a is None or b is None else b - a,
-        ratio=None if not a or b is None else b / a,
+        ratio=None if a is None or a <= 0 or b is None or b < 0 else b / a,
         **kw,
     )
 
 
 class RunRef(BaseModel):
+    """One side of a comparison: which run, of which build, commit and configuration."""
+
     run_id: str
     model: str
-    build: str
+    model_name: str = Field(default="", description="The model as users know it, never a path")
+    build: str = Field(description="Build label; default vllm-<version>+memest-<version>")
     commit: str | None = None
     source: str
+    created_at: datetime | None = None
+    config_fingerprint: str = ""
+    config_summary: str = Field(default="", description="The configuration in a few words")
+
+
+class Change(BaseModel):
+    """One thing two runs differ in: the build, the commit or a configuration field."""
+
+    field: str
+    a: str
+    b: str
 
 
 class Comparison(BaseModel):
@@ -180,6 +218,11 @@ class Comparison(BaseModel):
 
     a: RunRef
     b: RunRef
+    a_name: str = Field(default="A", description="Run A in column headers: its build, else 'A'")
+    b_name: str = Field(default="B", description="Run B in column headers: its build, else 'B'")
+    changes: list[Change] = Field(
+        default_factory=list, description="What differs between A and B (build, commit, config)"
+    )
     phases: list[Delta]
     stages: list[Delta]
     stage_graph_counts: list[Delta]
@@ -189,14 +232,83 @@ class Comparison(BaseModel):
     kv_ratio: float | None = Field(description="KV tokens of B over A (the seed's 'KV vs main')")
 
 
+def build_label(report: RunReport) -> str:
+    """The report's build label, defaulted to vllm-<version>+memest-<version> when empty."""
+    return with_default_label(report.build).label
+
+
+def fingerprint(report: RunReport) -> str:
+    """The report's configuration fingerprint (computed from its config when it carries none)."""
+    return report.config_fingerprint or config_fingerprint(report.config)
+
+
+def config_summary(config: RunConfig) -> str:
+    """The configuration an operator sets, in a few words."""
+    parts = []
+    if config.max_num_seqs is not None:
+        parts.append(f"{config.max_num_seqs} seqs")
+    if config.max_num_batched_tokens is not None:
+        parts.append(f"{config.max_num_batched_tokens} batched tokens")
+    if config.max_model_len is not None:
+        parts.append(f"max_model_len {config.max_model_len}")
+    if config.gpu_memory_utilization is not None:
+        parts.append(f"utilization {config.gpu_memory_utilization:g}")
+    if config.tensor_parallel_size > 1:
+        parts.append(f"TP {config.tensor_parallel_size}")
+    if config.speculative_method:
+        parts.append(f"{config.speculative_method} K={config.num_speculative_tokens}")
+    else:
+        parts.append("no drafter")
+    if config.cudagraph_mode:
+        parts.append(config.cudagraph_mode)
+    return " · ".join(parts)
+
+
+def _config_value(value: object) -> str:
+    if isinstance(value, list) and len(value) > 6:
+        return f"{len(value)} sizes, widest {max(value)}" if value else "[]"
+    text = str(value) if not isinstance(value, dict) else str(dict(sorted(value.items())))
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+def config_changes(a: RunConfig, b: RunConfig) -> list[Change]:
+    """The configuration fields that differ, A's value beside B's."""
+    da, db = a.model_dump(), b.model_dump()
+    return [
+        Change(field=name, a=_config_value(da[name]), b=_config_value(db[name]))
+        for name in RunConfig.model_fields
+        if da[name] != db[name]
+    ]
+
+
 def run_ref(report: RunReport) -> RunRef:
     return RunRef(
         run_id=report.run_id,
         model=report.model,
-        build=report.build.label,
+        model_name=public_model_name(None, report.model),
+        build=build_label(report),
         commit=report.build.vllm_commit,
         source=report.source,
+        created_at=report.created_at,
+        config_fingerprint=fingerprint(report),
+        config_summary=config_summary(report.config),
     )
+
+
+def changes(a: RunReport, b: RunReport) -> list[Change]:
+    """What two runs differ in: build label, vLLM and memest versions, commit, configuration."""
+    out = []
+    pairs = (
+        ("build", build_label(a), build_label(b)),
+        ("vllm_version", a.build.vllm_version, b.build.vllm_version),
+        ("memest_version", a.build.memest_version, b.build.memest_version),
+        ("commit", a.build.vllm_commit, b.build.vllm_commit),
+        ("gpu", a.gpu.name if a.gpu else None, b.gpu.name if b.gpu else None),
+    )
+    for name, x, y in pairs:
+        if x != y:
+            out.append(Change(field=name, a=str(x or "–"), b=str(y or "–")))
+    return out + config_changes(a.config, b.config)
 
 
 def _phase_map(report: RunReport) -> dict[str, int]:
@@ -222,13 +334,8 @@ _PHASE_LABELS = {
 }
 
 
-def compare(a: RunReport, b: RunReport) -> Comparison:
-    """Compare build ``a`` (e.g. main) with build ``b`` (e.g. the change)."""
-    pa, pb = _phase_map(a), _phase_map(b)
-    phases = [
-        _delta(k, v, pa.get(k), pb.get(k)) for k, v in _PHASE_LABELS.items() if k in pa or k in pb
-    ]
-
+def _stage_deltas(a: RunReport, b: RunReport) -> tuple[list[Delta], list[Delta], list[str]]:
+    """Pool growth and graph count per stage (with totals), and the stage order."""
     sa = {s.stage: s for s in capture_stages(a)}
     sb = {s.stage: s for s in capture_stages(b)}
     order = list(sa) + [s for s in sb if s not in sa]
@@ -249,48 +356,71 @@ def compare(a: RunReport, b: RunReport) -> Comparison:
         counts.append(
             _delta(name, name, x.graph_count if x else None, y.graph_count if y else None)
         )
-    ga, gb = graph_pool_bytes(a), graph_pool_bytes(b)
-    stages.append(_delta("total", "Total graph pool", ga, gb))
+    stages.append(_delta("total", "Total graph pool", graph_pool_bytes(a), graph_pool_bytes(b)))
     ca = [c.a for c in counts if c.a is not None]
     cb = [c.b for c in counts if c.b is not None]
     counts.append(_delta("total", "Total graphs", sum(ca) if ca else None, sum(cb) if cb else None))
+    return stages, counts, order
 
-    oa = _owner_map(a)
-    ob = _owner_map(b)
+
+def _owner_deltas(a: RunReport, b: RunReport, order: list[str]) -> list[Delta]:
+    """Pool bytes per stage and owner, owners matched by what they are (owner_key).
+
+    A stage's trigger rows charge all of its growth, so an owner a run's stage does not list
+    took 0 bytes of it; only a stage the run did not capture is missing (None).
+    """
+    oa, ob = _owner_map(a), _owner_map(b)
+    stages_a = {s.stage for s in capture_stages(a)}
+    stages_b = {s.stage for s in capture_stages(b)}
     rank = {name: i for i, name in enumerate(order)}
-    okeys = sorted(
+    keys = sorted(
         list(oa) + [k for k in ob if k not in oa],
         key=lambda k: (rank.get(k[0], len(rank)), -max(oa.get(k, 0), ob.get(k, 0))),
     )
-    owners = [
-        _delta(f"{st}/{ow}", f"{st} · {ow}", oa.get((st, ow)), ob.get((st, ow))) for st, ow in okeys
-    ]
+    out = []
+    for stage, key in keys:
+        va = oa.get((stage, key), 0 if stage in stages_a else None)
+        vb = ob.get((stage, key), 0 if stage in stages_b else None)
+        out.append(_delta(f"{stage}/{key}", f"{stage} · {owner_label(key)}", va, vb))
+    return out
 
+
+def _runner_deltas(a: RunReport, b: RunReport) -> list[Delta]:
     ra = {r.runner: r for r in runner_counts(a)}
     rb = {r.runner: r for r in runner_counts(b)}
-    runners = []
+    out = []
     for name in list(ra) + [n for n in rb if n not in ra]:
-        x2, y2 = ra.get(name), rb.get(name)
-        runners.append(
+        x, y = ra.get(name), rb.get(name)
+        label = x.label if x else y.label if y else name
+        out.append(
             _delta(
                 name,
-                (x2 or y2).label if (x2 or y2) else name,  # type: ignore[union-attr]
-                x2.graph_count if x2 else None,
-                y2.graph_count if y2 else None,
-                a_text=x2.widest if x2 else None,
-                b_text=y2.widest if y2 else None,
+                label,
+                x.graph_count if x else None,
+                y.graph_count if y else None,
+                a_text=x.widest if x else None,
+                b_text=y.widest if y else None,
             )
         )
+    return out
 
-    fa, fb = run_facts(a), run_facts(b)
-    estimate = [
+
+def _estimate_deltas(fa: RunFacts, fb: RunFacts) -> list[Delta]:
+    out = [
         _delta(
             "cudagraph_estimate",
-            "Estimated CUDA-graph memory",
+            "vLLM's CUDA-graph estimate",
             fa.cudagraph_estimate_bytes,
             fb.cudagraph_estimate_bytes,
         ),
+        _delta("kv_cache_bytes", "KV cache", fa.kv_cache_bytes, fb.kv_cache_bytes),
         _delta("kv_tokens", "Measured KV capacity, tokens", fa.kv_tokens, fb.kv_tokens),
+        _delta(
+            "usage_minus_budget_start",
+            "Usage minus budget (this start)",
+            fa.usage_minus_budget_bytes,
+            fb.usage_minus_budget_bytes,
+        ),
         _delta(
             "usage_minus_budget",
             "Usage minus budget (vLLM estimate)",
@@ -299,7 +429,7 @@ def compare(a: RunReport, b: RunReport) -> Comparison:
         ),
     ]
     if fa.memest_error_bytes is not None or fb.memest_error_bytes is not None:
-        estimate.append(
+        out.append(
             _delta(
                 "usage_minus_budget_memest",
                 "Usage minus budget (memest estimate)",
@@ -307,27 +437,45 @@ def compare(a: RunReport, b: RunReport) -> Comparison:
                 fb.memest_error_bytes,
             )
         )
+    return out
+
+
+def compare(a: RunReport, b: RunReport) -> Comparison:
+    """Compare build ``a`` (e.g. main) with build ``b`` (e.g. the change)."""
+    pa, pb = _phase_map(a), _phase_map(b)
+    phases = [
+        _delta(k, v, pa.get(k), pb.get(k)) for k, v in _PHASE_LABELS.items() if k in pa or k in pb
+    ]
+    stages, counts, order = _stage_deltas(a, b)
+    fa, fb = run_facts(a), run_facts(b)
     kv_ratio = None
     if fa.kv_tokens and fb.kv_tokens is not None:
         kv_ratio = fb.kv_tokens / fa.kv_tokens
+    ref_a, ref_b = run_ref(a), run_ref(b)
+    distinct = ref_a.build != ref_b.build
     return Comparison(
-        a=run_ref(a),
-        b=run_ref(b),
+        a=ref_a,
+        b=ref_b,
+        a_name=ref_a.build if distinct and ref_a.build else "A",
+        b_name=ref_b.build if distinct and ref_b.build else "B",
+        changes=changes(a, b),
         phases=phases,
         stages=stages,
         stage_graph_counts=counts,
-        owners=owners,
-        runners=runners,
-        estimate=estimate,
+        owners=_owner_deltas(a, b, order),
+        runners=_runner_deltas(a, b),
+        estimate=_estimate_deltas(fa, fb),
         kv_ratio=kv_ratio,
     )
 
 
 def _owner_map(report: RunReport) -> dict[tuple[str, str], int]:
+    """Pool bytes per (stage, owner_key): owners that are one thing under two names add up."""
     out: dict[tuple[str, str], int] = {}
     for bar in stage_bars(report):
         for seg in bar.owners:
-            out[(bar.stage, seg.owner)] = out.get((bar.stage, seg.owner), 0) + seg.bytes
+            key = (bar.stage, owner_key(seg.owner))
+            out[key] = out.get(key, 0) + seg.bytes
     return out
 
 
@@ -339,51 +487,168 @@ class HistoryPoint(BaseModel):
     commit: str | None = None
     created_at: datetime
     source: str
+    config_fingerprint: str = ""
+    config_summary: str = ""
+    series: int = Field(
+        default=0, description="Index of the point's configuration in History.configs"
+    )
     kv_tokens: int | None = None
     graph_pool_bytes: int | None = None
     estimator_error_bytes: int | None = None
+    compared_with: str | None = Field(
+        default=None,
+        description="The previous run of the same configuration fingerprint: the baseline of "
+        "the regression checks (None: the configuration's first run)",
+    )
+    config_changes: list[Change] = Field(
+        default_factory=list,
+        description="How the configuration differs from the previous run's (empty: same)",
+    )
     regressions: list[str] = Field(
         default_factory=list,
         description="kv_tokens, graph_pool_bytes or estimator_error_bytes when worse than the "
-        "previous build by more than the thresholds",
+        "previous run of the same configuration by more than the thresholds",
     )
+
+
+class HistoryConfig(BaseModel):
+    """One configuration (fingerprint) among a model's runs: one series of the history."""
+
+    fingerprint: str
+    summary: str
+    runs: int
 
 
 class History(BaseModel):
     model: str
     points: list[HistoryPoint]
+    configs: list[HistoryConfig] = Field(default_factory=list)
     kv_drop_fraction: float = KV_DROP_FRACTION
     pool_growth_fraction: float = POOL_GROWTH_FRACTION
     estimate_error_growth_bytes: int = ESTIMATE_ERROR_GROWTH_BYTES
 
 
+def _regressions(p: HistoryPoint, prev: HistoryPoint) -> list[str]:
+    """What got worse from ``prev`` (same configuration) to ``p`` beyond the thresholds."""
+    out = []
+    if p.kv_tokens is not None and prev.kv_tokens:
+        if p.kv_tokens < prev.kv_tokens * (1 - KV_DROP_FRACTION):
+            out.append("kv_tokens")
+    if p.graph_pool_bytes is not None and prev.graph_pool_bytes:
+        if p.graph_pool_bytes > prev.graph_pool_bytes * (1 + POOL_GROWTH_FRACTION):
+            out.append("graph_pool_bytes")
+    if p.estimator_error_bytes is not None and prev.estimator_error_bytes is not None:
+        grow = abs(p.estimator_error_bytes) - abs(prev.estimator_error_bytes)
+        if grow > ESTIMATE_ERROR_GROWTH_BYTES:
+            out.append("estimator_error_bytes")
+    return out
+
+
 def history(model: str, reports: Sequence[RunReport]) -> History:
-    """Per-build history of a model (one rank-0 report per run, oldest first)."""
+    """Per-build history of a model (one rank-0 report per run, oldest first).
+
+    Regressions are checked against the previous run of the same configuration fingerprint
+    only; a run whose configuration differs from the run before it says what changed.
+    """
     points: list[HistoryPoint] = []
-    prev: HistoryPoint | None = None
+    configs: dict[str, HistoryConfig] = {}
+    last: dict[str, HistoryPoint] = {}
+    prev_report: RunReport | None = None
     for rep in sorted(reports, key=lambda r: (r.created_at, r.run_id)):
         f = run_facts(rep)
+        fp = fingerprint(rep)
+        cfg = configs.setdefault(
+            fp, HistoryConfig(fingerprint=fp, summary=config_summary(rep.config), runs=0)
+        )
+        cfg.runs += 1
+        before = last.get(fp)
         p = HistoryPoint(
             run_id=rep.run_id,
-            build=rep.build.label,
+            build=build_label(rep),
             commit=rep.build.vllm_commit,
             created_at=rep.created_at,
             source=rep.source,
+            config_fingerprint=fp,
+            config_summary=cfg.summary,
+            series=list(configs).index(fp),
             kv_tokens=f.kv_tokens,
             graph_pool_bytes=f.graph_pool_bytes,
             estimator_error_bytes=f.estimator_error_bytes,
+            compared_with=before.run_id if before else None,
         )
-        if prev is not None:
-            if p.kv_tokens is not None and prev.kv_tokens:
-                if p.kv_tokens < prev.kv_tokens * (1 - KV_DROP_FRACTION):
-                    p.regressions.append("kv_tokens")
-            if p.graph_pool_bytes is not None and prev.graph_pool_bytes:
-                if p.graph_pool_bytes > prev.graph_pool_bytes * (1 + POOL_GROWTH_FRACTION):
-                    p.regressions.append("graph_pool_bytes")
-            if p.estimator_error_bytes is not None and prev.estimator_error_bytes is not None:
-                grow = abs(p.estimator_error_bytes) - abs(prev.estimator_error_bytes)
-                if grow > ESTIMATE_ERROR_GROWTH_BYTES:
-                    p.regressions.append("estimator_error_bytes")
+        if prev_report is not None and fingerprint(prev_report) != fp:
+            p.config_changes = config_changes(prev_report.config, rep.config)
+        if before is not None:
+            p.regressions = _regressions(p, before)
         points.append(p)
-        prev = p
-    return History(model=model, points=points)
+        last[fp] = p
+        prev_report = rep
+    return History(model=model, points=points, configs=list(configs.values()))
+
+
+def model_name(model: str) -> str:
+    """The model as users know it (a local folder shows as its name)."""
+    return public_model_name(None, model)
+
+
+class PhaseRow(BaseModel):
+    """A phase's added memory, with the phase it runs inside (its bytes are in that one too)."""
+
+    split: PhaseSplit
+    depth: int = 0
+    parent: str | None = None
+
+
+def phase_rows(splits: Sequence[PhaseSplit], records: Sequence[PhaseRecord]) -> list[PhaseRow]:
+    """The phase split as a tree, from the phase windows: outer phases first, then the phases
+    that run inside them (kv_cache_alloc inside initialize_from_config, ...). Only rows at depth
+    0 add up; a phase without a window is a top-level row at the end."""
+    windows = {r.name: (r.start.time_ns, r.end.time_ns) for r in records}
+    timed = sorted(
+        (s for s in splits if s.phase in windows),
+        key=lambda s: (windows[s.phase][0], -windows[s.phase][1]),
+    )
+    rows: list[PhaseRow] = []
+    stack: list[str] = []
+    for split in timed:
+        start, end = windows[split.phase]
+        while stack and not (windows[stack[-1]][0] <= start and end <= windows[stack[-1]][1]):
+            stack.pop()
+        rows.append(PhaseRow(split=split, depth=len(stack), parent=stack[-1] if stack else None))
+        stack.append(split.phase)
+    rows += [PhaseRow(split=s) for s in splits if s.phase not in windows]
+    return rows
+
+
+#: Why a phase's category can be negative; every surface that shows one says this.
+NEGATIVE_NOTE = (
+    "Negative: the phase gave memory back. PyTorch's cache shrank (empty_cache() returned "
+    "cached blocks to the device) or memory outside PyTorch was freed; the phase's total "
+    "already nets it out"
+)
+
+
+class Notes(BaseModel):
+    """A report's notes for a page: the few that matter, and the diagnostics behind them."""
+
+    shown: list[str]
+    more: list[str]
+
+
+#: Notes that are diagnostics of the plugin (per-stage history rows, where files were kept).
+_DIAGNOSTIC = ("history stage row:", "allocator history kept at", "allocator history off")
+#: An absolute path: shown as its file name only (no host folders on a page).
+_PATH = re.compile(r"(?<![\w.~])/(?:[^\s/:;,()]+/)+([^\s/:;,()]+)")
+
+
+def short_paths(text: str) -> str:
+    """``text`` with each absolute path cut to its file name."""
+    return _PATH.sub(lambda m: m.group(1), text)
+
+
+def notes(report: RunReport, keep: int = 4) -> Notes:
+    """Up to ``keep`` notes worth reading first; the plugin's diagnostics and the rest after."""
+    lines = [short_paths(n) for n in report.notes]
+    main = [n for n in lines if not n.startswith(_DIAGNOSTIC)]
+    rest = [n for n in lines if n.startswith(_DIAGNOSTIC)]
+    return Notes(shown=main[:keep], more=main[keep:] + rest)

@@ -73,7 +73,7 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def page(browser: Any, demo_server: str) -> Iterator[Any]:
     """A page that may load only the demo server: any other host is blocked and recorded."""
-    context = browser.new_context(viewport={"width": 1300, "height": 900})
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
     pg = context.new_page()
     pg.outside_requests = []  # type: ignore[attr-defined]
     pg.console_errors = []  # type: ignore[attr-defined]

@@ -18,7 +18,21 @@ from memest.errors import MemestError
 from memest.estimate import account, gpu_parts
 from memest.estimate.phases import total_bytes
 from memest.reporters import plots
-from memest.reporters.views import compare, history, run_facts, runner_counts
+from memest.reporters.owners import owner_label
+from memest.reporters.views import (
+    NEGATIVE_NOTE,
+    build_label,
+    compare,
+    config_summary,
+    fingerprint,
+    history,
+    model_name,
+    notes,
+    phase_rows,
+    run_facts,
+    runner_counts,
+    short_paths,
+)
 from memest.schema import RunReport, StartAccounting
 from memest.service import store
 from memest.service.deps import CacheDep, ReadAuth, SessionDep
@@ -39,7 +53,15 @@ def _sgib(value: int | None) -> str:
 
 
 templates.env.filters.update(
-    gib=_gib, sgib=_sgib, count=count_cell, ratio=ratio_cell, owner_color=plots.owner_color
+    gib=_gib,
+    sgib=_sgib,
+    count=count_cell,
+    ratio=ratio_cell,
+    owner_color=plots.owner_color,
+    owner_label=owner_label,
+    series_color=plots.series_color,
+    model_name=model_name,
+    short_paths=short_paths,
 )
 
 
@@ -58,6 +80,8 @@ templates.env.globals["url_for"] = _url_path
 
 #: Live-peak and retained rows shown on the model page (largest first); the API has them all.
 TOP_ROWS = 15
+#: Rows below this many bytes read 0.000 GiB: left off the page's peak and retained table.
+SHOWN_MIN_BYTES = 512 * 1024
 
 HTML_PAGE: dict[int | str, dict[str, Any]] = {
     200: {"description": "HTML page", "content": {"text/html": {"example": "<!doctype html>"}}}
@@ -107,29 +131,35 @@ def model_page(
     accounting = account(rep)
     bd = rep.breakdown
     bars = stage_bars(rep)
-    pairs = [(a, b) for a, b in zip(runs, runs[1:], strict=False)]
+    peaks = [r for r in bd.live_peaks if r.peak_bytes >= SHOWN_MIN_BYTES] if bd else []
+    retained = [r for r in bd.retained if r.bytes >= SHOWN_MIN_BYTES] if bd else []
     return _page(
         request,
         "model.html",
-        title=f"{model} · memest",
+        title=f"{model_name(model)} · memest",
         model=model,
         run=chosen,
         runs=runs,
-        pairs=pairs,
         report=rep,
+        build=build_label(rep),
+        config=config_summary(rep.config),
+        fingerprint=fingerprint(rep),
         ranks=[r.rank for r in rows],
         rank_check=rank_check(all_ranks),
-        peaks=sorted(bd.live_peaks, key=lambda r: -r.peak_bytes)[:TOP_ROWS] if bd else [],
-        retained=sorted(bd.retained, key=lambda r: -r.bytes)[:TOP_ROWS] if bd else [],
+        peaks=sorted(peaks, key=lambda r: -r.peak_bytes)[:TOP_ROWS],
+        retained=sorted(retained, key=lambda r: -r.bytes)[:TOP_ROWS],
         hidden_rows=(len(bd.live_peaks) + len(bd.retained)) if bd else 0,
         bars=bars,
         runners=runner_counts(rep),
         facts=run_facts(rep),
         accounting=accounting,
+        phases=phase_rows(bd.phases, rep.phases) if bd else [],
+        negative_note=NEGATIVE_NOTE,
+        notes=notes(rep),
         gpu_svg=_whole_gpu(rep, accounting),
-        svg=plots.stage_owner_svg(
-            bars, f"Graph-pool growth by stage and owner · {rep.build.label}"
-        ),
+        svg=plots.stage_owner_svg(bars, "Graph-pool growth by capture stage and owner")
+        if bars
+        else None,
     )
 
 
@@ -183,7 +213,7 @@ def compare_page(
     return _page(
         request,
         "compare.html",
-        title=f"{ra.build.label} → {rb.build.label} · memest",
+        title=f"{model_name(ra.model)}: {cmp.a_name} → {cmp.b_name} · memest",
         cmp=cmp,
         ra=ra,
         rb=rb,
@@ -207,7 +237,7 @@ def history_page(
     return _page(
         request,
         "history.html",
-        title=f"{model} history · memest",
+        title=f"{model_name(model)} history · memest",
         model=model,
         hist=hist,
         svgs=plots.history_svgs(hist),

@@ -1,0 +1,105 @@
+"""What an owner is called and drawn as, on every surface: one readable label, one colour.
+
+Owner names are the analysis's (``memest.analysis.owners``); reports written before Inductor's
+generated code was named ``compiled_piece`` carry ``unattributed:call (<2 chars>/c<hash>.py)``
+instead. :func:`owner_key` makes the two one owner, so runs compare across that change, and
+:func:`owner_label` says what each is instead of a file hash. Colours come from one fixed
+qualitative palette: a named owner always has its colour, any other owner a colour picked by a
+hash of its key, so an owner has the same colour on every page.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import PurePosixPath
+
+from memest.analysis.owners import _INDUCTOR_FILE, COMPILED_PIECE, NO_STACK, UNATTRIBUTED
+from memest.analysis.stages import REMAINDER_OWNER
+
+#: Readable label per named owner (the analysis's owner names).
+OWNER_LABELS = {
+    "indexer_logits_fp32": "indexer logits, FP32 copy",
+    "indexer_logits_bf16": "indexer logits, BF16",
+    "aux_hidden_states": "aux hidden states (drafter inputs)",
+    "draft_logits": "draft logits",
+    "attn_output": "attention output",
+    "qnorm_rope_kv_insert": "q-norm / RoPE / KV insert",
+    "moe_workspace": "MoE workspace",
+    "gemm_workspace": "GEMM workspace",
+    "kv_cache": "KV cache",
+    "weights": "weights",
+    COMPILED_PIECE: "compiled code (Inductor call; owner not named)",
+    "graph_pool_live_blocks": "graph-pool blocks live at the end of init",
+    "default_pool_allocated_during_capture": "default-pool tensors kept from the capture",
+    REMAINDER_OWNER: "pool growth no allocation claims",
+}
+
+#: Fixed colour per named owner (a qualitative palette: distinct hues, none grey but the remainder).
+OWNER_COLORS = {
+    "indexer_logits_fp32": "#d62728",
+    "indexer_logits_bf16": "#ff7f0e",
+    "aux_hidden_states": "#9467bd",
+    "draft_logits": "#17becf",
+    "attn_output": "#1f77b4",
+    "qnorm_rope_kv_insert": "#2ca02c",
+    "moe_workspace": "#8c564b",
+    "gemm_workspace": "#e377c2",
+    "kv_cache": "#bcbd22",
+    "weights": "#3f51b5",
+    COMPILED_PIECE: "#f0a202",
+    "graph_pool_live_blocks": "#7f7f7f",
+    "default_pool_allocated_during_capture": "#a1887f",
+    REMAINDER_OWNER: "#c7c7c7",
+}
+
+#: Colours for owners without a fixed one (distinct from each other and from OWNER_COLORS).
+EXTRA_COLORS = (
+    "#4e79a7",
+    "#59a14f",
+    "#b07aa1",
+    "#76b7b2",
+    "#e15759",
+    "#9c755f",
+    "#86bcb6",
+    "#edc948",
+    "#ff9da7",
+    "#393b79",
+    "#637939",
+    "#843c39",
+)
+
+
+def _inductor(owner: str) -> bool:
+    """``unattributed:call (<2 chars>/c<hash>.py)``: a frame of Inductor's generated code."""
+    prefix = f"{UNATTRIBUTED}:call ("
+    return owner.startswith(prefix) and bool(_INDUCTOR_FILE.search(owner[len(prefix) : -1]))
+
+
+def owner_key(owner: str) -> str:
+    """The owner a name stands for: Inductor's hashed file names are all ``compiled_piece``."""
+    return COMPILED_PIECE if _inductor(owner) else owner
+
+
+def owner_label(owner: str) -> str:
+    """What the owner is, in words (the raw name belongs in a tooltip)."""
+    key = owner_key(owner)
+    if key in OWNER_LABELS:
+        return OWNER_LABELS[key]
+    if not key.startswith(f"{UNATTRIBUTED}:"):
+        return key.replace("_", " ")
+    rest = key[len(UNATTRIBUTED) + 1 :]
+    if rest == NO_STACK:
+        return "no stack recorded (owner not named)"
+    func, sep, path = rest.partition(" (")
+    if not sep:
+        return f"{rest} (owner not named)"
+    return f"{func} in {PurePosixPath(path.rstrip(')')).name} (no owner rule)"
+
+
+def owner_color(owner: str) -> str:
+    """The owner's colour: fixed for a named owner, else picked by a hash of its key."""
+    key = owner_key(owner)
+    if key in OWNER_COLORS:
+        return OWNER_COLORS[key]
+    digest = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+    return EXTRA_COLORS[digest % len(EXTRA_COLORS)]
