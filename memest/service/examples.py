@@ -11,7 +11,9 @@ from memest.analysis.ranks import rank_check
 from memest.analysis.stages import stage_bars
 from memest.demo import demo_reports
 from memest.estimate import account
+from memest.preflight import preflight
 from memest.reporters.views import compare, history, run_facts, runner_counts
+from memest.schema.preflight import PreflightRequest
 
 _DEMO = demo_reports()
 MAIN, CHANGE = _DEMO[0], _DEMO[1]
@@ -205,3 +207,26 @@ RUN_ESTIMATE = {
         "largest_max_num_seqs": 4364,
     },
 }
+
+_LLAMA8B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
+PREFLIGHT_REQUEST = {
+    "model_config": _LLAMA8B_CONFIG,
+    "gpu": "h200",
+    "max_num_seqs": 128,
+    "max_num_batched_tokens": 4096,
+    "max_model_len": 4096,
+    "gpu_memory_utilization": 0.85,
+}
+PREFLIGHT = dump(preflight(PreflightRequest.model_validate(PREFLIGHT_REQUEST)))

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from memest.errors import ConfigError
 from memest.preflight import preflight
 from memest.schema.preflight import PreflightRequest, PreflightResult
+from memest.service import examples
 from memest.service.deps import ReadAuth, SettingsDep
 from memest.service.errors import BadRequest
 from memest.service.ingest import load_json, read_body
@@ -20,6 +21,7 @@ router = APIRouter(prefix="/api/v1", tags=["calculators"], dependencies=[ReadAut
     "/preflight",
     response_model=PreflightResult,
     responses={
+        **examples.json_example(examples.PREFLIGHT, "One rank's predicted terms and KV cache"),
         413: {"description": "Body larger than MEMEST_MAX_REPORT_BYTES"},
         415: {"description": "Not application/json"},
         422: {"description": "Invalid body, config or grid (the field is named)"},
@@ -28,7 +30,10 @@ router = APIRouter(prefix="/api/v1", tags=["calculators"], dependencies=[ReadAut
         "requestBody": {
             "required": True,
             "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/PreflightRequest"}}
+                "application/json": {
+                    "schema": {"$ref": "#/components/schemas/PreflightRequest"},
+                    "example": examples.PREFLIGHT_REQUEST,
+                }
             },
         }
     },
