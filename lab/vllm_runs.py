@@ -167,6 +167,15 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("D_llama8b_s128_t4096_u070", "alone"),
     ],
     "smoke": [("B_llama8b_s32_t2048", "enable")],
+    # Owners under torch.compile (allocator history kept, map of generated code in the report):
+    # a cold Llama-8B start, the same warm (compile-cache hit: same owner table), EAGLE3 K=3 and
+    # the Qwen3-MoE shape. Then: python lab/owner_table.py (see its docstring).
+    "owners": [
+        ("A_llama8b_s128_t4096", "enable-cold"),
+        ("A_llama8b_s128_t4096", "enable"),
+        ("C_llama8b_eagle3k3_s64_t4096", "enable"),
+        ("M_qwen3moe8l_s64_t2048", "enable"),
+    ],
     # MoE, then MLA + MoE: alone first (a failed first start ends the group), apply, plan.
     "moe": [
         ("M_qwen3moe8l_s64_t2048", "alone"),
@@ -438,6 +447,7 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         env["MEMEST_OUTPUT_DIR"] = str(OUT / "memest")
         env["MEMEST_RUN_ID"] = f"{cfg_name}.{mode_spec}"
         env["PYTHONUNBUFFERED"] = "1"
+        env["MEMEST_CODE_MAP_DIR"] = str(CACHE / "memest_code_maps")  # a cold start clears it
         env.pop("MEMEST_ENABLE", None)
         if mode == "default":  # the plugin as an operator turns it on, nothing else set
             env["MEMEST_ENABLE"] = "1"

@@ -6,9 +6,19 @@ the first match names the owner. When nothing matches, the owner is
 ``unattributed:<function> (<file>)`` of the top frame: the innermost frame outside the skipped
 files (torch internals, memest's own hooks, contextlib), so unattributed bytes stay visible.
 
+Under torch.compile the allocating frame is Inductor's generated code. When the start recorded a
+map of that code (memest.analysis.inductor, ``RunReport.compiled_code``), a frame in a generated
+file is one more rule source: its allocation site's FX source nodes are tried from the buffer's
+producer backwards, first against the rules that name a ``module`` (glob on the node's module
+path, e.g. ``*.self_attn.qkv_proj``) or ``code`` (glob on the source text of the node's stack
+frame), then against the frame rules on the node's own stack frame. A compiled allocation that no
+rule names is ``compiled_piece:<why>`` (no source node recorded, no module map recorded, no rule
+for ``layers.*.foo``); without any map it stays ``compiled_piece``.
+
 User rules come from a JSON file::
 
-    {"rules": [{"owner": "my_buffer", "function": "alloc_*", "file": "*/mypkg/*.py"}],
+    {"rules": [{"owner": "my_buffer", "function": "alloc_*", "file": "*/mypkg/*.py"},
+               {"owner": "my_proj", "module": "*.my_proj"}],
      "skip_files": ["*/mypkg/allocator_shim.py"]}
 """
 
@@ -22,23 +32,38 @@ from fnmatch import translate
 from pathlib import Path
 from typing import Any
 
+from memest.analysis.inductor import (
+    CompiledIndex,
+    generated_key,
+    site_nodes,
+    unnamed_reason,
+)
 from memest.errors import ConfigError
+from memest.schema.report import CompiledCode, CompiledFile, CompiledNode, CompiledSite
 
 UNATTRIBUTED = "unattributed"
 NO_STACK = "<no stack>"
 COMPILED_PIECE = "compiled_piece"
-# Inductor's generated modules (<cache>/<2 chars>/c<hash>.py, entry point ``call``): under
-# VLLM_COMPILE the model's own frames are gone, and the hash names nothing a reader can act on.
-_INDUCTOR_FILE = re.compile(r"(^|/)[a-z0-9]{2}/c[a-z0-9]{40,}\.py$")
 
 
 @dataclass(frozen=True, slots=True)
 class OwnerRule:
-    """One pattern → owner rule (glob patterns; an omitted pattern matches anything)."""
+    """One pattern → owner rule (glob patterns; an omitted pattern matches anything).
+
+    ``module`` and ``code`` match compiled code's FX source nodes only (module path, source
+    text of the node's stack frame); ``function`` and ``file`` match stack frames, the nodes'
+    own included.
+    """
 
     owner: str
     function: str | None = None
     file: str | None = None
+    module: str | None = None
+    code: str | None = None
+
+    @property
+    def compiled_only(self) -> bool:
+        return self.module is not None or self.code is not None
 
 
 # vLLM 0.33.0 (shared hook map, section 4). Order matters within one frame only.
@@ -69,6 +94,50 @@ _VLLM_0_33_RULES: tuple[OwnerRule, ...] = (
     OwnerRule("weights", "load_weights"),
     OwnerRule("weights", "*", "*/model_loader/*"),
     OwnerRule("weights", "process_weights_after_loading"),
+    OwnerRule("sampler", "*", "*/v1/worker/gpu/sample/*"),
+    OwnerRule("sampler", "*", "*/v1/sample/*"),
+)
+
+# Compiled code (torch.compile / VLLM_COMPILE): module paths of vLLM 0.33.0's decoder models
+# (Llama, Qwen, Mixtral, DeepSeek, EAGLE3 drafters). Tried per FX node before the frame rules.
+_VLLM_0_33_COMPILED_RULES: tuple[OwnerRule, ...] = (
+    OwnerRule("aux_hidden_states", code="*aux_hidden_states*"),
+    OwnerRule("attn_output", module="*.attn"),
+    OwnerRule("attn_output", module="*.attn.*"),
+    OwnerRule("attn_output", module="*.mla_attn*"),
+    OwnerRule("qk_norm_rope", module="*.q_norm"),
+    OwnerRule("qk_norm_rope", module="*.k_norm"),
+    OwnerRule("qk_norm_rope", module="*rotary_emb*"),
+    OwnerRule("qkv_proj", module="*.qkv_proj"),
+    OwnerRule("qkv_proj", module="*.[qkv]_proj"),
+    OwnerRule("qkv_proj", module="*.q_a_proj"),
+    OwnerRule("qkv_proj", module="*.q_b_proj"),
+    OwnerRule("qkv_proj", module="*.kv_a_proj_with_mqa"),
+    OwnerRule("qkv_proj", module="*.kv_b_proj"),
+    OwnerRule("qkv_proj", module="*.fused_qkv_a_proj"),
+    OwnerRule("qk_norm_rope", module="*.q_a_layernorm"),
+    OwnerRule("qk_norm_rope", module="*.kv_a_layernorm"),
+    OwnerRule("o_proj", module="*.o_proj"),
+    OwnerRule("moe_router_logits", module="*.mlp.gate"),
+    OwnerRule("moe_workspace", module="*.experts"),
+    OwnerRule("moe_workspace", module="*.experts.*"),
+    OwnerRule("mlp_gate_up", module="*.gate_up_proj"),
+    OwnerRule("mlp_gate_up", module="*.gate_proj"),
+    OwnerRule("mlp_gate_up", module="*.up_proj"),
+    OwnerRule("mlp_act", module="*.act_fn"),
+    OwnerRule("mlp_down", module="*.down_proj"),
+    OwnerRule("eagle3_fc", module="fc"),
+    OwnerRule("eagle3_fc", module="*.fc"),
+    OwnerRule("norm", module="*layernorm"),
+    OwnerRule("norm", module="norm"),
+    OwnerRule("norm", module="*.norm"),
+    OwnerRule("norm", module="*_norm"),
+    OwnerRule("embedding", module="*embed_tokens"),
+    OwnerRule("logits", module="*lm_head"),
+    OwnerRule("logits", module="*logits_processor*"),
+    OwnerRule("residual", module="*layers.[0-9]"),
+    OwnerRule("residual", module="*layers.[0-9][0-9]"),
+    OwnerRule("residual", module="*layers.[0-9][0-9][0-9]"),
 )
 
 _DEFAULT_SKIP_FILES: tuple[str, ...] = (
@@ -89,13 +158,21 @@ def _compile(pattern: str | None) -> re.Pattern[str] | None:
     return re.compile(translate(pattern))
 
 
+_Compiled = tuple[str, re.Pattern[str] | None, re.Pattern[str] | None]
+
+
 @dataclass
 class OwnerRules:
-    """An ordered list of owner rules plus the files skipped when naming the top frame."""
+    """An ordered list of owner rules plus the files skipped when naming the top frame.
+
+    ``compiled`` is the map of this start's generated code (empty: none recorded).
+    """
 
     rules: list[OwnerRule] = field(default_factory=list)
     skip_files: list[str] = field(default_factory=lambda: list(_DEFAULT_SKIP_FILES))
-    _compiled: list[tuple[str, re.Pattern[str] | None, re.Pattern[str] | None]] = field(
+    compiled: CompiledIndex = field(default_factory=lambda: CompiledIndex(None))
+    _compiled: list[_Compiled] = field(default_factory=list, init=False, repr=False)
+    _node_rules: list[tuple[str, OwnerRule, list[re.Pattern[str] | None]]] = field(
         default_factory=list, init=False, repr=False
     )
     _skip: re.Pattern[str] | None = field(default=None, init=False, repr=False)
@@ -104,7 +181,19 @@ class OwnerRules:
         self._recompile()
 
     def _recompile(self) -> None:
-        self._compiled = [(r.owner, _compile(r.function), _compile(r.file)) for r in self.rules]
+        self._compiled = [
+            (r.owner, _compile(r.function), _compile(r.file))
+            for r in self.rules
+            if not r.compiled_only
+        ]
+        # Node rules: module/code rules first (in order), then the frame rules.
+        ordered = [r for r in self.rules if r.compiled_only] + [
+            r for r in self.rules if not r.compiled_only
+        ]
+        self._node_rules = [
+            (r.owner, r, [_compile(p) for p in (r.module, r.code, r.function, r.file)])
+            for r in ordered
+        ]
         self._skip = (
             re.compile("|".join(f"(?:{translate(p)})" for p in self.skip_files))
             if self.skip_files
@@ -114,7 +203,13 @@ class OwnerRules:
     @classmethod
     def default(cls) -> OwnerRules:
         """Rules for vLLM 0.33.0's owners (indexer logits, aux hidden states, draft logits, ...)."""
-        return cls(rules=list(_VLLM_0_33_RULES))
+        return cls(rules=[*_VLLM_0_33_RULES, *_VLLM_0_33_COMPILED_RULES])
+
+    def with_compiled(self, code: CompiledCode | None) -> OwnerRules:
+        """These rules with a map of generated code (a report's or a snapshot's)."""
+        return OwnerRules(
+            rules=list(self.rules), skip_files=list(self.skip_files), compiled=CompiledIndex(code)
+        )
 
     @classmethod
     def from_data(cls, data: object, *, source: str = "rules") -> OwnerRules:
@@ -129,24 +224,7 @@ class OwnerRules:
                 data if not isinstance(data, dict) else "...",
                 'expected {"rules": [{"owner": ..., "function": ..., "file": ...}]}',
             )
-        rules: list[OwnerRule] = []
-        for i, item in enumerate(data["rules"]):
-            where = f"{source}.rules[{i}]"
-            if not isinstance(item, dict):
-                raise ConfigError(where, item, "expected an object")
-            unknown = set(item) - {"owner", "function", "file"}
-            if unknown:
-                raise ConfigError(where, sorted(unknown), "unknown keys (owner, function, file)")
-            owner = item.get("owner")
-            if not isinstance(owner, str) or not owner:
-                raise ConfigError(f"{where}.owner", owner, "expected a non-empty string")
-            func, file = item.get("function"), item.get("file")
-            for name, value in (("function", func), ("file", file)):
-                if value is not None and not isinstance(value, str):
-                    raise ConfigError(f"{where}.{name}", value, "expected a glob string")
-            if func is None and file is None:
-                raise ConfigError(where, item, "a rule needs 'function' or 'file'")
-            rules.append(OwnerRule(owner, func, file))
+        rules = [_rule_from(item, f"{source}.rules[{i}]") for i, item in enumerate(data["rules"])]
         skip = data.get("skip_files", [])
         if not isinstance(skip, list) or not all(isinstance(s, str) for s in skip):
             raise ConfigError(f"{source}.skip_files", skip, "expected a list of glob strings")
@@ -174,16 +252,14 @@ class OwnerRules:
         else:
             rules, skip = list(other), []
         merged_skip = list(dict.fromkeys([*self.skip_files, *skip]))
-        return OwnerRules(rules=[*rules, *self.rules], skip_files=merged_skip)
+        return OwnerRules(
+            rules=[*rules, *self.rules], skip_files=merged_skip, compiled=self.compiled
+        )
 
     def to_data(self) -> dict[str, Any]:
         return {
             "rules": [
-                {
-                    k: v
-                    for k, v in (("owner", r.owner), ("function", r.function), ("file", r.file))
-                    if v is not None
-                }
+                {k: v for k, v in zip(_RULE_KEYS, _rule_values(r), strict=True) if v is not None}
                 for r in self.rules
             ],
             "skip_files": list(self.skip_files),
@@ -200,6 +276,40 @@ class OwnerRules:
                 return owner
         return None
 
+    def match_site(self, file: CompiledFile, site: CompiledSite | None) -> str:
+        """Owner of an allocation site in generated code; ``compiled_piece:<why>`` if none."""
+        if site is not None:
+            nodes = [n for _, n in site_nodes(file, site) if n is not None]
+            for compiled_first in (True, False):
+                for node in nodes:
+                    owner = self._match_node_pass(node, compiled_first)
+                    if owner is not None:
+                        return owner
+        return f"{COMPILED_PIECE}:{unnamed_reason(file, site)}"
+
+    def _match_node_pass(self, node: CompiledNode, compiled_first: bool) -> str | None:
+        values = (node.module, node.code, node.function, node.file)
+        for owner, rule, pats in self._node_rules:
+            if rule.compiled_only != compiled_first:
+                continue
+            if all(
+                p is None or (v is not None and p.match(v))
+                for p, v in zip(pats, values, strict=True)
+            ):
+                return owner
+        return None
+
+    def _frame_verdict(self, frame: Sequence[Any]) -> tuple[str | None, bool]:
+        """(owner, skipped) of one frame; a frame in mapped generated code is a compiled site."""
+        filename = str(frame[0])
+        if self.compiled:
+            found = self.compiled.site(filename, _line(frame))
+            if found is not None:
+                owner = self.match_site(*found)
+                if not owner.startswith(COMPILED_PIECE):
+                    return owner, False
+        return self.match_frame(frame), self.skipped(filename)
+
     def classify(self, frames: Sequence[Sequence[Any]]) -> tuple[str, str]:
         """Owner and top frame of a stack (frames ``[filename, line, name]``, innermost first)."""
         return self.classify_indexed(frames, range(len(frames)), {})
@@ -215,8 +325,7 @@ class OwnerRules:
         for idx in stack:
             verdict = cache.get(idx)
             if verdict is None:
-                frame = frames[idx]
-                verdict = (self.match_frame(frame), self.skipped(str(frame[0])))
+                verdict = self._frame_verdict(frames[idx])
                 cache[idx] = verdict
             owner, skipped = verdict
             if owner is not None:
@@ -227,9 +336,56 @@ class OwnerRules:
             if not stack:
                 return f"{UNATTRIBUTED}:{NO_STACK}", NO_STACK
             top = frames[stack[0]]
-        if str(top[2]) == "call" and _INDUCTOR_FILE.search(str(top[0])):
-            return COMPILED_PIECE, _fmt_frame(top)
+        if generated_key(str(top[0])) is not None:
+            return self._unnamed_compiled(top), _fmt_frame(top)
         return f"{UNATTRIBUTED}:{top[2]} ({top[0]})", _fmt_frame(top)
+
+    def _unnamed_compiled(self, top: Sequence[Any]) -> str:
+        """``compiled_piece`` (no map of this code) or ``compiled_piece:<why>``."""
+        found = self.compiled.site(str(top[0]), _line(top)) if self.compiled else None
+        if found is None:
+            return COMPILED_PIECE
+        return self.match_site(*found)
+
+
+_RULE_KEYS = ("owner", "function", "file", "module", "code")
+
+
+def _rule_values(r: OwnerRule) -> tuple[str | None, ...]:
+    return (r.owner, r.function, r.file, r.module, r.code)
+
+
+def _rule_from(item: object, where: str) -> OwnerRule:
+    if not isinstance(item, dict):
+        raise ConfigError(where, item, "expected an object")
+    unknown = set(item) - set(_RULE_KEYS)
+    if unknown:
+        raise ConfigError(
+            where, sorted(unknown), "unknown keys (owner, function, file, module, code)"
+        )
+    owner = item.get("owner")
+    if not isinstance(owner, str) or not owner:
+        raise ConfigError(f"{where}.owner", owner, "expected a non-empty string")
+    for name in _RULE_KEYS[1:]:
+        value = item.get(name)
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{where}.{name}", value, "expected a glob string")
+    if all(item.get(k) is None for k in _RULE_KEYS[1:]):
+        raise ConfigError(
+            where,
+            item,
+            "a rule needs 'function' or 'file' (or 'module' / 'code' for compiled code)",
+        )
+    return OwnerRule(
+        owner, item.get("function"), item.get("file"), item.get("module"), item.get("code")
+    )
+
+
+def _line(frame: Sequence[Any]) -> int:
+    try:
+        return int(frame[1])
+    except (TypeError, ValueError):
+        return -1
 
 
 def _fmt_frame(frame: Sequence[Any]) -> str:

@@ -22,9 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from memest.analysis.owners import UNATTRIBUTED, OwnerRules
 from memest.analysis.tags import DEFAULT_POOL, StageTag, parse_tag
-from memest.errors import InvariantError
+from memest.errors import InvariantError, SnapshotFormatError
 from memest.schema.breakdown import (
     Breakdown,
     LivePeak,
@@ -36,6 +38,7 @@ from memest.schema.breakdown import (
     TriggerRow,
     UnattributedRow,
 )
+from memest.schema.report import CompiledCode
 from memest.snapshot.format import Snapshot, validate
 
 NO_STAGE = "(none)"
@@ -319,7 +322,7 @@ def analyze(
     tags = [parse_tag(t) for t in snap["tags"]]
     tag_col = _window_tags(snap, tags, ev["tag"])
     tables = _TagTables.build(snap, tags)
-    owners = _Owners(snap, rules or OwnerRules.default())
+    owners = _Owners(snap, _with_compiled_code(snap, rules or OwnerRules.default()))
     replay = _Replay(
         tables, _OwnerIndex(owners), snap.get("pools", []), _Tally(base=len(snap["stacks"]) + 2)
     )
@@ -348,6 +351,19 @@ def analyze(
         pools=_pool_rows(snap, replay.tally),
         warnings=warnings,
     )
+
+
+def _with_compiled_code(snap: Snapshot, rules: OwnerRules) -> OwnerRules:
+    """The rules with the snapshot's map of generated code, unless they already carry one."""
+    data = snap.get("compiled_code")
+    if rules.compiled or not data:
+        return rules
+    try:
+        return rules.with_compiled(CompiledCode.model_validate(data))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise SnapshotFormatError(f"snapshot.compiled_code.{where}: {first['msg']}") from None
 
 
 def _stage_rows(snap: Snapshot, replay: _Replay) -> tuple[list[StageGrowth], dict[int, int]]:

@@ -25,6 +25,10 @@ from memest.schema.estimate import (
 from memest.schema.plan import CapturePlan, RunnerRow
 from memest.schema.report import (
     BuildInfo,
+    CompiledCode,
+    CompiledFile,
+    CompiledNode,
+    CompiledSite,
     GpuInfo,
     KVCacheSpec,
     RunConfig,
@@ -37,6 +41,10 @@ __all__ = [
     "Breakdown",
     "BuildInfo",
     "CapturePlan",
+    "CompiledCode",
+    "CompiledFile",
+    "CompiledNode",
+    "CompiledSite",
     "EstimateComparison",
     "EstimateRecord",
     "FullInitTerms",

@@ -77,6 +77,55 @@ class VllmFigures(MemestModel):
     num_gpu_blocks: int | None = None
 
 
+class CompiledNode(MemestModel):
+    """What the FX graph said about one source node of compiled code."""
+
+    module: str | None = Field(
+        default=None, description="Innermost nn.Module path, e.g. layers.3.self_attn.qkv_proj"
+    )
+    file: str | None = Field(default=None, description="Innermost frame of the node's stack trace")
+    line: int | None = Field(default=None, ge=0)
+    function: str | None = None
+    code: str | None = Field(default=None, description="Source text of that frame")
+
+
+class CompiledSite(MemestModel):
+    """One statement of Inductor's generated code that allocates a buffer."""
+
+    line: int = Field(ge=1, description="Line of the statement in the generated module")
+    buffer: str
+    kernel: str | None = Field(
+        default=None, description="Kernel or op that first writes the buffer (or allocates it)"
+    )
+    nodes: list[str] = Field(
+        default_factory=list,
+        description="FX source nodes of that kernel, topologically sorted (Inductor's comment)",
+    )
+    aten: list[str] = Field(default_factory=list, description="Original ATen ops of the kernel")
+
+
+class CompiledFile(MemestModel):
+    """Inductor's generated module: its allocation sites and its source nodes."""
+
+    key: str = Field(
+        description="<2 chars>/c<hash>.py: the content-addressed name, equal in every start "
+        "that runs the same generated code (compiled or loaded from a cache)"
+    )
+    sites: list[CompiledSite] = Field(default_factory=list)
+    nodes: dict[str, CompiledNode] = Field(
+        default_factory=dict,
+        description="Source node name -> module and stack frame; empty when the graph behind "
+        "this code was not seen (no compile-time record and no cached map)",
+    )
+
+
+class CompiledCode(MemestModel):
+    """torch.compile's generated code in this start: which model code each allocation serves."""
+
+    files: list[CompiledFile] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
 class RunReport(MemestModel):
     schema_version: Literal["1"] = "1"
     report_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
@@ -100,6 +149,11 @@ class RunReport(MemestModel):
     breakdown: Breakdown | None = None
     estimate: EstimateComparison | None = None
     vllm: VllmFigures | None = None
+    compiled_code: CompiledCode | None = Field(
+        default=None,
+        description="Allocation sites of Inductor's generated code and the FX nodes and modules "
+        "behind them: the analysis names owners of compiled allocations from it",
+    )
     notes: list[str] = Field(default_factory=list)
     hook_errors: list[str] = Field(
         default_factory=list, description="Hooks that failed open during this start"

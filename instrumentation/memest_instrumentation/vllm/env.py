@@ -112,6 +112,13 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "(watchdog thread), so a slow hook is visible while it runs.",
     ),
     EnvVar(
+        "MEMEST_CODE_MAP_DIR",
+        "~/.cache/memest/compiled-code",
+        "Folder where the map of each torch.compile-generated module (its FX nodes' module "
+        "paths) is kept by the module's content hash, so a start that loads the code from "
+        "vLLM's compile cache names the same owners as the start that compiled it.",
+    ),
+    EnvVar(
         "MEMEST_FAULT",
         "",
         "Testing only: comma-separated hook names made to raise (fault injection); "
@@ -153,6 +160,7 @@ class Settings:
     plan_free_tolerance_bytes: int = 256 << 20
     work_budget_s: float = 60.0
     slow_hook_s: float = 20.0
+    code_map_dir: str = "~/.cache/memest/compiled-code"
     faults: frozenset[str] = frozenset()
     problems: tuple[str, ...] = field(default=())
 
@@ -218,6 +226,7 @@ class Settings:
             plan_free_tolerance_bytes=integer("MEMEST_PLAN_FREE_TOLERANCE_BYTES", 0),
             work_budget_s=number("MEMEST_WORK_BUDGET_S"),
             slow_hook_s=number("MEMEST_SLOW_HOOK_S"),
+            code_map_dir=raw("MEMEST_CODE_MAP_DIR") or _default("MEMEST_CODE_MAP_DIR"),
             faults=faults,
             problems=tuple(problems),
         )

@@ -40,6 +40,10 @@ def end_of_init(worker: Any) -> RunReport | None:
     st.phases.append(PhaseRecord(name="end", start=end, end=end))
     st.notes.append(_work_note())
     pool_usage = guarded("report", measure.pool_usage) or {}
+    if not st.shedding:
+        from memest_instrumentation.vllm import inductor
+
+        st.compiled_code = guarded("compiled_code", inductor.collect)
     usage = (end.device_used_bytes or 0) + (st.figures.profile_headroom_bytes or 0)
     st.figures.usage_end_bytes = usage
     report = build_report(worker, end_pool_usage=pool_usage)
@@ -98,6 +102,7 @@ def build_report(worker: Any, *, end_pool_usage: dict[str, tuple[int, int]]) -> 
         phases=list(st.phases),
         breakdown=breakdown,
         vllm=figures,
+        compiled_code=st.compiled_code,
         notes=list(st.notes),
         hook_errors=_errors(),
     )

@@ -364,6 +364,23 @@ def wrap_extrapolate(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # --------------------------------------------------------------------------- patch list
+_ADAPTORS = "vllm.compilation.compiler_interface"
+
+
+def _adaptor_patches() -> tuple[Patch, ...]:
+    """compile / load of vLLM's Inductor adaptors: the FX graph behind each generated module."""
+    from memest_instrumentation.vllm.inductor import wrap_adaptor
+
+    return tuple(
+        Patch("compiled_code", _ADAPTORS, cls, attr, params, wrap_adaptor)
+        for cls in ("InductorStandaloneAdaptor", "InductorAdaptor")
+        for attr, params in (
+            ("compile", ("self", "graph", "example_inputs")),
+            ("load", ("self", "handle", "graph", "example_inputs")),
+        )
+    )
+
+
 def _profile_run_patch(module: str, runner: str) -> Patch:
     """The profile_run phase, hooked the same way on either model runner's class."""
     return Patch(
@@ -539,4 +556,5 @@ PATCHES: tuple[Patch, ...] = (
         wrap_v1_warmup_and_capture,
         runner="v1",
     ),
+    *_adaptor_patches(),
 )

@@ -78,6 +78,8 @@ def analyze_history() -> Breakdown | None:
     snapshot = rec.snapshot()
     phases = rec.phases
     rec.stop()
+    if st.compiled_code is not None:
+        snapshot["compiled_code"] = st.compiled_code.model_dump(mode="json", exclude_none=True)
     if st.settings.keep_snapshot:
         _keep(snapshot)
     for warning in getattr(rec, "warnings", []) or []:
@@ -89,5 +91,5 @@ def analyze_history() -> Breakdown | None:
         if st.settings.rules_file
         else OwnerRules.default()
     )
-    breakdown: Breakdown = analyze(snapshot, phases, rules)
+    breakdown: Breakdown = analyze(snapshot, phases, rules.with_compiled(st.compiled_code))
     return breakdown

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from memest.schema import (
+    CompiledCode,
+    CompiledNode,
     FullInitTerms,
     KVCacheSpec,
     MemoryReading,
@@ -133,6 +135,8 @@ class RunState:
     finalized: bool = False
     recorder: Any = None
     history_tried: bool = False
+    code_nodes: dict[str, dict[str, CompiledNode]] = field(default_factory=dict)
+    compiled_code: CompiledCode | None = None
     work_s: dict[str, float] = field(default_factory=dict)
     shed_reason: str = ""
 

@@ -1,0 +1,308 @@
+"""Inductor's generated code: which model code each of its allocations serves (pure Python).
+
+Under torch.compile the frame that allocates is Inductor's generated wrapper (``call`` in
+``<cache>/<2 chars>/c<hash>.py``). Its text says what each buffer is for::
+
+    buf14 = empty_strided_cuda((s0, 28672), (28672, 1), torch.bfloat16)      # the allocation
+    # Topologically Sorted Source Nodes: [linear_2], Original ATen: [aten.mm]
+    extern_kernels.mm(buf13, reinterpret_tensor(arg10_1, ...), out=buf14)   # its first writer
+
+``parse_generated`` reads that text into allocation sites (line, buffer, the kernel that first
+writes it, the FX source nodes of that kernel). The node names are the names in the FX graph
+handed to Inductor; the plugin records, per generated file, each node's module path
+(``nn_module_stack``) and stack frame, so owner rules (memest.analysis.owners) can name the
+owner: the nodes are tried from the buffer's producer backwards, module rules first.
+
+The file key is the generated module's content hash, so a start that loads the same code from a
+compile cache gets the same key, sites and owners as the start that compiled it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from memest.schema.report import CompiledCode, CompiledFile, CompiledNode, CompiledSite
+
+GENERATED_FILE = re.compile(r"(?:^|/)([a-z0-9]{2}/c[a-z0-9]{40,}\.py)$")
+_SOURCE_NODES = re.compile(
+    r"Source Nodes: \[(?P<nodes>[^\]]*)\](?:, Original ATen: \[(?P<aten>[^\]]*)\])?"
+)
+# Inductor's allocation helpers (wrapper codegen, torch 2.11 and 2.14).
+_EMPTY = frozenset(
+    {
+        "empty_strided_cuda",
+        "empty_strided_cpu",
+        "empty_strided_cpu_pinned",
+        "empty_strided_xpu",
+        "empty_strided_mtia",
+        "empty_strided",
+        "empty",
+    }
+)
+_NOT_A_WRITER = frozenset(
+    {
+        "reinterpret_tensor",
+        "get_raw_stream",
+        "assert_size_stride",
+        "assert_size_stride_grouped",
+        "assert_alignment",
+        "assert_tensor_metadata",
+        "set_device",
+        "_DeviceGuard",
+    }
+)
+_PATH_INDEX = re.compile(r"\[(\d+)\]")
+_PATH_ROOT = re.compile(r"^L\[['\"][^'\"]+['\"]\]\.?")
+_TRACE_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+
+
+def generated_key(filename: str) -> str | None:
+    """``<2 chars>/c<hash>.py`` of a generated module's path (scrubbed or not), else None."""
+    m = GENERATED_FILE.search(filename)
+    return m.group(1) if m else None
+
+
+def module_path(fqn: str) -> str:
+    """Dynamo's ``L['self'].layers[3].self_attn.qkv_proj`` as ``layers.3.self_attn.qkv_proj``."""
+    return _PATH_INDEX.sub(r".\1", _PATH_ROOT.sub("", fqn.strip())).strip(".")
+
+
+def innermost_frame(stack_trace: str) -> tuple[str, int, str, str] | None:
+    """(file, line, function, code) of the last frame in an FX node's ``stack_trace`` text."""
+    lines = stack_trace.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        m = _TRACE_FRAME.search(lines[i])
+        if m:
+            code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            return m.group("file"), int(m.group("line")), m.group("func"), code
+    return None
+
+
+# --------------------------------------------------------------------------- parsing
+@dataclass
+class _Alloc:
+    line: int
+    buffer: str
+    kernel: str | None = None
+    comment: tuple[list[str], list[str]] | None = None
+    written: bool = False
+
+
+@dataclass
+class _Walk:
+    """State of one pass over a generated function's statements."""
+
+    lines: list[str]
+    kernel_comments: dict[str, tuple[list[str], list[str]]]
+    allocs: list[_Alloc] = field(default_factory=list)
+    root: dict[str, _Alloc] = field(default_factory=dict)
+    pending: tuple[list[str], list[str]] | None = None
+    last_line: int = 0
+
+
+def _split(text: str | None) -> list[str]:
+    return [t.strip() for t in (text or "").split(",") if t.strip()]
+
+
+def _comment_between(lines: Sequence[str], first: int, last: int) -> tuple[list[str], list[str]]:
+    """The last "Source Nodes" comment on lines first..last (1-based, inclusive), or empty."""
+    for n in range(last, first - 1, -1):
+        text = lines[n - 1].strip() if 0 < n <= len(lines) else ""
+        if text.startswith("#"):
+            m = _SOURCE_NODES.search(text)
+            if m:
+                return _split(m.group("nodes")), _split(m.group("aten"))
+    return [], []
+
+
+def _call_name(node: ast.expr) -> str | None:
+    """Dotted name of a call target: ``extern_kernels.mm``, ``triton_x.run`` -> ``triton_x``."""
+    while isinstance(node, ast.Subscript):  # triton_x[grid(n)](...)
+        node = node.value
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Call):
+        return _call_name(node.func)
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    parts.reverse()
+    if parts[-1] in ("run", "run_with_args") and len(parts) == 2:
+        return parts[0]
+    return ".".join(parts)
+
+
+def _flat(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
+    for stmt in body:
+        if isinstance(stmt, (ast.With, ast.If, ast.For, ast.While, ast.Try)):
+            yield from _flat(stmt.body)
+            yield from _flat(getattr(stmt, "orelse", []))
+        else:
+            yield stmt
+
+
+def _names(node: ast.AST) -> Iterator[str]:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            yield sub.id
+
+
+def _kernel_comments(tree: ast.Module, lines: list[str]) -> dict[str, tuple[list[str], list[str]]]:
+    """Module-level ``kernel = async_compile.triton(...)`` definitions and their comment."""
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    prev_end = 0
+    for stmt in tree.body:
+        if (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+            and isinstance(stmt.value, ast.Call)
+            and (_call_name(stmt.value.func) or "").startswith("async_compile.")
+        ):
+            nodes, aten = _comment_between(lines, prev_end + 1, stmt.lineno - 1)
+            if nodes or aten:
+                out[stmt.targets[0].id] = (nodes, aten)
+        prev_end = stmt.end_lineno or stmt.lineno
+    return out
+
+
+def _statement(walk: _Walk, stmt: ast.stmt) -> None:
+    comment = _comment_between(walk.lines, walk.last_line + 1, stmt.lineno - 1)
+    if comment[0] or comment[1]:
+        walk.pending = comment
+    walk.last_line = stmt.end_lineno or stmt.lineno
+    target: str | None = None
+    value: ast.expr | None = None
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        value = stmt.value
+        if isinstance(stmt.targets[0], ast.Name):
+            target = stmt.targets[0].id
+    elif isinstance(stmt, ast.Expr):
+        value = stmt.value
+    if value is None:
+        return
+    if isinstance(value, ast.Name) and target:  # buf2 = buf1  # reuse
+        if value.id in walk.root:
+            walk.root[target] = walk.root[value.id]
+        return
+    if isinstance(value, ast.Subscript) and target:  # buf8 = buf7[0]
+        base = value.value
+        if isinstance(base, ast.Name) and base.id in walk.root:
+            walk.root[target] = walk.root[base.id]
+        return
+    if not isinstance(value, ast.Call):
+        return
+    _call(walk, stmt, target, value)
+
+
+def _call(walk: _Walk, stmt: ast.stmt, target: str | None, value: ast.Call) -> None:
+    name = _call_name(value.func) or ""
+    short = name.rsplit(".", 1)[-1]
+    if target and short in _EMPTY:
+        alloc = _Alloc(stmt.lineno, target)
+        walk.allocs.append(alloc)
+        walk.root[target] = alloc
+        return
+    if short == "reinterpret_tensor" and target:
+        first = value.args[0] if value.args else None
+        if isinstance(first, ast.Name) and first.id in walk.root:
+            walk.root[target] = walk.root[first.id]
+        return
+    if short in _NOT_A_WRITER or not name:
+        return
+    comment = walk.pending or walk.kernel_comments.get(name) or ([], [])
+    walk.pending = None
+    if target and target.startswith("buf"):  # buf7 = torch.ops.aten.x.default(...): allocates
+        alloc = _Alloc(stmt.lineno, target, name, comment, written=True)
+        walk.allocs.append(alloc)
+        walk.root[target] = alloc
+    for arg in _names(value):
+        written = walk.root.get(arg)
+        if written is not None and not written.written:
+            written.written, written.kernel, written.comment = True, name, comment
+
+
+def parse_generated(source: str, key: str) -> CompiledFile:
+    """Allocation sites of one generated module (every function that allocates buffers).
+
+    Raises:
+        SyntaxError: the text is not Python.
+    """
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    kernels = _kernel_comments(tree, lines)
+    sites: list[CompiledSite] = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        walk = _Walk(lines, kernels, last_line=fn.body[0].lineno - 1 if fn.body else fn.lineno)
+        for stmt in _flat(fn.body):
+            _statement(walk, stmt)
+        for a in walk.allocs:
+            nodes, aten = a.comment or ([], [])
+            sites.append(
+                CompiledSite(line=a.line, buffer=a.buffer, kernel=a.kernel, nodes=nodes, aten=aten)
+            )
+    sites.sort(key=lambda s: s.line)
+    return CompiledFile(key=key, sites=sites)
+
+
+# --------------------------------------------------------------------------- owners
+NO_MAP = "compiled_piece"
+
+
+@dataclass(frozen=True, slots=True)
+class SiteVerdict:
+    """Owner of one generated line, or why it has none."""
+
+    owner: str | None
+    why: str = ""
+
+
+class CompiledIndex:
+    """(file key, line) -> allocation site and its file's nodes, for the owner rules."""
+
+    def __init__(self, code: CompiledCode | None) -> None:
+        self.files: dict[str, CompiledFile] = {}
+        self.sites: dict[tuple[str, int], CompiledSite] = {}
+        for f in code.files if code else []:
+            self.files[f.key] = f
+            for s in f.sites:
+                self.sites[(f.key, s.line)] = s
+
+    def __bool__(self) -> bool:
+        return bool(self.files)
+
+    def site(self, filename: str, line: int) -> tuple[CompiledFile, CompiledSite | None] | None:
+        """The file and site of a frame in generated code; None when the file is not known."""
+        key = generated_key(filename)
+        if key is None or key not in self.files:
+            return None
+        return self.files[key], self.sites.get((key, line))
+
+
+def site_nodes(file: CompiledFile, site: CompiledSite) -> list[tuple[str, CompiledNode | None]]:
+    """The site's source nodes from its producer (the last, topologically) backwards."""
+    return [(name, file.nodes.get(name)) for name in reversed(site.nodes)]
+
+
+def unnamed_reason(file: CompiledFile, site: CompiledSite | None) -> str:
+    """Why a compiled allocation has no owner, in the owner label's words."""
+    if site is None:
+        return "not an allocation site"
+    if not site.nodes:
+        return "no source node recorded"
+    if not file.nodes:
+        return "no module map recorded"
+    modules = [n.module for _, n in site_nodes(file, site) if n is not None and n.module]
+    if modules:
+        return f"no rule for {_LAYER_INDEX.sub('.*', modules[0])}"
+    return "no module recorded for " + site.nodes[-1]
+
+
+_LAYER_INDEX = re.compile(r"\.\d+(?=\.|$)")

@@ -1,0 +1,250 @@
+"""Owners through Inductor's generated code: parsing allocation sites and naming their owners.
+
+The wrapper fixture follows torch 2.11's CUDA wrapper layout (allocations, "Topologically Sorted
+Source Nodes" comments before kernel launches, ``get_raw_stream``, buffer reuse, kernel
+definitions with their own comment); expected lines are found in the fixture's text here.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from memest.analysis import OwnerRules, analyze
+from memest.analysis.inductor import generated_key, innermost_frame, module_path, parse_generated
+from memest.errors import ConfigError, SnapshotFormatError
+from memest.schema import CompiledCode, CompiledNode
+from memest.snapshot import load_snapshot
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+ROOT = Path(__file__).resolve().parents[3]
+FIXTURE = (DATA / "inductor" / "triton_wrapper.py.txt").read_text()
+KEY = "ab/cabcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmn.py"
+MiB = 1 << 20
+
+NODES = {
+    "rms_norm_in": CompiledNode(module="layers.0.input_layernorm"),
+    "linear": CompiledNode(module="layers.0.self_attn.qkv_proj"),
+    "q_normed": CompiledNode(module="layers.0.self_attn.q_norm"),
+    "k_normed": CompiledNode(module="layers.0.self_attn.k_norm"),
+    "rope_q": CompiledNode(module="layers.0.self_attn.rotary_emb"),
+    "output": CompiledNode(module="layers.0.self_attn.attn"),
+    "linear_2": CompiledNode(module="layers.0.mlp.gate_up_proj"),
+    "add_5": CompiledNode(module="layers.0.mlp.mystery"),
+}
+
+
+def _line(text: str) -> int:
+    """1-based line of the only line of the fixture containing ``text``."""
+    hits = [i + 1 for i, line in enumerate(FIXTURE.splitlines()) if text in line]
+    assert len(hits) == 1, (text, hits)
+    return hits[0]
+
+
+def _code(nodes: dict[str, CompiledNode] | None = None) -> CompiledCode:
+    parsed = parse_generated(FIXTURE, KEY)
+    parsed.nodes = dict(NODES if nodes is None else nodes)
+    return CompiledCode(files=[parsed])
+
+
+def _owner(rules: OwnerRules, line: int, path: str = f"/root/.cache/x/inductor_cache/{KEY}") -> str:
+    frames = [
+        ["torch/_ops.py", 10, "__call__"],
+        [path, line, "call"],
+        ["torch/_inductor/output_code.py", 656, "__call__"],
+        ["vllm/compilation/piecewise_backend.py", 90, "__call__"],
+    ]
+    return rules.classify(frames)[0]
+
+
+def test_generated_key_names_the_content_hash_path_scrubbed_or_not() -> None:
+    assert generated_key(f"/tmp/torchinductor_u/{KEY}") == KEY
+    assert generated_key(KEY) == KEY
+    assert generated_key("vllm/model_executor/models/llama.py") is None
+
+
+def test_dynamo_module_paths_and_stack_frames_are_normalised() -> None:
+    assert module_path("L['self'].layers[3].self_attn.qkv_proj") == "layers.3.self_attn.qkv_proj"
+    assert module_path("L['self'].embed_tokens") == "embed_tokens"
+    trace = (
+        '  File "/x/vllm/model_executor/models/llama.py", line 412, in forward\n'
+        "    aux_hidden_states.append(hidden_states + residual)\n"
+    )
+    assert innermost_frame(trace) == (
+        "/x/vllm/model_executor/models/llama.py",
+        412,
+        "forward",
+        "aux_hidden_states.append(hidden_states + residual)",
+    )
+    assert innermost_frame("") is None
+
+
+def test_sites_are_the_allocations_of_call_with_their_first_writer() -> None:
+    # GIVEN the wrapper text WHEN parsed
+    sites = {s.buffer: s for s in parse_generated(FIXTURE, KEY).sites}
+    # THEN every empty_strided_cuda in call() and the allocating op call are sites; the
+    # allocation inside a kernel's source string is not
+    assert sorted(sites) == sorted(["buf0", "buf1", "buf2", "buf4", "buf5", "buf6", "buf7", "buf8"])
+    assert sites["buf1"].line == _line("buf1 = empty_strided_cuda")
+    assert sites["buf1"].kernel == "extern_kernels.mm"
+    assert sites["buf1"].nodes == ["rms_norm_in", "linear"]
+    # a launch without a comment of its own takes its kernel definition's comment
+    assert sites["buf0"].kernel == "triton_red_fused_mean_mul_pow_rsqrt_0"
+    assert sites["buf0"].nodes == ["rms_norm_in"]
+    # a reused buffer (buf3 = buf2) is written by the launch that names its alias
+    assert sites["buf2"].kernel == "triton_poi_fused_add_mul_1"
+    assert sites["buf2"].nodes == ["q_normed", "k_normed", "rope_q"]
+    assert sites["buf4"].kernel == "torch.ops.vllm.unified_attention_with_output.default"
+    assert sites["buf5"].line == _line("buf5 = torch.ops.vllm")
+    # a subscripted launch (kernel[grid](...)) without any comment: kernel known, no nodes
+    assert sites["buf7"].kernel == "triton_poi_fused_mul_silu_2"
+    assert sites["buf7"].nodes == []
+
+
+@pytest.mark.parametrize(
+    ("alloc", "owner"),
+    [
+        ("buf0 = empty", "norm"),
+        ("buf1 = empty", "qkv_proj"),
+        ("buf2 = empty", "qk_norm_rope"),
+        ("buf4 = empty", "attn_output"),
+        ("buf6 = empty", "mlp_gate_up"),
+        ("buf7 = empty", "compiled_piece:no source node recorded"),
+        ("buf8 = empty", "compiled_piece:no rule for layers.*.mlp.mystery"),
+        ("del buf0", "compiled_piece:not an allocation site"),
+    ],
+)
+def test_a_frame_in_mapped_generated_code_is_named_by_its_source_nodes(
+    alloc: str, owner: str
+) -> None:
+    rules = OwnerRules.default().with_compiled(_code())
+    assert _owner(rules, _line(alloc)) == owner
+
+
+def test_without_a_map_compiled_code_stays_compiled_piece_and_says_why_with_one() -> None:
+    assert _owner(OwnerRules.default(), _line("buf1 = empty")) == "compiled_piece"
+    no_nodes = OwnerRules.default().with_compiled(_code(nodes={}))
+    assert _owner(no_nodes, _line("buf1 = empty")) == "compiled_piece:no module map recorded"
+    # another generated file than the mapped one
+    other = f"zz/c{'z' * 52}.py"
+    rules = OwnerRules.default().with_compiled(_code())
+    assert _owner(rules, _line("buf1 = empty"), other) == "compiled_piece"
+
+
+def test_an_eager_frame_inside_the_compiled_call_still_wins() -> None:
+    rules = OwnerRules.default().with_compiled(_code())
+    frames = [
+        ["vllm/v1/worker/gpu/spec_decode/eagle.py", 50, "compute_draft_logits"],
+        [KEY, _line("buf1 = empty"), "call"],
+    ]
+    assert rules.classify(frames)[0] == "draft_logits"
+
+
+def test_code_rules_match_the_stack_frame_text_of_a_node() -> None:
+    nodes = dict(NODES)
+    nodes["linear"] = CompiledNode(
+        module="",
+        file="vllm/model_executor/models/llama.py",
+        line=412,
+        function="forward",
+        code="aux_hidden_states.append(hidden_states + residual)",
+    )
+    rules = OwnerRules.default().with_compiled(_code(nodes))
+    assert _owner(rules, _line("buf1 = empty")) == "aux_hidden_states"
+
+
+def test_user_rules_name_modules_and_bad_keys_are_named() -> None:
+    user = OwnerRules.from_data({"rules": [{"owner": "my_mlp", "module": "*.mlp.mystery"}]})
+    rules = OwnerRules.default().extend(user).with_compiled(_code())
+    assert _owner(rules, _line("buf8 = empty")) == "my_mlp"
+    assert rules.to_data()["rules"][0] == {"owner": "my_mlp", "module": "*.mlp.mystery"}
+    with pytest.raises(ConfigError, match="unknown keys"):
+        OwnerRules.from_data({"rules": [{"owner": "x", "modul": "*"}]})
+    with pytest.raises(ConfigError, match="a rule needs"):
+        OwnerRules.from_data({"rules": [{"owner": "x"}]})
+
+
+def _snapshot(lines: list[int]) -> dict[str, object]:
+    """A capture-stage history: one 2 MiB segment and allocation per generated line."""
+    frames = [[KEY, ln, "call"] for ln in lines]
+    n = len(lines)
+    actions, addr, size, stack = [], [], [], []
+    for i in range(n):
+        base = (i + 1) << 24
+        actions += [0, 1]
+        addr += [base, base]
+        size += [2 * MiB, MiB]
+        stack += [i, i]
+    return {
+        "format": "memest.allocator_snapshot",
+        "version": 1,
+        "source": {},
+        "frames": frames,
+        "stacks": [[i] for i in range(n)],
+        "tags": ["", "memest/1;phase=capture;stage=target.piecewise;pool=0,1"],
+        "actions": ["segment_alloc", "alloc"],
+        "events": {
+            "action": actions,
+            "addr": addr,
+            "size": size,
+            "stream": [0] * 2 * n,
+            "time_us": list(range(2 * n)),
+            "tag": [1] * 2 * n,
+            "stack": stack,
+        },
+        "segments": [],
+        "windows": [],
+        "phases": [],
+    }
+
+
+def test_analysis_charges_pool_growth_and_retained_bytes_to_named_owners() -> None:
+    lines = [_line("buf1 = empty"), _line("buf6 = empty"), _line("buf7 = empty")]
+    snap = _snapshot(lines)
+    snap["compiled_code"] = _code().model_dump(mode="json")
+    breakdown = analyze(snap)
+    triggers = {t.owner: t.bytes for t in breakdown.triggers}
+    assert triggers == {
+        "qkv_proj": 2 * MiB,
+        "mlp_gate_up": 2 * MiB,
+        "compiled_piece:no source node recorded": 2 * MiB,
+    }
+    retained = {r.owner: r.bytes for r in breakdown.retained}
+    assert retained == {
+        "qkv_proj": MiB,
+        "mlp_gate_up": MiB,
+        "compiled_piece:no source node recorded": MiB,
+    }
+    assert not breakdown.unattributed
+
+
+def test_a_malformed_map_in_a_snapshot_is_named() -> None:
+    snap = _snapshot([_line("buf1 = empty")])
+    snap["compiled_code"] = {"files": [{"key": 3}]}
+    with pytest.raises(SnapshotFormatError, match="compiled_code.files.0"):
+        analyze(snap)
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((ROOT / "reports" / "vllm" / "raw").glob("*.snapshot.rank0.json.gz"))[:2],
+    ids=lambda p: p.name,
+)
+def test_real_h200_histories_analyze_the_same_with_an_unrelated_map(path: Path) -> None:
+    # GIVEN a real vLLM start's history (no map of its generated code was recorded)
+    snap = load_snapshot(path)
+    plain = analyze(snap)
+    # WHEN a map of other generated code is attached THEN nothing changes
+    mapped = analyze(snap, rules=OwnerRules.default().with_compiled(_code()))
+    assert mapped.model_dump() == plain.model_dump()
+    assert any(t.owner == "compiled_piece" for t in plain.triggers)
+
+
+def test_a_real_snapshot_file_is_gzip_json_with_generated_frames() -> None:
+    path = sorted((ROOT / "reports" / "vllm" / "raw").glob("*.snapshot.rank0.json.gz"))[0]
+    frames = json.loads(gzip.decompress(path.read_bytes()))["frames"]
+    keys = {generated_key(str(f[0])) for f in frames} - {None}
+    assert keys, "the H200 histories' frames name Inductor's generated files"

@@ -1,0 +1,97 @@
+"""The compiled-code map never raises inside vLLM: broken, missing or odd inputs become notes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from memest_instrumentation.vllm import inductor
+from memest_instrumentation.vllm.state import state
+
+KEY = "ab/c" + "a" * 52 + ".py"
+
+
+@pytest.fixture
+def fake_codecache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Any]:
+    pytest.importorskip("torch")
+    from torch._inductor.codecache import PyCodeCache
+
+    modules: list[Any] = []
+    monkeypatch.setattr(PyCodeCache, "modules", modules, raising=False)
+    monkeypatch.setattr(PyCodeCache, "modules_no_attr", {}, raising=False)
+    monkeypatch.setenv("MEMEST_CODE_MAP_DIR", str(tmp_path / "maps"))
+    from memest_instrumentation.vllm.state import reset_state
+
+    reset_state()
+    return modules
+
+
+def test_missing_and_broken_generated_files_are_notes(
+    fake_codecache: list[Any], tmp_path: Path
+) -> None:
+    broken = tmp_path / "cd" / ("c" + "d" * 52 + ".py")
+    broken.parent.mkdir()
+    broken.write_text("def call(args):\n    buf0 = empty_strided_cuda((\n")
+    fake_codecache.append(SimpleNamespace(__file__=str(tmp_path / KEY)))
+    fake_codecache.append(SimpleNamespace(__file__=str(broken)))
+    code = inductor.collect()
+    assert code is not None and code.files == []
+    assert any("not found" in n for n in code.notes)
+    assert any("not parsed (SyntaxError)" in n for n in code.notes)
+    assert state().hook_errors == []
+
+
+def test_an_unreadable_kept_map_is_a_hook_error_not_a_raise(
+    fake_codecache: list[Any], tmp_path: Path
+) -> None:
+    gen = tmp_path / KEY
+    gen.parent.mkdir(parents=True)
+    gen.write_text(
+        "def call(args):\n"
+        "    buf0 = empty_strided_cuda((4, ), (1, ), torch.float32)\n"
+        "    # Topologically Sorted Source Nodes: [linear], Original ATen: [aten.mm]\n"
+        "    extern_kernels.mm(args[0], args[1], out=buf0)\n"
+    )
+    kept = inductor.map_path(KEY)
+    kept.parent.mkdir(parents=True)
+    kept.write_text("{not json")
+    fake_codecache.append(SimpleNamespace(__file__=str(gen)))
+    code = inductor.collect()
+    assert code is not None and [s.line for s in code.files[0].sites] == [2]
+    assert code.files[0].nodes == {}
+    assert any(e.startswith("compiled_code: JSONDecodeError") for e in state().hook_errors)
+
+
+def test_record_graph_returns_the_result_whatever_the_graph() -> None:
+    assert inductor.record_graph(None, lambda: 7) == 7
+    assert inductor.record_graph(object(), lambda: "compiled") == "compiled"
+
+
+def test_the_adaptor_wrapper_passes_through_when_memest_is_off() -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    def compile(self: Any, graph: Any, example_inputs: Any) -> str:  # noqa: A001
+        calls.append((graph, example_inputs))
+        return "artifact"
+
+    wrapped = inductor.wrap_adaptor(compile)
+    assert wrapped(object(), "g", [1]) == "artifact"
+    assert calls == [("g", [1])]
+
+
+def test_a_failing_compile_propagates_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    from memest_instrumentation.vllm.state import reset_state
+
+    reset_state()
+
+    class Boom(RuntimeError):
+        pass
+
+    def compile(self: Any, graph: Any, example_inputs: Any) -> str:  # noqa: A001
+        raise Boom("vLLM's own error")
+
+    with pytest.raises(Boom):
+        inductor.wrap_adaptor(compile)(object(), "g", [])
