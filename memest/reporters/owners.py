@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import PurePosixPath
 
-from memest.analysis.owners import _INDUCTOR_FILE, COMPILED_PIECE, NO_STACK, UNATTRIBUTED
+from memest.analysis.inductor import GENERATED_FILE
+from memest.analysis.owners import COMPILED_PIECE, NO_STACK, UNATTRIBUTED
 from memest.analysis.stages import REMAINDER_OWNER
 
 #: Readable label per named owner (the analysis's owner names).
@@ -72,7 +73,7 @@ EXTRA_COLORS = (
 def _inductor(owner: str) -> bool:
     """``unattributed:call (<2 chars>/c<hash>.py)``: a frame of Inductor's generated code."""
     prefix = f"{UNATTRIBUTED}:call ("
-    return owner.startswith(prefix) and bool(_INDUCTOR_FILE.search(owner[len(prefix) : -1]))
+    return owner.startswith(prefix) and bool(GENERATED_FILE.search(owner[len(prefix) : -1]))
 
 
 def owner_key(owner: str) -> str:
