@@ -461,7 +461,8 @@ def _buffer_terms(
     """The terms grid-sized runner buffers move, at G', and the law that moved each."""
     if dims is None:
         notes.append(
-            "model dimensions not given (--model-config): the grid-sized runner buffers "
+            "model dimensions not recorded in the report nor given (--model-config): the "
+            "grid-sized runner buffers "
             "(baseline, weights, profiling residue, runner buffers) are kept at G's bytes"
         )
         return {}, {}
@@ -598,9 +599,11 @@ def what_if(
         snapshot: the allocator snapshot of the same start; when given, pool rows are predicted
             by allocator replay (memest.estimate.poolreplay) instead of linear laws.
         snapshot_source: name of the snapshot in error messages (its path).
-        dims: the model's dimensions; with them the grid-sized runner buffers
+        dims: the model's dimensions (default: those the report records in
+            ``config.model_dims`` / ``drafter_dims``); with them the grid-sized runner buffers
             (memest.estimate.runner_buffers) move the baseline, weights, profiling-residue and
-            runner-buffer terms by f(G') - f(G). Without them those terms are kept.
+            runner-buffer terms by f(G') - f(G), and an added or dropped EAGLE drafter's weights
+            are sized. Without them those terms are kept.
 
     Raises:
         ConfigError: the grid fails validation.
@@ -608,6 +611,8 @@ def what_if(
             the capture phase or the requests of a stage G' captures.
         SnapshotFormatError: the snapshot is malformed.
     """
+    if dims is None:
+        dims = ModelDims.from_report(report)  # the dimensions the plugin recorded, if any
     config_to: RunConfig | None = None
     if is_overlay(grid):
         g2, config_to = overlay_grid(report, grid)  # type: ignore[arg-type]
