@@ -134,9 +134,9 @@ def _budget_records() -> list[dict[str, Any]]:
             starts[rec["config"]] = rec
     out = []
     for g, g2 in (("B", "D"), ("D", "B")):
-        result = what_if(reports[g], measured_plan(reports[g2]))
-        requested = full_init_terms(reports[g]).requested_bytes
-        predicted = requested - result.kv_budget_bytes_to
+        result = what_if(reports[g], grid_changes(reports[g2]), dims=model_dims(reports[g]))
+        assert result.terms_to is not None and result.kv_budget_bytes_to is not None
+        predicted = result.terms_to.requested_bytes - result.kv_budget_bytes_to
         start = starts[BUDGET_RUNS[g2]]
         measured_non_kv = start["step_usage_bytes"] - start["kv_bytes"]
         act = next((n for n in result.notes if n.startswith("activation headroom")), "")
@@ -154,6 +154,42 @@ def _budget_records() -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def model_dims(report: RunReport) -> Any:
+    """The model's dimensions: recorded in the report by the plugin (starts from now on), else
+    the committed config.json files of the Llama-8B shape and its EAGLE3 drafter (older starts).
+    The 4-grid real-vLLM check (one start per model, four other grids) passes these to every
+    what-if, so the grid-sized runner buffers and the drafter's weights move."""
+    from memest.estimate.runner_buffers import ModelDims
+
+    recorded = ModelDims.from_report(report)
+    if recorded is not None:
+        return recorded
+    target = json.loads((EXAMPLES / "llama8b.config.json").read_text())
+    drafter = json.loads((EXAMPLES / "eagle3_8b.config.json").read_text())
+    return ModelDims.from_report(report, target, drafter=drafter)
+
+
+def grid_changes(other: RunReport) -> dict[str, Any]:
+    """Another start's grid as the changes --grid takes (vLLM's flag names)."""
+    c = other.config
+    spec = None
+    if c.speculative_method:
+        spec = {"method": c.speculative_method, "num_speculative_tokens": c.num_speculative_tokens}
+    return {
+        "max_num_seqs": c.max_num_seqs,
+        "max_num_batched_tokens": c.max_num_batched_tokens,
+        "max_model_len": c.max_model_len,
+        "gpu_memory_utilization": c.gpu_memory_utilization,
+        "speculative_config": spec,
+        "compilation_config": {"cudagraph_capture_sizes": c.cudagraph_capture_sizes}
+        if c.cudagraph_capture_sizes
+        else {},
+    }
 
 
 def _fidelity(name: str, report: RunReport, snapshot: Snapshot) -> dict[str, Any]:

@@ -15,15 +15,19 @@ from memest.schema import BuildInfo, RunConfig
 
 _HF_CACHE_DIR = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)(?:/|$)")
 FINGERPRINT_HEX_CHARS = 16
+#: RunConfig fields the fingerprint leaves out (they follow from the model).
+_DERIVED_FIELDS = {"model_dims", "drafter_dims"}
 
 
 def config_fingerprint(config: RunConfig) -> str:
     """A stable hash of everything in ``config``: equal for launches of the same setup.
 
-    Canonical JSON (sorted keys) of the whole RunConfig, so a new field changes the fingerprint
-    only when a report sets it.
+    Canonical JSON (sorted keys) of the whole RunConfig. The model's dimensions are left out:
+    they follow from the model, so they never tell two setups apart, and a report written before
+    the plugin recorded them keeps its fingerprint.
     """
-    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    fields = config.model_dump(mode="json", exclude=_DERIVED_FIELDS)
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:FINGERPRINT_HEX_CHARS]
 
 

@@ -15,11 +15,13 @@ drafter), {"compilation_config": {"max_cudagraph_capture_size": 256}} (capture s
 five fields); max_model_len, speculative_method and num_speculative_tokens too. An unknown
 field is an error naming it. A full capture plan ({"runners": ...}) or memest.plan input
 fields ({"sizing": "vllm-0.33.0", "sm100": false, ...}) are accepted as before.
---model-config names the model's Hugging Face config.json (and --drafter-config the drafter's):
-with them the grid-sized buffers vLLM allocates at load (penalties, structured-output masks,
-the sampler's top-k/top-p buffer, input and drafter buffers, block tables) move the baseline,
-weights, profiling-residue and runner-buffer terms by f(G') - f(G); without them those terms
-are kept at G's bytes.
+The model's dimensions (recorded in the report by the plugin as config.model_dims and
+config.drafter_dims, or given with --model-config, the model's Hugging Face config.json, and
+--drafter-config, the drafter's, which override the recorded ones) move the grid-sized buffers
+vLLM allocates at load (penalties, structured-output masks, the sampler's top-k/top-p buffer,
+input and drafter buffers, block tables) in the baseline, weights, profiling-residue and
+runner-buffer terms by f(G') - f(G), and size an EAGLE / EAGLE3 drafter's weights when G' adds
+or drops it; without them those terms are kept at G's bytes.
 --snapshot names the allocator snapshot of the same start: the what-if then replays its graph-pool
 requests, resized for G', through a model of the caching allocator (pool growth is made of
 segments, which linear laws miss by up to a segment per trigger).
@@ -107,13 +109,15 @@ class EstimateCommand:
             "--model-config",
             type=Path,
             metavar="JSON",
-            help="the model's Hugging Face config.json: grid-sized runner buffers move with G'",
+            help="the model's Hugging Face config.json (overrides the report's model_dims): "
+            "grid-sized runner buffers move with G'",
         )
         parser.add_argument(
             "--drafter-config",
             type=Path,
             metavar="JSON",
-            help="the drafter's config.json (with --model-config)",
+            help="the drafter's config.json (overrides the report's drafter_dims): its weights "
+            "when G' adds the drafter",
         )
         parser.add_argument(
             "--kv-tokens",
@@ -202,17 +206,21 @@ def _config_file(path: Path, flag: str) -> dict[str, Any]:
 
 
 def _dims(args: argparse.Namespace, report: Any) -> ModelDims | None:
-    """ModelDims from --model-config (and --drafter-config), or None."""
-    if args.model_config is None:
-        if args.drafter_config is not None:
-            raise ConfigError("--drafter-config", str(args.drafter_config), "needs --model-config")
-        return None
+    """ModelDims from the report's recorded dimensions, --model-config / --drafter-config
+    overriding them; None when neither gives the model's."""
+    model = None
+    if args.model_config is not None:
+        model = _config_file(args.model_config, "--model-config")
+    elif args.drafter_config is not None and report.config.model_dims is None:
+        raise ConfigError(
+            "--drafter-config",
+            str(args.drafter_config),
+            "needs --model-config (the report records no model dimensions)",
+        )
     drafter = None
     if args.drafter_config is not None:
         drafter = _config_file(args.drafter_config, "--drafter-config")
-    return ModelDims.from_report(
-        report, _config_file(args.model_config, "--model-config"), drafter=drafter
-    )
+    return ModelDims.from_report(report, model, drafter=drafter)
 
 
 def _write_plan(

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from memest.errors import ConfigError
@@ -73,7 +73,9 @@ class ModelDims:
     """The model dimensions vLLM sizes its runner buffers by.
 
     ``drafter_hidden_size`` is the drafter's hidden size (EAGLE/MTP drafters); None means the
-    target's.
+    target's. ``num_layers`` and ``drafter_layers`` are the decoder layers a captured graph of
+    each holds (graph objects are charged by them); ``drafter_config`` is the drafter's
+    ``config.json``, which sizes its weights (memest.estimate.drafter_weights).
     """
 
     hidden_size: int
@@ -81,6 +83,9 @@ class ModelDims:
     dtype_bytes: int = 2
     drafter_hidden_size: int | None = None
     num_sms: int = H200_SMS
+    num_layers: int | None = None
+    drafter_layers: int | None = None
+    drafter_config: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "vocab_size", "dtype_bytes", "num_sms"):
@@ -109,36 +114,78 @@ class ModelDims:
         for key in ("hidden_size", "vocab_size"):
             if key not in cfg:
                 raise ConfigError(f"model config.{key}", None, "missing")
-        dtype = str(cfg.get("torch_dtype") or config.get("torch_dtype") or "bfloat16")
+        dtype = _dtype_of(cfg) or _dtype_of(config) or "bfloat16"
         if dtype not in _DTYPE_BYTES:
             raise ConfigError("model config.torch_dtype", dtype, "not a known dtype")
-        drafter_hidden = None
+        drafter_hidden = drafter_layers = None
         if drafter is not None:
             if "hidden_size" not in drafter:
                 raise ConfigError("drafter config.hidden_size", None, "missing")
             drafter_hidden = drafter["hidden_size"]
+            drafter_layers = _layers(drafter, "drafter config")
         return cls(
             hidden_size=cfg["hidden_size"],
             vocab_size=cfg["vocab_size"],
             dtype_bytes=_DTYPE_BYTES[dtype],
             drafter_hidden_size=drafter_hidden,
             num_sms=num_sms,
+            num_layers=_layers(cfg, "model config"),
+            drafter_layers=drafter_layers,
+            drafter_config=dict(drafter) if drafter is not None else None,
         )
+
+    def drafter_weight_bytes(self, method: str | None) -> int | None:
+        """Weights the drafter adds under ``method`` (None: no drafter config, or not modelled)."""
+        from memest.estimate.drafter_weights import drafter_weight_bytes
+
+        if self.drafter_config is None or method not in ("eagle", "eagle3"):
+            return None
+        target = {"vocab_size": self.vocab_size}
+        return drafter_weight_bytes(self.drafter_config, target, method, self.dtype_bytes)
 
     @classmethod
     def from_report(
         cls,
         report: RunReport,
-        config: Mapping[str, Any],
+        config: Mapping[str, Any] | None = None,
         *,
         drafter: Mapping[str, Any] | None = None,
-    ) -> ModelDims:
-        """From a start's report and its model's ``config.json``.
+    ) -> ModelDims | None:
+        """From a start's report and, where given, its model's (and drafter's) ``config.json``.
 
-        The report gives the GPU (its multiprocessor count); a report does not record the hidden
-        size or the vocabulary, so ``config`` gives those.
+        The report gives the GPU (its multiprocessor count) and, when the plugin recorded them,
+        the model's and the drafter's dimensions (``config.model_dims`` / ``drafter_dims``); a
+        given ``config`` or ``drafter`` overrides the recorded one. None when neither the report
+        nor the caller gives the model's dimensions.
+
+        Raises:
+            ConfigError: a drafter without the model, or a config that lacks a dimension.
         """
+        recorded, recorded_drafter = report.config.model_dims, report.config.drafter_dims
+        if config is None and recorded is not None:
+            config = recorded.model_dump(exclude_none=True)
+        if drafter is None and recorded_drafter is not None:
+            drafter = recorded_drafter.model_dump(exclude_none=True)
+        if config is None:
+            if drafter is not None:
+                raise ConfigError("drafter config", "...", "needs the model's config too")
+            return None
         return cls.from_hf_config(config, drafter=drafter, num_sms=sms_of(report))
+
+
+def _dtype_of(config: Mapping[str, Any]) -> str | None:
+    """The config's dtype (``torch_dtype``, or ``dtype`` in newer configs), without ``torch.``."""
+    value = config.get("torch_dtype") or config.get("dtype")
+    return None if value is None else str(value).removeprefix("torch.")
+
+
+def _layers(config: Mapping[str, Any], name: str) -> int | None:
+    value = config.get("num_hidden_layers")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{name}.num_hidden_layers", value, "must be an integer >= 0")
+    return value
 
 
 def sms_of(report: RunReport) -> int:

@@ -8,7 +8,8 @@ owner                      scales with
 indexer_logits_*           widest FULL rows (requests x q) x context (context: unchanged)
 aux_hidden_states          sum of PIECEWISE captured tokens (one retained output per size)
 draft_logits               widest draft rows x vocabulary (vocabulary: unchanged)
-graph_objects              number of graphs (outside the pool: CUDA graph objects)
+graph_objects              graphs x the decoder layers each holds (outside the pool: CUDA
+                           graph objects; a one-layer drafter graph is far cheaper)
 workspaces, other owners   widest captured tokens of the stage's runner
 kv_cache, weights          nothing (not graph memory)
 =========================  ======================================================================
@@ -56,6 +57,9 @@ from memest.schema.estimate import ScalingLaw
 from memest.snapshot.format import Snapshot
 
 GRAPH_OBJECTS = "graph_objects"
+#: Compiled drafter models that keep a default-pool workspace (vLLM 0.33.0 EAGLE3: the step-0
+#: PIECEWISE model and the later-step FULL model; real H200 starts C and E).
+DRAFTER_COMPILED_MODELS = 2
 _CONSTANT_OWNERS = ("kv_cache", "weights")
 
 
@@ -68,7 +72,7 @@ def law_for(owner: str) -> ScalingLaw:
     if owner.startswith("draft_logits"):
         return "widest_draft_rows_x_vocab"
     if owner == GRAPH_OBJECTS:
-        return "graph_count"
+        return "graph_count_x_layers"
     if owner in _CONSTANT_OWNERS:
         return "constant"
     return "widest_tokens"
@@ -77,7 +81,7 @@ def law_for(owner: str) -> ScalingLaw:
 def _quantity(row: RunnerRow, law: ScalingLaw) -> int:
     if law == "sum_piecewise_tokens":
         return row.sum_tokens
-    if law == "graph_count":
+    if law in ("graph_count", "graph_count_x_layers"):
         return row.graph_count
     return row.widest_tokens
 
@@ -255,6 +259,50 @@ def _graph_object_bytes(report: RunReport) -> int:
     return _outside_growth(report, profiling) + max(capture, 0)
 
 
+def _layer_counts(report: RunReport, dims: ModelDims | None) -> tuple[int, int]:
+    """Decoder layers a target graph and a drafter graph hold: from the model's dimensions, else
+    the KV-cache spec's layers (less the drafter's one) and one layer per drafter graph."""
+    target = dims.num_layers if dims is not None else None
+    drafter = dims.drafter_layers if dims is not None else None
+    if target is None and report.kv_cache is not None and report.kv_cache.num_layers:
+        target = report.kv_cache.num_layers - (1 if report.config.speculative_method else 0)
+    return max(target or 1, 1), max(drafter or 1, 1)
+
+
+def graph_layers(plan: CapturePlan, target_layers: int, drafter_layers: int) -> int:
+    """Graphs x the decoder layers each holds, summed over a plan's runners."""
+    return sum(
+        r.graph_count * (drafter_layers if r.runner.startswith("draft") else target_layers)
+        for r in plan.runners
+    )
+
+
+def _graph_objects(
+    report: RunReport, measured: int, g: CapturePlan, g2: CapturePlan, dims: ModelDims | None
+) -> OwnerPrediction:
+    """Graph objects outside PyTorch, charged per captured graph by the layers it holds.
+
+    A graph's driver memory follows its kernel nodes, and those its layers: a one-layer EAGLE
+    drafter's graph costs about 1/32 of a Llama-8B target graph (real H200 starts: 54 target
+    graphs 934.8 MiB outside PyTorch, 18 graphs 810.8 MiB; adding 95 drafter graphs and 30
+    target graphs +104 MiB, where a raw graph count predicts +412 MiB).
+    """
+    target_layers, drafter_layers = _layer_counts(report, dims)
+    before = graph_layers(g, target_layers, drafter_layers)
+    after = graph_layers(g2, target_layers, drafter_layers)
+    factor = after / before if before else 1.0
+    return OwnerPrediction(
+        stage="capture",
+        owner=GRAPH_OBJECTS,
+        law="graph_count_x_layers",
+        measured_bytes=measured,
+        factor=factor,
+        predicted_bytes=round(measured * factor),
+        note=f"{before} -> {after} graph-layers ({target_layers} per target graph, "
+        f"{drafter_layers} per drafter graph)",
+    )
+
+
 def _describe(plan: CapturePlan) -> str:
     rows = ", ".join(f"{r.runner} {r.graph_count}<= {r.widest_tokens} tok" for r in plan.runners)
     return (
@@ -281,7 +329,7 @@ def _predict(
 
     if law == "constant":
         return made(1.0, measured)
-    if law == "graph_count":
+    if law in ("graph_count", "graph_count_x_layers"):
         before, after = g.total_graphs, g2.total_graphs
     else:
         row_g = {r.runner: r for r in g.runners}.get(stage)
@@ -413,7 +461,8 @@ def _buffer_terms(
     """The terms grid-sized runner buffers move, at G', and the law that moved each."""
     if dims is None:
         notes.append(
-            "model dimensions not given (--model-config): the grid-sized runner buffers "
+            "model dimensions not recorded in the report nor given (--model-config): the "
+            "grid-sized runner buffers "
             "(baseline, weights, profiling residue, runner buffers) are kept at G's bytes"
         )
         return {}, {}
@@ -429,15 +478,107 @@ def _buffer_terms(
             term = BUFFER_TERMS[name]
             moved[term] = moved.get(term, 0) + change
             names.setdefault(term, []).append(name)
+    laws = {term: "runner buffers f(G') - f(G): " + ", ".join(n) for term, n in names.items()}
+    drafter_moves, drafter_laws = _drafter_terms(report, grid_g, grid_to, dims, notes)
+    for term, change in drafter_moves.items():
+        moved[term] = moved.get(term, 0) + change
+        laws[term] = "; ".join(x for x in (laws.get(term), drafter_laws[term]) if x)
     values = terms.model_dump()
     out = {term: max(int(values[term]) + change, 0) for term, change in moved.items()}
-    laws = {term: "runner buffers f(G') - f(G): " + ", ".join(n) for term, n in names.items()}
-    if (grid_g.speculative_method is None) != (grid_to.speculative_method is None):
-        notes.append(
-            "the drafter is added or dropped: its weights and the buffers it allocates with "
-            "the KV cache are not modelled, only its grid-sized buffers"
-        )
     return out, laws
+
+
+def _kv_alloc_extra(report: RunReport) -> int:
+    """Bytes allocated with the KV cache beyond the KV cache itself (the kv_cache_alloc phase)."""
+    from memest.estimate.phases import measured_kv_bytes
+
+    record = phase(report, "kv_cache_alloc")
+    if record is None or report.kv_cache is None:
+        return 0
+    added = record.end.torch_allocated_bytes - record.start.torch_allocated_bytes
+    return max(added - measured_kv_bytes(report), 0)
+
+
+def _drafter_workspaces(report: RunReport) -> dict[str, tuple[int, int]]:
+    """Default-pool bytes each capture stage's compiled model keeps, per phase:
+    {stage: (kept after graph profiling, kept after capture)} from the retained rows."""
+    out: dict[str, tuple[int, int]] = {}
+    rows = [] if report.breakdown is None else report.breakdown.retained
+    for r in rows:
+        if r.owner != "compiled_piece" or r.phase not in ("graph_profiling", "capture"):
+            continue
+        prof, cap = out.get(r.stage, (0, 0))
+        out[r.stage] = (
+            (prof + r.bytes, cap) if r.phase == "graph_profiling" else (prof, cap + r.bytes)
+        )
+    return out
+
+
+def _drafter_weights(
+    method: str, dims: ModelDims | None, sign: int, notes: list[str]
+) -> dict[str, int]:
+    weights = dims.drafter_weight_bytes(method) if dims is not None else None
+    if weights is None:
+        notes.append(
+            f"the {method} drafter's weights are not modelled: give its config.json "
+            "(--drafter-config, drafter_dims) for an EAGLE / EAGLE3 drafter"
+        )
+        return {}
+    return {"weights_bytes": sign * weights}
+
+
+def _drafter_terms(
+    report: RunReport,
+    grid_g: RunnerGrid,
+    grid_to: RunnerGrid,
+    dims: ModelDims | None,
+    notes: list[str],
+) -> tuple[dict[str, int], dict[str, str]]:
+    """What adding, dropping or resizing the drafter moves besides its grid-sized buffers.
+
+    - weights (memest.estimate.drafter_weights, from the drafter's config);
+    - buffers allocated with the KV cache: the target's once and one copy per speculative token
+      (real H200 starts: 4.06 MiB without a drafter, 16.25 MiB at K=3, 24.38 MiB at K=5);
+    - the default-pool workspace each compiled drafter model keeps, once after graph profiling
+      (profiling residue) and once after capture (runner buffers): the step-0 PIECEWISE and the
+      later-step FULL models keep one each, as large as the target PIECEWISE model's (32 MiB
+      each on the EAGLE3 starts); a dropped drafter frees exactly what G's report retained.
+    """
+    k_g, k_to = grid_g.num_speculative_tokens, grid_to.num_speculative_tokens
+    added, dropped = grid_g.speculative_method is None, grid_to.speculative_method is None
+    if k_g == k_to and grid_g.speculative_method == grid_to.speculative_method:
+        return {}, {}
+    moves: dict[str, int] = {}
+    laws: dict[str, str] = {}
+    per_copy = _kv_alloc_extra(report) / (k_g + 1)
+    if k_to != k_g and per_copy:
+        moves["runner_buffer_bytes"] = round(per_copy * (k_to - k_g))
+        laws["runner_buffer_bytes"] = "drafter: one copy of the KV-allocated buffers per K"
+    if added == dropped:  # the drafter is kept (K or method changes)
+        return moves, laws
+    method = str(grid_to.speculative_method if dropped is False else grid_g.speculative_method)
+    sign = 1 if dropped is False else -1
+    for term, change in _drafter_weights(method, dims, sign, notes).items():
+        moves[term] = change
+        laws[term] = "drafter weights (its config's shapes)"
+    kept = _drafter_workspaces(report)
+    if sign > 0:
+        prof, cap = kept.get("target.piecewise", (0, 0))
+        prof, cap = DRAFTER_COMPILED_MODELS * prof, DRAFTER_COMPILED_MODELS * cap
+    else:
+        drafts = [v for stage, v in kept.items() if stage.startswith("draft")]
+        prof, cap = -sum(p for p, _ in drafts), -sum(c for _, c in drafts)
+    for term, change in (("profiling_residue_bytes", prof), ("runner_buffer_bytes", cap)):
+        if change:
+            moves[term] = moves.get(term, 0) + change
+            law = "drafter: compiled models' default-pool workspaces"
+            laws[term] = "; ".join(x for x in (laws.get(term), law) if x)
+    if sign > 0:
+        notes.append(
+            "the drafter is added: its activations in the profile pass and its graph pools are "
+            "not in G's report (graph pools follow per-owner laws only for stages G captured)"
+        )
+    return moves, laws
 
 
 def what_if(
@@ -458,9 +599,11 @@ def what_if(
         snapshot: the allocator snapshot of the same start; when given, pool rows are predicted
             by allocator replay (memest.estimate.poolreplay) instead of linear laws.
         snapshot_source: name of the snapshot in error messages (its path).
-        dims: the model's dimensions; with them the grid-sized runner buffers
+        dims: the model's dimensions (default: those the report records in
+            ``config.model_dims`` / ``drafter_dims``); with them the grid-sized runner buffers
             (memest.estimate.runner_buffers) move the baseline, weights, profiling-residue and
-            runner-buffer terms by f(G') - f(G). Without them those terms are kept.
+            runner-buffer terms by f(G') - f(G), and an added or dropped EAGLE drafter's weights
+            are sized. Without them those terms are kept.
 
     Raises:
         ConfigError: the grid fails validation.
@@ -468,6 +611,8 @@ def what_if(
             the capture phase or the requests of a stage G' captures.
         SnapshotFormatError: the snapshot is malformed.
     """
+    if dims is None:
+        dims = ModelDims.from_report(report)  # the dimensions the plugin recorded, if any
     config_to: RunConfig | None = None
     if is_overlay(grid):
         g2, config_to = overlay_grid(report, grid)  # type: ignore[arg-type]
@@ -479,7 +624,7 @@ def what_if(
         report, g2, snapshot=snapshot, snapshot_source=snapshot_source
     )
     graph_objects = _graph_object_bytes(report)
-    objects = _predict("capture", GRAPH_OBJECTS, graph_objects, g, g2)
+    objects = _graph_objects(report, graph_objects, g, g2, dims)
 
     by_owner: dict[str, int] = {}
     measured_by_owner: dict[str, int] = {}
@@ -540,7 +685,7 @@ def what_if(
         "graph_pool_bytes": "per-owner pool laws"
         + (" (allocator replay)" if snapshot is not None else ""),
         "outside_torch_bytes": "graph objects (graph profiling and capture) scale with the "
-        "graph count",
+        "graph count x the layers each graph holds",
     }
     laws.update(buffer_laws)
     if activation_to != terms.profile_peak_activation_bytes:

@@ -108,6 +108,7 @@ ScalingLaw = Literal[
     "sum_piecewise_tokens",
     "widest_draft_rows_x_vocab",
     "graph_count",
+    "graph_count_x_layers",
     "widest_tokens",
     "constant",
     "allocator_replay",

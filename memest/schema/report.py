@@ -46,6 +46,28 @@ class KVCacheSpec(MemestModel):
     extra: dict[str, Any] = Field(default_factory=dict, description="MLA latent / indexer caches")
 
 
+class ModelShape(MemestModel):
+    """A model's dimensions from the Hugging Face config vLLM loaded (the names are the config's).
+
+    The what-if sizes the grid-sized runner buffers and a drafter's weights by them
+    (memest.estimate.runner_buffers); a user's ``config.json`` gives the same fields.
+    """
+
+    architectures: list[str] = Field(default_factory=list)
+    hidden_size: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    dtype: str = Field(default="bfloat16", description="Weights' dtype as vLLM loads them")
+    intermediate_size: int | None = Field(default=None, ge=1)
+    num_hidden_layers: int | None = Field(default=None, ge=0)
+    num_attention_heads: int | None = Field(default=None, ge=1)
+    num_key_value_heads: int | None = Field(default=None, ge=1)
+    head_dim: int | None = Field(default=None, ge=1)
+    draft_vocab_size: int | None = Field(default=None, ge=1, description="EAGLE3 drafters")
+    target_hidden_size: int | None = Field(default=None, ge=1, description="EAGLE3 drafters")
+    num_aux_hidden_states: int | None = Field(default=None, ge=1, description="EAGLE3 drafters")
+    tie_word_embeddings: bool | None = None
+
+
 class RunConfig(MemestModel):
     model: str
     max_num_seqs: int | None = Field(default=None, ge=1)
@@ -60,6 +82,12 @@ class RunConfig(MemestModel):
     max_cudagraph_capture_size: int | None = None
     compilation_config: dict[str, Any] = Field(default_factory=dict)
     model_runner: str | None = Field(default=None, description="v1 or v2")
+    model_dims: ModelShape | None = Field(
+        default=None, description="The target model's dimensions (recorded by the plugin)"
+    )
+    drafter_dims: ModelShape | None = Field(
+        default=None, description="The drafter's dimensions (recorded by the plugin)"
+    )
 
 
 class VllmFigures(MemestModel):

@@ -78,10 +78,13 @@ class RunEstimateRequest(BaseModel):
     )
     model_dims: dict[str, Any] | None = Field(
         default=None,
-        description="The model's Hugging Face config.json: grid-sized runner buffers move too",
+        description="The model's Hugging Face config.json (overrides the run's recorded "
+        "model_dims): grid-sized runner buffers move too",
     )
     drafter_dims: dict[str, Any] | None = Field(
-        default=None, description="The drafter's config.json (with model_dims)"
+        default=None,
+        description="The drafter's config.json (overrides the run's recorded drafter_dims): "
+        "its weights when the grid adds the drafter",
     )
     rank: int | None = Field(default=None, ge=0, le=65535, description="Default: the lowest")
 
@@ -123,11 +126,9 @@ def run_estimate(report: RunReport, req: RunEstimateRequest) -> RunEstimateRespo
                 "gpu_memory_utilization", req.gpu_memory_utilization, "also given in grid"
             )
         grid["gpu_memory_utilization"] = req.gpu_memory_utilization
-    if req.drafter_dims is not None and req.model_dims is None:
-        raise ConfigError("drafter_dims", "...", "needs model_dims")
-    dims = None
-    if req.model_dims is not None:
-        dims = ModelDims.from_report(report, req.model_dims, drafter=req.drafter_dims)
+    if req.drafter_dims is not None and req.model_dims is None and report.config.model_dims is None:
+        raise ConfigError("drafter_dims", "...", "needs model_dims (the run records none)")
+    dims = ModelDims.from_report(report, req.model_dims, drafter=req.drafter_dims)
     tokens = target_tokens(report, req.kv_tokens, req.concurrency)
     result = core_what_if(report, grid, dims=dims)
     inverse = None

@@ -77,6 +77,9 @@ def read_config(worker: Any) -> None:
         model_runner="v2" if getattr(worker, "use_v2_model_runner", False) else "v1",
         compilation_config={"mode": str(getattr(cc, "mode", ""))},
     )
+    from memest_instrumentation.vllm import dims
+
+    guarded("model_dims", dims.record, vc)
 
 
 _COMPILE_COUNTERS = (

@@ -1,0 +1,80 @@
+"""The model's (and the drafter's) dimensions from the Hugging Face config vLLM loaded.
+
+Recorded in the report's ``config.model_dims`` / ``config.drafter_dims`` so that a what-if on
+the report needs no ``--model-config`` (memest.estimate.runner_buffers.ModelDims).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memest.schema import ModelShape
+
+#: ModelShape fields read from the config under the same name (hidden_size, vocab_size and
+#: dtype are read apart).
+_OPTIONAL_INTS = (
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "num_aux_hidden_states",
+)
+
+
+def _positive(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if value >= 0 else None
+
+
+def model_shape(model_config: Any) -> ModelShape | None:
+    """The dimensions of a vLLM ``ModelConfig`` (its ``hf_text_config``); None without one.
+
+    The dtype is the one vLLM loads the weights in (``model_config.dtype``), which may differ
+    from the checkpoint's ``torch_dtype``.
+    """
+    if model_config is None:
+        return None
+    hf = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    if hf is None:
+        return None
+    hidden = _positive(getattr(hf, "hidden_size", None))
+    vocab = _positive(getattr(hf, "vocab_size", None))
+    if not hidden or not vocab:
+        return None
+    fields: dict[str, Any] = {"hidden_size": hidden, "vocab_size": vocab}
+    for name in _OPTIONAL_INTS:
+        value = _positive(getattr(hf, name, None))
+        if value:
+            fields[name] = value
+    layers = getattr(hf, "num_hidden_layers", None)
+    if _positive(layers) is not None:
+        fields["num_hidden_layers"] = layers
+    dtype = getattr(model_config, "dtype", None) or getattr(hf, "torch_dtype", None)
+    if dtype is not None:
+        fields["dtype"] = str(dtype).removeprefix("torch.")
+    arch = getattr(hf, "architectures", None) or []
+    fields["architectures"] = [str(a) for a in arch]
+    tie = getattr(hf, "tie_word_embeddings", None)
+    if isinstance(tie, bool):
+        fields["tie_word_embeddings"] = tie
+    return ModelShape(**fields)
+
+
+def record(vllm_config: Any) -> None:
+    """Add the target's and the drafter's dimensions to the configuration read so far."""
+    from memest_instrumentation.vllm.state import state
+
+    st = state()
+    if st.config is None:
+        return
+    spec = getattr(vllm_config, "speculative_config", None)
+    draft = getattr(spec, "draft_model_config", None) if spec is not None else None
+    st.config = st.config.model_copy(
+        update={
+            "model_dims": model_shape(getattr(vllm_config, "model_config", None)),
+            "drafter_dims": model_shape(draft),
+        }
+    )

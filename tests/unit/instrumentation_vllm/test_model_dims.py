@@ -1,0 +1,122 @@
+"""The plugin records the model's and the drafter's dimensions from vLLM 0.33.0's own config
+classes (ModelConfig, SpeculativeConfig with an EAGLE3 drafter, built on CPU from config.json
+folders), and a what-if on the report then needs no --model-config."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memest.estimate import what_if
+from memest.estimate.runner_buffers import ModelDims
+from memest.schema import RunConfig, RunReport
+from tests.unit.instrumentation_vllm.conftest import vllm_or_skip
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLES = ROOT / "examples"
+REPORT = ROOT / "reports/vllm/raw/call9.S_llama8b_s128_t4096.apply.report.rank0.json"
+
+
+def _folder(tmp: Path, name: str, example: str) -> str:
+    folder = tmp / name
+    folder.mkdir()
+    shutil.copy(EXAMPLES / example, folder / "config.json")
+    return str(folder)
+
+
+def _vllm_config(tmp: Path) -> Any:
+    vllm_or_skip()
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    target = ModelConfig(
+        model=_folder(tmp, "llama8b", "llama8b.config.json"),
+        skip_tokenizer_init=True,
+        max_model_len=4096,
+    )
+    spec = SpeculativeConfig(
+        method="eagle3",
+        model=_folder(tmp, "eagle3", "eagle3_8b.config.json"),
+        num_speculative_tokens=3,
+        target_model_config=target,
+        target_parallel_config=ParallelConfig(),
+    )
+    return types.SimpleNamespace(model_config=target, speculative_config=spec)
+
+
+@pytest.mark.vllm
+def test_dims_from_vllms_config_classes(tmp_path: Path) -> None:
+    from memest_instrumentation.vllm import dims
+    from memest_instrumentation.vllm.state import state
+
+    vc = _vllm_config(tmp_path)
+    st = state()
+    st.config = RunConfig(model="llama8b", speculative_method="eagle3", num_speculative_tokens=3)
+    dims.record(vc)
+    model, drafter = st.config.model_dims, st.config.drafter_dims
+    assert model is not None and drafter is not None
+    target_json = json.loads((EXAMPLES / "llama8b.config.json").read_text())
+    drafter_json = json.loads((EXAMPLES / "eagle3_8b.config.json").read_text())
+    for key in ("hidden_size", "vocab_size", "intermediate_size", "num_hidden_layers"):
+        assert getattr(model, key) == target_json[key], key
+        assert getattr(drafter, key) == drafter_json[key], key
+    assert model.dtype == drafter.dtype == "bfloat16"
+    assert model.num_key_value_heads == 8 and model.architectures == ["LlamaForCausalLM"]
+
+    # A report with the recorded dims gives the what-if what the config.json files give.
+    report = RunReport.model_validate_json(REPORT.read_text())
+    recorded = report.model_copy(
+        update={
+            "config": report.config.model_copy(
+                update={"model_dims": model, "drafter_dims": drafter}
+            )
+        }
+    )
+    from_files = ModelDims.from_report(report, target_json, drafter=drafter_json)
+    from_report = ModelDims.from_report(recorded)
+    assert from_report == from_files
+    assert from_report is not None and from_files is not None
+    assert from_report.drafter_weight_bytes("eagle3") == from_files.drafter_weight_bytes("eagle3")
+    grid = {
+        "max_num_seqs": 32,
+        "speculative_config": {"method": "eagle3", "num_speculative_tokens": 3},
+    }
+    a = what_if(recorded, grid)
+    b = what_if(report, grid, dims=from_files)
+    assert a.terms_to == b.terms_to
+    assert not any("--model-config" in n for n in a.notes)
+
+
+def test_a_config_that_cannot_be_read_is_a_hook_error_not_a_lost_config() -> None:
+    from memest_instrumentation.vllm import dims
+    from memest_instrumentation.vllm.state import guarded, state
+
+    class Broken:
+        @property
+        def hf_text_config(self) -> Any:
+            raise RuntimeError("no config here")
+
+    st = state()
+    st.config = RunConfig(model="m", max_num_seqs=8)
+    guarded("model_dims", dims.record, types.SimpleNamespace(model_config=Broken()))
+    assert st.config is not None and st.config.max_num_seqs == 8
+    assert st.config.model_dims is None
+    assert any("model_dims" in e for e in st.hook_errors)
+
+
+def test_missing_dimensions_record_nothing() -> None:
+    from memest_instrumentation.vllm import dims
+
+    no_vocab = types.SimpleNamespace(hf_text_config=types.SimpleNamespace(hidden_size=64))
+    assert dims.model_shape(no_vocab) is None
+    assert dims.model_shape(None) is None
+    half = types.SimpleNamespace(
+        dtype="torch.float16",
+        hf_text_config=types.SimpleNamespace(hidden_size=64, vocab_size=100, head_dim=True),
+    )
+    shape = dims.model_shape(half)
+    assert shape is not None and shape.dtype == "float16" and shape.head_dim is None
