@@ -20,14 +20,16 @@ GIB = 1 << 30
 TRUTH = Coefficients(
     baseline_bytes=40 << 20,
     baseline_drafter_bytes=30 << 20,
+    weights_rest_bytes=3 << 20,
     activation_factor=1.25,
     activation_drafter_factor=0.5,
     outside_bytes=700 << 20,
     outside_per_graph_layer_bytes=100_000.0,
-    residue_factor=2.5,
+    residue_bytes=30 << 20,
+    residue_factor=0.25,
     residue_drafter_bytes=60 << 20,
-    grid_buffers_bytes=90 << 20,
-    grid_buffers_drafter_bytes=200 << 20,
+    runner_rest_bytes=40 << 20,
+    runner_rest_drafter_bytes=150 << 20,
 )
 GRIDS = [
     (128, 4096, None),
