@@ -5,7 +5,8 @@ of 16 tokens. Without ``--block-size`` it selects the attention backend first (t
 one of the platform's priority list, or ``--attention-backend``) and then takes that backend's
 ``get_preferred_block_size(16)``: 16 when the backend's kernels accept 16, else the smallest size
 they accept. With ``--block-size`` the size is the user's, and only backends that accept it are
-valid. The kernel block sizes (``get_supported_kernel_block_sizes``) and priority lists
+valid (a backend takes any multiple of one of its kernel block sizes). The kernel block sizes
+(``get_supported_kernel_block_sizes``) and priority lists
 (``platforms/cuda.py: _get_backend_priorities``) below are vLLM 0.33.0's for a bf16/fp16 KV
 cache, dense attention (no sparse MLA, no sliding window, no FP8 KV):
 
@@ -28,45 +29,36 @@ them 64 and ``FLASHINFER_MLA`` 32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memest.errors import ConfigError
 
 #: vLLM 0.33.0's CacheConfig.DEFAULT_BLOCK_SIZE (tokens per KV block).
 DEFAULT_BLOCK_SIZE = 16
 
 
-@dataclass(frozen=True, slots=True)
-class KernelBlocks:
-    """Block sizes one backend's kernels take: exact ``sizes``, or any multiple of ``multiple``."""
-
-    sizes: tuple[int, ...] = ()
-    multiple: int = 0
-
-    def supports(self, block_size: int) -> bool:
-        """vLLM's ``supports_block_size``."""
-        if self.multiple:
-            return block_size % self.multiple == 0
-        return block_size in self.sizes
-
-    def preferred(self, default: int = DEFAULT_BLOCK_SIZE) -> int:
-        """vLLM's ``get_preferred_block_size(default)``."""
-        if self.supports(default):
-            return default
-        return self.multiple or min(self.sizes)
-
-
-#: Kernel block sizes per backend (vLLM 0.33.0, bf16/fp16 KV cache).
-KERNEL_BLOCKS: dict[str, KernelBlocks] = {
-    "FLASH_ATTN": KernelBlocks(multiple=16),
-    "FLASHINFER": KernelBlocks(sizes=(16, 32, 64)),
-    "TRITON_ATTN": KernelBlocks(multiple=16),
-    "FLASH_ATTN_MLA": KernelBlocks(multiple=16),
-    "FLASHMLA": KernelBlocks(sizes=(64,)),
-    "FLASHINFER_MLA": KernelBlocks(sizes=(32, 64)),
-    "TRITON_MLA": KernelBlocks(multiple=16),
-    "CUTLASS_MLA": KernelBlocks(sizes=(128,)),
+#: Kernel block sizes per backend (vLLM 0.33.0, bf16/fp16 KV cache); "multiple of 16" is 16.
+KERNEL_BLOCKS: dict[str, tuple[int, ...]] = {
+    "FLASH_ATTN": (16,),
+    "FLASHINFER": (16, 32, 64),
+    "TRITON_ATTN": (16,),
+    "FLASH_ATTN_MLA": (16,),
+    "FLASHMLA": (64,),
+    "FLASHINFER_MLA": (32, 64),
+    "TRITON_MLA": (16,),
+    "CUTLASS_MLA": (128,),
 }
+
+
+def supports(backend: str, block_size: int) -> bool:
+    """vLLM's ``supports_block_size``: a multiple of one of the kernel block sizes (a KV block
+    may hold several kernel blocks)."""
+    return any(block_size % k == 0 for k in KERNEL_BLOCKS[backend])
+
+
+def preferred(backend: str, default: int = DEFAULT_BLOCK_SIZE) -> int:
+    """vLLM's ``get_preferred_block_size(default)``: the default when the backend takes it, else
+    its smallest kernel block size."""
+    return default if supports(backend, default) else min(KERNEL_BLOCKS[backend])
+
 
 #: Backends in vLLM 0.33.0's priority order, by (SM100, MLA), those of KERNEL_BLOCKS only.
 PRIORITIES: dict[tuple[bool, bool], tuple[str, ...]] = {
@@ -100,9 +92,9 @@ def kv_block_size(
             )
         candidates = (name,)
     if block_size is None:
-        return KERNEL_BLOCKS[candidates[0]].preferred(), candidates[0]
+        return preferred(candidates[0]), candidates[0]
     for name in candidates:
-        if KERNEL_BLOCKS[name].supports(block_size):
+        if supports(name, block_size):
             return block_size, name
     raise ConfigError(
         "block_size", block_size, f"no attention backend takes it ({', '.join(candidates)})"
