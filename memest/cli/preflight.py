@@ -9,7 +9,9 @@ memest preflight --model-config PATH/config.json --gpu h200 [--tensor-parallel-s
 Per rank: weights from the config's parameter shapes and dtype split by TP, the activation
 headroom, memory outside PyTorch, graph pools (vLLM 0.33.0's capture plan, a synthetic per-graph
 request trace replayed through the allocator model), runner buffers and profiling residue, each
-with its uncertainty; then the KV budget, KV bytes, tokens and max concurrency. The KV block
+with its uncertainty; vLLM 0.33.0's grid-sized buffers are computed as the what-if computes them
+(memest.estimate.runner_buffers), each in the term of the phase that allocates it. Then the KV
+budget, KV bytes, tokens and max concurrency. The KV block
 size is vLLM 0.33.0's for the attention backend (16 on an H200 unless --attention-backend FLASHMLA
 (64) or FLASHINFER_MLA (32), or --block-size, says otherwise). Coefficients come
 from measured starts on that GPU kind (reports/preflight/). An architecture, drafter or TP size
