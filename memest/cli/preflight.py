@@ -3,12 +3,17 @@
 memest preflight --model-config PATH/config.json --gpu h200 [--tensor-parallel-size N]
                  [--max-num-seqs N] [--max-num-batched-tokens N] [--max-model-len N]
                  [--gpu-memory-utilization F] [--speculative-config JSON]
-                 [--compilation-config JSON] [--draft-model-config PATH] [--dtype DTYPE] [--json]
+                 [--compilation-config JSON] [--draft-model-config PATH] [--dtype DTYPE]
+                 [--block-size N] [--attention-backend NAME] [--json]
 
 Per rank: weights from the config's parameter shapes and dtype split by TP, the activation
 headroom, memory outside PyTorch, graph pools (vLLM 0.33.0's capture plan, a synthetic per-graph
 request trace replayed through the allocator model), runner buffers and profiling residue, each
-with its uncertainty; then the KV budget, KV bytes, tokens and max concurrency. Coefficients come
+with its uncertainty; vLLM 0.33.0's grid-sized buffers are computed as the what-if computes them
+(memest.estimate.runner_buffers), each in the term of the phase that allocates it. Then the KV
+budget, KV bytes, tokens and max concurrency. The KV block
+size is vLLM 0.33.0's for the attention backend (16 on an H200 unless --attention-backend FLASHMLA
+(64) or FLASHINFER_MLA (32), or --block-size, says otherwise). Coefficients come
 from measured starts on that GPU kind (reports/preflight/). An architecture, drafter or TP size
 no start measured gets a wider range and a note. Flags default as `vllm serve` does
 (1024 seqs, 8192 batched tokens, utilization 0.9, max_model_len from the config).
@@ -22,6 +27,7 @@ from typing import Any
 from memest.errors import CommandError
 from memest.files import parse_json, read_regular_file
 from memest.preflight import preflight, request_from
+from memest.preflight.calibration import overshoot_line
 from memest.schema.preflight import PreflightResult
 from memest.units import fmt_gib
 
@@ -67,6 +73,18 @@ class _Preflight:
             "--draft-model-config", metavar="PATH", help="the drafter's config.json"
         )
         parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16, float32")
+        parser.add_argument(
+            "--block-size",
+            type=int,
+            metavar="N",
+            help="vLLM's flag: KV block size in tokens (default: the attention backend's)",
+        )
+        parser.add_argument(
+            "--attention-backend",
+            metavar="NAME",
+            help="vLLM's flag: FLASH_ATTN, FLASHINFER, TRITON_ATTN, FLASH_ATTN_MLA, FLASHMLA, "
+            "FLASHINFER_MLA, TRITON_MLA (default: vLLM's first for the GPU and attention kind)",
+        )
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -81,6 +99,8 @@ class _Preflight:
             "speculative_config": _inline("--speculative-config", args.speculative_config),
             "compilation_config": _inline("--compilation-config", args.compilation_config),
             "dtype": args.dtype,
+            "block_size": args.block_size,
+            "attention_backend": args.attention_backend,
         }
         if args.draft_model_config:
             fields["draft_model_config"] = _json_file(
@@ -99,7 +119,7 @@ def render(r: PreflightResult) -> str:
         f"calibration {r.calibration}",
         f"grid: {r.max_num_seqs} seqs, {r.max_num_batched_tokens} batched tokens, "
         f"max_model_len {r.max_model_len}, utilization {r.gpu_memory_utilization}, "
-        f"{r.total_graphs} CUDA graphs",
+        f"{r.total_graphs} CUDA graphs, {r.block_size}-token KV blocks ({r.attention_backend})",
         "",
         f"{'term':<32}{'GiB':>9}{'± GiB':>9}  law",
         f"{'requested (budget)':<32}{fmt_gib(r.terms.requested_bytes):>9}",
@@ -114,12 +134,8 @@ def render(r: PreflightResult) -> str:
         f"({r.kv_tokens_low:,} to {r.kv_tokens_high:,}), {r.kv_bytes_per_token:,} B per token, "
         f"max concurrency {r.max_concurrency:.2f} at {r.max_model_len} tokens",
     ]
-    if r.vllm_kv_overshoot_bytes is not None:
-        lines.append(
-            f"vLLM's own estimate overshot the exact budget by "
-            f"{fmt_gib(r.vllm_kv_overshoot_bytes, signed=True)} GiB on average on the "
-            "calibration's starts"
-        )
+    if r.vllm_overshoot is not None:
+        lines.append(overshoot_line(r.vllm_overshoot))
     lines += [f"note: {n}" for n in r.notes]
     return "\n".join(lines)
 

@@ -54,6 +54,11 @@ class _Alloc:
     index: int
 
 
+#: One request of a graph into the pool (handle, bytes, stream, owner, trace index): the public
+#: name for code that writes a :class:`PoolTrace` itself (memest.preflight's synthetic trace).
+PoolRequest = _Alloc
+
+
 @dataclass(slots=True)
 class Graph:
     """One captured graph of a stage: its requests and frees in trace order.

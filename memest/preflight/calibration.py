@@ -15,16 +15,28 @@ from pydantic import Field
 
 from memest.errors import ConfigError
 from memest.schema._base import MemestModel
+from memest.schema.preflight import VllmOvershoot
+from memest.units import fmt_gib
 
 #: Calibration files shipped with memest, by GPU kind.
 CALIBRATIONS = {"h200": "h200-vllm-0.33.0.json"}
 
 
 class Coefficients(MemestModel):
-    """The laws' coefficients (see memest.preflight.predict for the laws)."""
+    """The laws' coefficients (see memest.preflight.predict for the laws).
 
-    baseline_bytes: int = Field(description="Allocator reservation before the weights")
-    baseline_drafter_bytes: int = Field(description="Added with a drafter (its cuBLAS workspace)")
+    The grid-sized runner buffers of vLLM 0.33.0 (memest.estimate.runner_buffers) are not fitted:
+    they are computed from the grid and the model and added to the term of the phase that
+    allocates them; the coefficients fit what each term holds beyond them.
+    """
+
+    baseline_bytes: int = Field(
+        description="Allocator reservation before the weights beyond the grid-sized buffers"
+    )
+    baseline_drafter_bytes: int = Field(description="Added with a drafter, beyond its buffers")
+    weights_rest_bytes: int = Field(
+        description="Weights phase beyond the parameters and the grid-sized buffers"
+    )
     activation_factor: float = Field(
         description="Activation headroom over max_num_batched_tokens x one layer's token bytes"
     )
@@ -35,14 +47,16 @@ class Coefficients(MemestModel):
     outside_per_graph_layer_bytes: float = Field(
         description="Outside PyTorch per captured graph and decoder layer (graph objects)"
     )
+    residue_bytes: int = Field(description="Profiling residue beyond the sampler's buffer")
     residue_factor: float = Field(
-        description="Profiling residue over max_num_batched_tokens x hidden x dtype bytes"
+        description="Profiling residue beyond the sampler's buffer, over max_num_batched_tokens "
+        "x hidden x dtype bytes"
     )
     residue_drafter_bytes: int = Field(description="Profiling residue a drafter adds")
-    grid_buffers_bytes: int = Field(
-        description="Grid-sized runner buffers (loading and KV allocation), no drafter"
+    runner_rest_bytes: int = Field(
+        description="Runner buffers (KV allocation phase) beyond the block tables, no drafter"
     )
-    grid_buffers_drafter_bytes: int = Field(description="The same with a drafter")
+    runner_rest_drafter_bytes: int = Field(description="The same with a drafter")
 
 
 class Calibration(MemestModel):
@@ -67,8 +81,9 @@ class Calibration(MemestModel):
     unmeasured_tp_outside_bytes: int = Field(
         default=0, description="Prior half-width outside PyTorch for an unmeasured TP (NCCL)"
     )
-    vllm_overshoot_bytes: int | None = Field(
-        default=None, description="Mean of vLLM's own KV estimate minus the exact budget"
+    vllm_overshoot: VllmOvershoot | None = Field(
+        default=None,
+        description="vLLM's own KV estimate minus the exact budget, over the starts it sized",
     )
     starts: list[str] = Field(default_factory=list, description="Report ids fitted")
     command: str = ""
@@ -92,3 +107,16 @@ def load_calibration(gpu: str) -> Calibration:
     text = resources.files("memest.preflight").joinpath("data", name).read_text()
     data: dict[str, Any] = json.loads(text)
     return Calibration.model_validate(data)
+
+
+def overshoot_line(o: VllmOvershoot) -> str:
+    """The text every surface shows for vLLM's own estimate beside the exact budget."""
+    span = fmt_gib(o.min_bytes, signed=True)
+    if o.max_bytes != o.min_bytes:
+        span += f" to {fmt_gib(o.max_bytes, signed=True)}"
+    starts = "start" if o.starts == 1 else "starts"
+    return (
+        f"vLLM's own estimate minus the exact budget: {span} GiB on the {o.starts} calibration "
+        f"{starts} whose KV cache vLLM sized itself (in the others memest sized it, and vLLM's "
+        "figure is a recomputation, not a budget vLLM allocated)"
+    )

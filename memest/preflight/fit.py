@@ -1,9 +1,11 @@
 """Fit the pre-flight laws' coefficients from measured starts, and leave one group out.
 
 A measured start gives every full-initialization term (memest.estimate.account) and the KV that
-fills its budget exactly: the KV it allocated minus its usage minus budget. Each law is fitted by
-least squares on the starts that carry its term (through the origin for the per-token factors);
-a term's uncertainty is its largest absolute residual over those starts.
+fills its budget exactly: the KV it allocated minus its usage minus budget. vLLM 0.33.0's
+grid-sized buffers (memest.estimate.runner_buffers) are subtracted from the term that holds them
+first: the fit sees only what is left. Each law is fitted by least squares on the starts that
+carry its term (through the origin for the per-token factors); a term's uncertainty is its
+largest absolute residual over those starts.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from memest.estimate.phases import phase
 from memest.preflight.calibration import Calibration, Coefficients
 from memest.preflight.predict import Setup, preflight, setup
 from memest.preflight.shape import layer_token_bytes, parameter_bytes
-from memest.schema import FullInitTerms, RunReport
-from memest.schema.preflight import PreflightRequest
+from memest.schema import FullInitTerms, RunReport, StartAccounting
+from memest.schema.preflight import PreflightRequest, VllmOvershoot
 
 #: Fitted residuals below this are reported as this (allocator granularity: one 2 MiB segment).
 MIN_UNCERTAINTY = 2 << 20
@@ -35,6 +37,7 @@ class Start:
     exact_kv_bytes: int  # measured KV - (usage - budget): the KV that fills the budget exactly
     vllm_kv_bytes: int | None  # vLLM's own estimate of the KV budget for the same start
     architecture: str
+    vllm_sized: bool = False  # vLLM's own estimate sized this start's KV cache
 
 
 def grid_label(report: RunReport) -> str:
@@ -44,6 +47,15 @@ def grid_label(report: RunReport) -> str:
         f"s{c.max_num_seqs}_t{c.max_num_batched_tokens}_u{c.gpu_memory_utilization}"
         f"{spec}_tp{c.tensor_parallel_size}"
     )
+
+
+def sized_by_vllm(acc: StartAccounting) -> bool:
+    """Whether vLLM's own estimate sized this start's KV cache: its record then allocates the
+    same whole blocks as the start did (compare() says so for the estimator that sized it)."""
+    vllm, measured = acc.estimator("vllm"), acc.estimator("measured")
+    if vllm is None or measured is None or vllm.usage_minus_budget_bytes is None:
+        return False
+    return vllm.usage_minus_budget_bytes == measured.usage_minus_budget_bytes
 
 
 def start_from_report(
@@ -85,6 +97,7 @@ def start_from_report(
         exact_kv_bytes=acc.kv_cache_bytes - acc.usage_minus_budget_bytes,
         vllm_kv_bytes=vllm.kv_cache_bytes if vllm is not None else None,
         architecture=str((model_config.get("architectures") or ["unknown"])[0]),
+        vllm_sized=sized_by_vllm(acc),
     )
 
 
@@ -106,10 +119,17 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def _grid_buffers(st: Start, s: Setup) -> int:
-    """Grid-sized buffers: what the weights phase added beyond the parameters, plus runner's."""
-    params = parameter_bytes(s.target) + (parameter_bytes(s.drafter) if s.drafter else 0)
-    return st.terms.weights_bytes - params + st.terms.runner_buffer_bytes
+def _rest(st: Start, s: Setup, term: str) -> int:
+    """What the measured ``term`` holds beyond vLLM's grid-sized buffers charged to it."""
+    return int(getattr(st.terms, term)) - s.buffers().get(term, 0)
+
+
+def _params(s: Setup) -> int:
+    return parameter_bytes(s.target) + (parameter_bytes(s.drafter) if s.drafter else 0)
+
+
+def _x_residue(s: Setup) -> int:
+    return s.mbt * s.target.hidden * s.target.dtype_bytes
 
 
 def fit_coefficients(starts: Sequence[Start]) -> Coefficients:
@@ -119,22 +139,22 @@ def fit_coefficients(starts: Sequence[Start]) -> Coefficients:
         ValueError: no start without a drafter (the target laws need one).
     """
     setups = [setup(st.request) for st in starts]
-    plain = [(st, s) for st, s in zip(starts, setups, strict=True) if s.drafter is None]
-    draft = [(st, s) for st, s in zip(starts, setups, strict=True) if s.drafter is not None]
+    pairs = list(zip(starts, setups, strict=True))
+    plain = [(st, s) for st, s in pairs if s.drafter is None]
+    draft = [(st, s) for st, s in pairs if s.drafter is not None]
     if not plain:
         raise ValueError("the fit needs at least one start without a drafter")
-    base = _mean([st.terms.baseline_torch_bytes for st, _ in plain])
+    base = _mean([_rest(st, s, "baseline_torch_bytes") for st, s in plain])
     act = _origin_fit(
         [s.mbt * layer_token_bytes(s.target) for _, s in plain],
         [st.terms.profile_peak_activation_bytes for st, _ in plain],
     )
-    res = _origin_fit(
-        [s.mbt * s.target.hidden * s.target.dtype_bytes for _, s in plain],
-        [st.terms.profiling_residue_bytes for st, _ in plain],
+    res0, res1 = _line_fit(
+        [_x_residue(s) for _, s in plain],
+        [_rest(st, s, "profiling_residue_bytes") for st, s in plain],
     )
     out0, out1 = _line_fit(
-        [s.graph_layers() for _, s in plain + draft],
-        [st.terms.outside_torch_bytes for st, _ in plain + draft],
+        [s.graph_layers() for _, s in pairs], [st.terms.outside_torch_bytes for st, _ in pairs]
     )
     act_d = 0.0
     if draft:
@@ -148,34 +168,40 @@ def fit_coefficients(starts: Sequence[Start]) -> Coefficients:
     return Coefficients(
         baseline_bytes=round(base),
         baseline_drafter_bytes=round(
-            _mean([st.terms.baseline_torch_bytes - base for st, _ in draft])
+            _mean([_rest(st, s, "baseline_torch_bytes") - base for st, s in draft])
+        ),
+        weights_rest_bytes=round(
+            _mean([_rest(st, s, "weights_bytes") - _params(s) for st, s in pairs])
         ),
         activation_factor=act,
         activation_drafter_factor=act_d,
         outside_bytes=round(out0),
         outside_per_graph_layer_bytes=out1,
-        residue_factor=res,
+        residue_bytes=round(res0),
+        residue_factor=res1,
         residue_drafter_bytes=round(
             _mean(
                 [
-                    st.terms.profiling_residue_bytes
-                    - res * s.mbt * s.target.hidden * s.target.dtype_bytes
+                    _rest(st, s, "profiling_residue_bytes") - res0 - res1 * _x_residue(s)
                     for st, s in draft
                 ]
             )
         ),
-        grid_buffers_bytes=round(_mean([_grid_buffers(st, s) for st, s in plain])),
-        grid_buffers_drafter_bytes=round(_mean([_grid_buffers(st, s) for st, s in draft])),
+        runner_rest_bytes=round(_mean([_rest(st, s, "runner_buffer_bytes") for st, s in plain])),
+        runner_rest_drafter_bytes=round(
+            _mean([_rest(st, s, "runner_buffer_bytes") for st, s in draft])
+        ),
     )
 
 
-#: Terms compared one by one; weights and runner buffers are compared as their sum (the split
-#: between the weights phase and the KV allocation of grid-sized buffers is not predicted).
+#: The predicted terms, compared one by one with the measured ones.
 TERMS = (
     "baseline_torch_bytes",
+    "weights_bytes",
     "profile_peak_activation_bytes",
     "outside_torch_bytes",
     "graph_pool_bytes",
+    "runner_buffer_bytes",
     "profiling_residue_bytes",
 )
 
@@ -205,32 +231,33 @@ def residuals(starts: Sequence[Start], cal: Calibration) -> list[Residual]:
     for st in starts:
         r = preflight(st.request, cal)
         p, m = r.terms, st.terms
-        terms = {t: getattr(p, t) - getattr(m, t) for t in TERMS}
-        terms["weights_and_buffers"] = (p.weights_bytes + p.runner_buffer_bytes) - (
-            m.weights_bytes + m.runner_buffer_bytes
-        )
+        terms = {t: int(getattr(p, t)) - int(getattr(m, t)) for t in TERMS}
         out.append(Residual(st, r.kv_budget_bytes, terms, r.kv_cache_uncertainty_bytes))
     return out
 
 
 def uncertainties(res: Sequence[Residual]) -> dict[str, int]:
     """Per term: the largest absolute residual (at least one allocator segment)."""
-    out: dict[str, int] = {}
-    for t in TERMS:
-        out[t] = max([abs(r.term_residuals[t]) for r in res] + [MIN_UNCERTAINTY])
-    wb = max([abs(r.term_residuals["weights_and_buffers"]) for r in res] + [MIN_UNCERTAINTY])
-    out["runner_buffer_bytes"] = wb
-    out["weights_bytes"] = 0
-    out["graph_pool_bytes"] = max(out["graph_pool_bytes"], MIN_UNCERTAINTY)
-    return out
+    return {t: max([abs(r.term_residuals[t]) for r in res] + [MIN_UNCERTAINTY]) for t in TERMS}
+
+
+def vllm_overshoot(res: Sequence[Residual]) -> VllmOvershoot | None:
+    """vLLM's own estimate minus the exact budget over the starts vLLM sized itself (range and
+    count); None when none of ``res`` was sized by vLLM. The one definition of the figure."""
+    errors = [
+        r.vllm_error_bytes for r in res if r.start.vllm_sized and r.vllm_error_bytes is not None
+    ]
+    if not errors:
+        return None
+    return VllmOvershoot(starts=len(errors), min_bytes=min(errors), max_bytes=max(errors))
 
 
 def calibrate(starts: Sequence[Start], template: Calibration) -> Calibration:
     """``template`` (GPU, versions, priors) with coefficients and uncertainties fitted."""
     coef = fit_coefficients(starts)
     cal = template.model_copy(update={"coefficients": coef, "uncertainty_bytes": {}})
-    unc = uncertainties(residuals(starts, cal))
-    overs = [r.vllm_error_bytes for r in residuals(starts, cal) if r.vllm_error_bytes is not None]
+    res = residuals(starts, cal)
+    unc = uncertainties(res)
     return template.model_copy(
         update={
             "coefficients": coef,
@@ -246,7 +273,7 @@ def calibrate(starts: Sequence[Start], template: Calibration) -> Calibration:
                     if st.request.speculative_config
                 }
             ),
-            "vllm_overshoot_bytes": round(_mean(overs)) if overs else None,
+            "vllm_overshoot": vllm_overshoot(res),
             "starts": [st.report_id for st in starts],
         }
     )

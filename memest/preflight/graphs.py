@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memest.estimate.poolreplay import Graph, PoolTrace, ReplayResult, _Alloc, replay
+from memest.estimate.poolreplay import Graph, PoolRequest, PoolTrace, ReplayResult, replay
 from memest.preflight.shape import ModelShape
 from memest.schema import CapturePlan, RunnerRow
 
@@ -40,7 +40,7 @@ class _Writer:
         self.next_handle += 1
         size = max(width_bytes * (self.tokens if per is None else per), 1)
         self.graph.ops.append(
-            _Alloc(handle, size, self.stream, owner or "compiled_piece", len(self.graph.ops))
+            PoolRequest(handle, size, self.stream, owner or "compiled_piece", len(self.graph.ops))
         )
         return handle
 
@@ -174,13 +174,13 @@ def synthetic_trace(
     return PoolTrace("synthetic", stages, {}, {})
 
 
-def _renumbered(src: Graph, into: Graph) -> list[_Alloc | int]:
+def _renumbered(src: Graph, into: Graph) -> list[PoolRequest | int]:
     """``src``'s ops with handles moved past those already in ``into``."""
     base = max((a.handle for a in into.allocs), default=0)
-    out: list[_Alloc | int] = []
+    out: list[PoolRequest | int] = []
     for op in src.ops:
-        if isinstance(op, _Alloc):
-            out.append(_Alloc(op.handle + base, op.size, op.stream, op.owner, op.index))
+        if isinstance(op, PoolRequest):
+            out.append(PoolRequest(op.handle + base, op.size, op.stream, op.owner, op.index))
         else:
             out.append(op + base)
     return out

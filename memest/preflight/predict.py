@@ -3,18 +3,23 @@
 =============================  =====================================================================
 term                           law (coefficients: memest.preflight.calibration, fitted from starts)
 =============================  =====================================================================
-baseline_torch_bytes           fitted constant (+ one for a drafter)
-weights_bytes                  parameter shapes x dtype bytes, split by TP (memest.preflight.shape)
+baseline_torch_bytes           input, request-state and drafter buffers + fitted constant
+weights_bytes                  parameter shapes x dtype bytes / TP (memest.preflight.shape)
+                               + penalties and structured-output masks + fitted constant
 profile_peak_activation_bytes  factor x max_num_batched_tokens x one layer's token bytes (+ drafter)
 outside_torch_bytes            context constant + per graph and decoder layer (graph objects)
 graph_pool_bytes               synthetic per-graph request trace, allocator replay (graphs.py)
-runner_buffer_bytes            grid-sized buffers (loading and KV allocation): fitted constant
-profiling_residue_bytes        factor x max_num_batched_tokens x hidden x dtype bytes (+ drafter)
+runner_buffer_bytes            block tables + fitted constant (with or without a drafter)
+profiling_residue_bytes        the sampler's top-k/top-p buffer + fitted line in
+                               max_num_batched_tokens x hidden x dtype bytes (+ drafter)
 =============================  =====================================================================
 
-The KV budget is memest.estimate.full_init_kv_budget of those terms and the tokens are
-memest.estimate.kv_tokens of a KV-cache spec built from the config: the same arithmetic as for a
-measured start.
+The grid-sized buffers are vLLM 0.33.0's, computed by memest.estimate.runner_buffers (the what-if
+moves them by the same function) and charged to the term of the phase that allocates them; the
+fit sees only what each term holds beyond them. The KV block size is vLLM 0.33.0's choice for the
+attention backend (memest.preflight.backends). The KV budget is
+memest.estimate.full_init_kv_budget of those terms and the tokens are memest.estimate.kv_tokens of
+a KV-cache spec built from the config: the same arithmetic as for a measured start.
 """
 
 from __future__ import annotations
@@ -26,16 +31,22 @@ from typing import Any
 from memest.errors import ConfigError
 from memest.estimate.kv import kv_page_bytes, kv_tokens
 from memest.estimate.phases import budget_bytes, full_init_kv_budget, non_kv_bytes
+from memest.estimate.runner_buffers import (
+    BUFFER_TERMS,
+    ModelDims,
+    RunnerGrid,
+    runner_buffer_bytes,
+    term_bytes,
+)
 from memest.plan import SERVE_DEFAULTS, gpu_preset, resolve
 from memest.plan.overlay import overlay_config, plan_input
+from memest.preflight.backends import kv_block_size
 from memest.preflight.calibration import Calibration, load_calibration
 from memest.preflight.graphs import pool_bytes
 from memest.preflight.shape import ModelShape, layer_token_bytes, model_shape, parameter_bytes
 from memest.schema import CapturePlan, FullInitTerms, KVCacheSpec, RunConfig
 from memest.schema.preflight import PreflightRequest, PreflightResult, PreflightTerm
 
-#: vLLM 0.33.0's default KV block size (tokens per block).
-BLOCK_SIZE = 16
 #: Drafter methods whose graphs the synthetic trace writes as measured (EAGLE3).
 MEASURED_DRAFTER_PROGRAM = ("eagle3",)
 
@@ -49,6 +60,8 @@ class Setup:
     config: RunConfig
     plan: CapturePlan
     gpu: str
+    block_size: int
+    attention_backend: str
 
     @property
     def mbt(self) -> int:
@@ -58,6 +71,25 @@ class Setup:
     @property
     def draft_steps(self) -> int:
         return max(self.config.num_speculative_tokens - 1, 1)
+
+    def _runner(self) -> tuple[ModelDims, RunnerGrid]:
+        t, d = self.target, self.drafter
+        dims = ModelDims(
+            hidden_size=t.hidden,
+            vocab_size=t.vocab,
+            dtype_bytes=t.dtype_bytes,
+            drafter_hidden_size=d.hidden if d is not None else None,
+        )
+        return dims, RunnerGrid.from_config(self.config, block_size=self.block_size)
+
+    def buffers(self) -> dict[str, int]:
+        """vLLM 0.33.0's grid-sized buffers summed per term (memest.estimate.runner_buffers)."""
+        return term_bytes(*self._runner())
+
+    def buffer_names(self, term: str) -> str:
+        """The grid-sized buffers charged to ``term`` in this setup, by name."""
+        sizes = runner_buffer_bytes(*self._runner())
+        return ", ".join(n for n, b in sizes.items() if b and BUFFER_TERMS[n] == term)
 
     def graph_layers(self) -> int:
         """Captured graphs times the decoder layers each runs (drafter rows: its layers)."""
@@ -109,7 +141,13 @@ def setup(req: PreflightRequest) -> Setup:
         draft_cfg = _drafter_config(req, cfg, config.speculative_method)
         drafter = model_shape(draft_cfg, tp=req.tensor_parallel_size, dtype=req.dtype)
     plan = resolve(plan_input(config, sm100=sm100, gpu=req.gpu.lower()), "vllm-0.33.0")
-    return Setup(target, drafter, config, plan, req.gpu.lower())
+    block, backend = kv_block_size(
+        mla=target.family == "mla",
+        sm100=sm100,
+        backend=req.attention_backend,
+        block_size=req.block_size,
+    )
+    return Setup(target, drafter, config, plan, req.gpu.lower(), block, backend)
 
 
 def kv_spec(s: Setup) -> KVCacheSpec:
@@ -127,8 +165,8 @@ def kv_spec(s: Setup) -> KVCacheSpec:
         num_kv_heads=1 if t.family == "mla" else t.kv_heads,
         head_size=t.kv if t.family == "mla" else t.head_dim,
         dtype_bytes=t.dtype_bytes,
-        block_size=BLOCK_SIZE,
-        page_size_bytes=per_token * BLOCK_SIZE,
+        block_size=s.block_size,
+        page_size_bytes=per_token * s.block_size,
         extra=extra,
     )
 
@@ -143,22 +181,27 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
     """Each term's predicted bytes and the law that gave it."""
     c = cal.coefficients
     d = s.drafter
-    b = s.target.dtype_bytes
+    buf = s.buffers()
     pools = pool_bytes(s.plan, s.target, d, draft_steps=s.draft_steps)
     activation = c.activation_factor * s.mbt * layer_token_bytes(s.target)
-    residue = c.residue_factor * s.mbt * s.target.hidden * b
-    weights = parameter_bytes(s.target)
+    residue = c.residue_bytes + c.residue_factor * s.mbt * s.target.hidden * s.target.dtype_bytes
+    weights = parameter_bytes(s.target) + c.weights_rest_bytes
     if d is not None:
         activation += c.activation_drafter_factor * s.mbt * layer_token_bytes(d)
         residue += c.residue_drafter_bytes
         weights += parameter_bytes(d)
     outside = c.outside_bytes + c.outside_per_graph_layer_bytes * s.graph_layers()
+    base = c.baseline_bytes + (c.baseline_drafter_bytes if d else 0)
+    rest = c.runner_rest_drafter_bytes if d else c.runner_rest_bytes
     return {
         "baseline_torch_bytes": (
-            c.baseline_bytes + (c.baseline_drafter_bytes if d else 0),
-            "fitted constant (cuBLAS workspaces before the weights)",
+            base + buf.get("baseline_torch_bytes", 0),
+            f"{s.buffer_names('baseline_torch_bytes')} + fitted constant (cuBLAS workspaces)",
         ),
-        "weights_bytes": (weights, "parameter shapes x dtype bytes / TP"),
+        "weights_bytes": (
+            weights + buf.get("weights_bytes", 0),
+            f"parameter shapes x dtype bytes / TP + {s.buffer_names('weights_bytes')}",
+        ),
         "profile_peak_activation_bytes": (
             round(activation),
             f"{c.activation_factor:.3f} x max_num_batched_tokens x layer token bytes",
@@ -173,11 +216,13 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
             f"synthetic request trace of {s.plan.total_graphs} graphs, allocator replay",
         ),
         "runner_buffer_bytes": (
-            c.grid_buffers_drafter_bytes if d else c.grid_buffers_bytes,
-            "fitted constant: grid-sized buffers of loading and KV allocation",
+            rest + buf.get("runner_buffer_bytes", 0),
+            f"{s.buffer_names('runner_buffer_bytes')} ({s.block_size}-token blocks) "
+            "+ fitted constant",
         ),
         "profiling_residue_bytes": (
-            round(residue),
+            round(residue) + buf.get("profiling_residue_bytes", 0),
+            f"{s.buffer_names('profiling_residue_bytes')} + fitted constant + "
             f"{c.residue_factor:.3f} x max_num_batched_tokens x hidden x dtype bytes",
         ),
     }
@@ -243,10 +288,6 @@ def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> 
         source=f"pre-flight ({cal.label})",
     )
     unc, notes = _uncertainties(s, cal, laws)
-    notes.append(
-        "runner_buffer_bytes holds every grid-sized buffer (those vLLM allocates while loading "
-        "too); weights_bytes is the parameters alone"
-    )
     return _result(req, s, cal, terms, laws, unc, notes)
 
 
@@ -282,6 +323,8 @@ def _result(
         speculative_method=s.config.speculative_method,
         num_speculative_tokens=s.config.num_speculative_tokens,
         total_graphs=s.plan.total_graphs,
+        attention_backend=s.attention_backend,
+        block_size=s.block_size,
         terms=terms,
         term_details=details,
         non_kv_bytes=non_kv_bytes(terms),
@@ -294,7 +337,7 @@ def _result(
         kv_bytes_per_token=kv_page_bytes(spec) // spec.block_size,
         max_concurrency=tokens / length,
         kv_cache=spec,
-        vllm_kv_overshoot_bytes=cal.vllm_overshoot_bytes,
+        vllm_overshoot=cal.vllm_overshoot,
         notes=notes,
     )
 

@@ -22,6 +22,9 @@ Family = Literal["dense", "moe", "mla"]
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 #: vLLM pads the vocabulary of embeddings and lm_head to a multiple of this (times TP).
 VOCAB_PAD = 64
+#: Architectures whose attention normalizes q and k per head (vLLM 0.33.0's q_norm and k_norm,
+#: head_dim weights each, replicated under TP); config.json has no field that says so.
+QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
 def _int(cfg: Mapping[str, Any], key: str, default: int | None = None, *, minimum: int = 1) -> int:
@@ -74,6 +77,7 @@ class ModelShape:
     v_head_dim: int = 0
     q_lora_rank: int = 0
     extra_input_hidden: int = 0  # EAGLE3 drafters concatenate hidden states: 2 x hidden input
+    qk_norm: bool = False  # per-head q and k RMSNorm weights (QK_NORM_ARCHITECTURES)
 
     @property
     def qkv(self) -> int:
@@ -193,6 +197,7 @@ def model_shape(cfg: Mapping[str, Any], *, tp: int = 1, dtype: str = "auto") -> 
         tied=bool(cfg.get("tie_word_embeddings", False)),
         max_position=_int(cfg, "max_position_embeddings", 4096),
         extra_input_hidden=hidden if "eagle3" in str(archs[0]).lower() else 0,
+        qk_norm=str(archs[0]) in QK_NORM_ARCHITECTURES,
         **moe,
         **_mla_fields(cfg),
     )
@@ -218,7 +223,7 @@ def _attention_params(s: ModelShape) -> int:
         return q + kv_a + kv_b + s.heads * s.v_head_dim * h
     q_in = h + s.extra_input_hidden
     qkv = q_in * (s.heads + 2 * s.kv_heads) * s.head_dim
-    return qkv + s.heads * s.head_dim * h
+    return qkv + s.heads * s.head_dim * h + (2 * s.head_dim if s.qk_norm else 0)
 
 
 def _mlp_params(s: ModelShape, moe_layer: bool) -> int:

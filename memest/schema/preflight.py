@@ -34,6 +34,29 @@ class PreflightRequest(MemestModel):
         default=None, description="vLLM's --compilation-config (capture-size fields)"
     )
     dtype: str = Field(default="auto", max_length=16, description="auto, bfloat16, float16")
+    block_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 16,
+        description="vLLM's --block-size; unset: the attention backend's preferred size",
+    )
+    attention_backend: str | None = Field(
+        default=None,
+        max_length=32,
+        description="vLLM's --attention-backend (FLASH_ATTN, FLASHMLA, ...); unset: vLLM's first",
+    )
+
+
+class VllmOvershoot(MemestModel):
+    """vLLM's own KV estimate minus the exact budget over the starts whose KV cache it sized.
+
+    Only those starts: in a start memest sized (apply mode) vLLM's record is a recomputation
+    from that start's profile, not a budget vLLM allocated.
+    """
+
+    starts: int = Field(ge=1, description="Measured starts whose KV cache vLLM sized")
+    min_bytes: Bytes = Field(description="Smallest overshoot (vLLM's estimate - exact budget)")
+    max_bytes: Bytes = Field(description="Largest overshoot")
 
 
 class PreflightTerm(MemestModel):
@@ -64,6 +87,8 @@ class PreflightResult(MemestModel):
     speculative_method: str | None = None
     num_speculative_tokens: int = Field(default=0, ge=0)
     total_graphs: int = Field(ge=0, description="CUDA graphs the capture plan captures")
+    attention_backend: str = Field(description="The attention backend the block size is from")
+    block_size: int = Field(ge=1, description="KV block size in tokens (vLLM 0.33.0's rule)")
     terms: FullInitTerms = Field(description="Predicted terms of one rank (sum = non-KV)")
     term_details: list[PreflightTerm] = Field(default_factory=list)
     non_kv_bytes: NonNegativeBytes
@@ -82,9 +107,9 @@ class PreflightResult(MemestModel):
     kv_bytes_per_token: int = Field(ge=1)
     max_concurrency: float = Field(ge=0, description="Requests of max_model_len the KV holds")
     kv_cache: KVCacheSpec = Field(description="The KV-cache spec derived from the config")
-    vllm_kv_overshoot_bytes: Bytes | None = Field(
+    vllm_overshoot: VllmOvershoot | None = Field(
         default=None,
-        description="How far vLLM's own estimate exceeded the budget on the calibration's "
-        "measured starts (mean), for comparison",
+        description="How far vLLM's own estimate exceeded the exact budget on the calibration's "
+        "starts that vLLM sized itself, for comparison",
     )
     notes: list[str] = Field(default_factory=list)

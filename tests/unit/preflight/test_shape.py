@@ -46,7 +46,7 @@ def test_tensor_parallel_halves_everything_but_norms() -> None:
 def test_moe_experts_counted_per_layer() -> None:
     s = model_shape(QWEN_MOE)
     assert s.family == "moe" and s.moe_layers == 8 and s.experts == 128
-    attention = 2048 * (32 + 2 * 4) * 128 + 32 * 128 * 2048
+    attention = 2048 * (32 + 2 * 4) * 128 + 32 * 128 * 2048 + 2 * 128  # q_norm, k_norm
     experts = 128 * 3 * 2048 * 768 + 2048 * 128
     per_layer = attention + experts + 2 * 2048
     embed = 151936 * 2048 * 2
