@@ -55,6 +55,13 @@ def public_model_name(served_name: object, model: object) -> str:
     return PurePosixPath(name.rstrip("/")).name or "unknown"
 
 
+def model_display_name(model: str) -> str:
+    """The model as stored and shown: a path-like name (a report from before the plugin named
+    models by their served name) becomes its Hugging Face id or its folder's name; any other name
+    is kept as it is. Ingest stores this name; pages show it for rows stored before."""
+    return public_model_name(None, model)
+
+
 def _looks_like_path(name: str) -> bool:
     """A Hugging Face id is ``org/name`` or ``name``; anything else is a filesystem path."""
     return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or "\\" in name

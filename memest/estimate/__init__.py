@@ -3,7 +3,7 @@
 Pure Python: reads RunReports (memest.schema), never imports torch.
 """
 
-from memest.estimate.accounting import account, gpu_parts
+from memest.estimate.accounting import BudgetSplit, account, budget_splits, gpu_parts
 from memest.estimate.compare import compare, record, usage_bytes
 from memest.estimate.kv import kv_bytes_per_token, kv_page_bytes, kv_tokens
 from memest.estimate.phases import (
@@ -27,7 +27,9 @@ from memest.schema import FullInitTerms
 __all__ = [
     "PLAN_SCHEMA_VERSION",
     "FullInitTerms",
+    "BudgetSplit",
     "account",
+    "budget_splits",
     "gpu_parts",
     "check_report",
     "compare",

@@ -8,6 +8,8 @@ its stored figures, flagged as measured by an older definition.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from memest.errors import MemestError
 from memest.estimate.compare import compare
 from memest.estimate.phases import graph_pool_by_stage, terms_components
@@ -177,3 +179,57 @@ def gpu_parts(accounting: StartAccounting, total_bytes: int) -> list[tuple[str, 
     used = sum(b for _, _, b in parts)
     parts.append(("free_bytes", GPU_PART_LABELS["free_bytes"], max(total_bytes - used, 0)))
     return [p for p in parts if p[2] > 0]
+
+
+#: The budget as an estimator splits it: what it holds back besides the KV cache (its CUDA-graph
+#: estimate apart) and the KV cache it gives. The run page draws one thin bar per estimator under
+#: the whole GPU, on the same scale.
+BUDGET_PART_LABELS = {
+    "non_kv_bytes": "non-KV besides graphs",
+    "graph_bytes": "CUDA graphs",
+    "kv_cache_bytes": "KV cache",
+}
+#: The estimators whose split the run page shows, and how it names them.
+SPLIT_ESTIMATORS = {"vllm": "vLLM's estimate", "memest": "memest's estimate"}
+#: Estimators whose ``non_kv_cache_bytes`` already hold their graph estimate (memest's terms do;
+#: vLLM's non-KV figure leaves the graph estimate out and subtracts it on its own).
+_GRAPHS_IN_NON_KV = frozenset({"memest"})
+
+
+@dataclass(frozen=True)
+class BudgetSplit:
+    """One estimator's split of the budget: ``parts`` (key, label, bytes) add up to what it
+    requests, the KV cache last (it is the budget minus the rest, so they fill the budget
+    unless the rest alone passes it)."""
+
+    estimator: str
+    label: str
+    parts: list[tuple[str, str, int]]
+    kv_tokens: int | None
+    usage_minus_budget_bytes: int | None
+
+
+def budget_split(accounting: StartAccounting, estimator: str) -> BudgetSplit | None:
+    """How ``estimator`` splits the budget, or None when its record lacks a figure."""
+    rec = accounting.estimator(estimator)
+    if rec is None or estimator not in SPLIT_ESTIMATORS:
+        return None
+    non_kv, graphs, kv = rec.non_kv_cache_bytes, rec.cudagraph_estimate_bytes, rec.kv_cache_bytes
+    if non_kv is None or graphs is None or kv is None:
+        return None
+    if estimator in _GRAPHS_IN_NON_KV:
+        non_kv -= graphs
+    values = {"non_kv_bytes": non_kv, "graph_bytes": graphs, "kv_cache_bytes": kv}
+    return BudgetSplit(
+        estimator=estimator,
+        label=SPLIT_ESTIMATORS[estimator],
+        parts=[(key, BUDGET_PART_LABELS[key], value) for key, value in values.items()],
+        kv_tokens=rec.kv_tokens,
+        usage_minus_budget_bytes=rec.usage_minus_budget_bytes,
+    )
+
+
+def budget_splits(accounting: StartAccounting) -> list[BudgetSplit]:
+    """vLLM's and memest's split of the budget (those with every figure), in that order."""
+    splits = (budget_split(accounting, name) for name in SPLIT_ESTIMATORS)
+    return [s for s in splits if s is not None]

@@ -15,6 +15,7 @@ from html import escape
 from pathlib import Path
 
 from memest.analysis.stages import StageBar
+from memest.estimate import BudgetSplit
 from memest.reporters.owners import owner_color, owner_label
 from memest.reporters.views import Comparison, History
 from memest.units import GiB, fmt_gib
@@ -260,13 +261,17 @@ def series_svg(
     raw: Sequence[int | None],
     series: Sequence[int] = (),
     zero: bool = False,
+    titles: Sequence[str] = (),
 ) -> str:
     """A history metric: one line per configuration (``series``); regressions are red rings.
 
-    Ticks fall on nice steps of the unit; ``zero`` keeps 0 on the axis (signed figures).
+    Ticks fall on nice steps of the unit; ``zero`` keeps 0 on the axis (signed figures);
+    ``titles`` (default: the labels) are the points' tooltips.
     """
-    width, height, left, right, top, bottom = 440, 300, 84, 14, 34, 112
-    plot_w, plot_h = width - left - right, height - top - bottom
+    # Room under the axis for the rotated x labels (short labels such as #3 need little).
+    bottom = min(112, 36 + 6 * max((len(label) for label in labels), default=0))
+    width, left, right, top, plot_h = 440, 84, 14, 34, 154
+    height, plot_w = top + plot_h + bottom, width - left - right
     groups = list(series) if series else [0] * len(values)
     axis = _axis([v for v in values if v is not None], top, plot_h, zero)
     step = axis.ticks[1] - axis.ticks[0]
@@ -296,13 +301,15 @@ def series_svg(
                 f'<polyline points="{" ".join(pts)}" fill="none" stroke="{series_color(g)}" '
                 'stroke-width="2"/>'
             )
-    out += _history_points(labels, values, bad, raw, groups, xs, axis, top + plot_h)
+    names = list(titles) if titles else list(labels)
+    out += _history_points(labels, names, values, bad, raw, groups, xs, axis, top + plot_h)
     out.append("</svg>")
     return "".join(out)
 
 
 def _history_points(
     labels: Sequence[str],
+    titles: Sequence[str],
     values: Sequence[float | None],
     bad: Sequence[bool],
     raw: Sequence[int | None],
@@ -321,7 +328,7 @@ def _history_points(
             out.append(
                 f'<text x="{x:.1f}" y="{ly:.1f}" text-anchor="end" font-size="10" '
                 f'transform="rotate(-40 {x:.1f} {ly:.1f})">{escape(_short(labels[i], 20))}'
-                f"<title>{escape(labels[i])}</title></text>"
+                f"<title>{escape(titles[i])}</title></text>"
             )
         if val is None:
             continue
@@ -330,17 +337,19 @@ def _history_points(
         out.append(
             f'<circle class="point{" regression" if bad[i] else ""}" cx="{x:.1f}" '
             f'cy="{axis.y(val):.1f}" r="{6 if bad[i] else 4}" fill="{color}"{ring} '
-            f'data-value="{raw[i]}"><title>{escape(labels[i])}: {val:,.3f}</title></circle>'
+            f'data-value="{raw[i]}"><title>{escape(titles[i])}: {val:,.3f}</title></circle>'
         )
     return out
 
 
 def history_labels(hist: History) -> list[str]:
-    """x labels: the build when every run has its own, else the run id."""
+    """x labels: the build when every run has its own and it is short, else the run's number on
+    the page (#1 oldest; the history table numbers its rows the same way). Each point's run id
+    is its tooltip."""
     builds = [p.build for p in hist.points]
-    if all(builds) and len(set(builds)) == len(builds):
+    if all(builds) and len(set(builds)) == len(builds) and max(map(len, builds)) <= 16:
         return builds
-    return [p.run_id for p in hist.points]
+    return [f"#{i}" for i in range(1, len(hist.points) + 1)]
 
 
 def history_svgs(hist: History) -> dict[str, str]:
@@ -366,6 +375,7 @@ def history_svgs(hist: History) -> dict[str, str]:
             raw=raw,
             series=groups,
             zero=zero,
+            titles=[p.run_id for p in hist.points],
         )
 
     def gib(v: int) -> float:
@@ -488,22 +498,67 @@ def _part_colors(parts: Sequence[tuple[str, str, int]]) -> list[str]:
     ]
 
 
+_SPLIT_COLORS = {"non_kv_bytes": "#90a4ae", "graph_bytes": "#e91e63", "kv_cache_bytes": "#81c784"}
+
+
+def _split_rows(
+    splits: Sequence[BudgetSplit], top: float, left: int, scale: float, sized_by: str | None
+) -> list[str]:
+    """One thin bar per estimator under the whole GPU, on its scale: what it holds back besides
+    the KV cache, its graph estimate and the KV cache it gives (they end at the budget), with
+    the figures in a caption above it."""
+    out = []
+    for i, split in enumerate(splits):
+        y = top + i * _SPLIT_ROW_H
+        figures = " · ".join(f"{label} {fmt_gib(b)}" for _, label, b in split.parts)
+        tokens = f" ({split.kv_tokens:,} tokens)" if split.kv_tokens is not None else ""
+        error = split.usage_minus_budget_bytes
+        after = "" if error is None else f" → usage − budget {fmt_gib(error, signed=True)} GiB"
+        sized = " (sized this start)" if split.estimator == sized_by else ""
+        out.append(
+            f'<g class="budget-split" data-estimator="{escape(split.estimator)}">'
+            f'<text x="{left}" y="{y:.1f}" font-size="11"><tspan font-weight="bold">'
+            f"{escape(split.label)}{sized}:</tspan> {escape(figures)} GiB{tokens}"
+            f"{escape(after)}</text>"
+        )
+        x = float(left)
+        for key, label, nbytes in split.parts:
+            w = max(nbytes, 0) * scale
+            out.append(
+                f'<rect class="budget-part" x="{x:.2f}" y="{y + 5:.1f}" width="{w:.2f}" '
+                f'height="{_SPLIT_BAR_H}" fill="{_SPLIT_COLORS[key]}" stroke="#fff" '
+                f'stroke-width="0.5" data-split="{escape(key)}" data-bytes="{nbytes}">'
+                f"<title>{escape(split.label)}: {escape(label)} {fmt_gib(nbytes)} GiB</title></rect>"
+            )
+            x += w
+        out.append("</g>")
+    return out
+
+
+_SPLIT_ROW_H, _SPLIT_BAR_H = 36, 12
+
+
 def whole_gpu_svg(
     parts: Sequence[tuple[str, str, int]],
     *,
     total_bytes: int,
     budget_bytes: int | None,
     usage_bytes: int | None,
+    splits: Sequence[BudgetSplit] = (),
+    sized_by: str | None = None,
     title: str = "Where the whole GPU went",
 ) -> str:
-    """One horizontal bar from 0 to the GPU's total: every part, the budget line, the usage mark.
+    """One horizontal bar from 0 to the GPU's total: every part, the budget line, the usage mark;
+    under it, on the same scale, one thin bar per estimator's split of the budget
+    (memest.estimate.budget_splits), so vLLM's estimate stands beside memest's.
 
     ``parts`` is memest.estimate.gpu_parts (key, label, bytes); the legend lists every part with
     its GiB, so small parts stay readable where their slice is thin.
     """
     width, left, right, bar_y, bar_h = 1100, 20, 20, 52, 46
     plot_w = width - left - right
-    legend_top = bar_y + bar_h + 40
+    split_top = bar_y + bar_h + 46
+    legend_top = split_top + len(splits) * _SPLIT_ROW_H + (14 if splits else -6)
     rows = (len(parts) + 2) // 3
     height = legend_top + rows * 20 + 10
     scale = plot_w / max(total_bytes, 1)
@@ -525,6 +580,30 @@ def whole_gpu_svg(
             f'data-bytes="{nbytes}"><title>{escape(label)}: {fmt_gib(nbytes)} GiB</title></rect>'
         )
         x += w
+    out += _split_rows(splits, split_top, left, scale, sized_by)
+    out += _marks(budget_bytes, usage_bytes, left, scale, bar_y, bar_h)
+    for i, ((_, label, nbytes), color) in enumerate(zip(parts, colors, strict=True)):
+        lx = left + (i % 3) * (plot_w / 3)
+        ly = legend_top + (i // 3) * 20
+        out.append(
+            f'<rect x="{lx:.1f}" y="{ly - 10}" width="12" height="12" fill="{color}" '
+            f'stroke="#999" stroke-width="0.5"/>'
+            f'<text x="{lx + 18:.1f}" y="{ly}">{escape(label)} · {fmt_gib(nbytes)} GiB</text>'
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _marks(
+    budget_bytes: int | None,
+    usage_bytes: int | None,
+    left: int,
+    scale: float,
+    bar_y: int,
+    bar_h: int,
+) -> list[str]:
+    """The budget line and the usage mark."""
+    out = []
     for mark, value, dash in (("budget", budget_bytes, ""), ("usage", usage_bytes, "4 3")):
         if value is None:
             continue
@@ -536,13 +615,4 @@ def whole_gpu_svg(
             f'<text x="{mx:.1f}" y="{bar_y - 14 if mark == "budget" else bar_y + bar_h + 24}" '
             f'text-anchor="middle">{mark} {fmt_gib(value)}</text>'
         )
-    for i, ((_, label, nbytes), color) in enumerate(zip(parts, colors, strict=True)):
-        lx = left + (i % 3) * (plot_w / 3)
-        ly = legend_top + (i // 3) * 20
-        out.append(
-            f'<rect x="{lx:.1f}" y="{ly - 10}" width="12" height="12" fill="{color}" '
-            f'stroke="#999" stroke-width="0.5"/>'
-            f'<text x="{lx + 18:.1f}" y="{ly}">{escape(label)} · {fmt_gib(nbytes)} GiB</text>'
-        )
-    out.append("</svg>")
-    return "".join(out)
+    return out

@@ -15,7 +15,11 @@ from pydantic import BaseModel, Field
 from memest.analysis.ranks import capture_stages
 from memest.analysis.stages import stage_bars
 from memest.estimate import account
-from memest.identity import config_fingerprint, public_model_name, with_default_label
+from memest.identity import (
+    config_fingerprint,
+    model_display_name,
+    with_default_label,
+)
 from memest.reporters.owners import owner_key, owner_label
 from memest.schema import PhaseRecord, RunConfig, RunReport, StartAccounting
 from memest.schema.breakdown import PhaseSplit
@@ -285,7 +289,7 @@ def run_ref(report: RunReport) -> RunRef:
     return RunRef(
         run_id=report.run_id,
         model=report.model,
-        model_name=public_model_name(None, report.model),
+        model_name=model_display_name(report.model),
         build=build_label(report),
         commit=report.build.vllm_commit,
         source=report.source,
@@ -587,8 +591,8 @@ def history(model: str, reports: Sequence[RunReport]) -> History:
 
 
 def model_name(model: str) -> str:
-    """The model as users know it (a local folder shows as its name)."""
-    return public_model_name(None, model)
+    """The model as users know it (a local folder shows as its name): identity's one rule."""
+    return model_display_name(model)
 
 
 class PhaseRow(BaseModel):

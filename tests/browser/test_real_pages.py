@@ -31,7 +31,7 @@ STARTS = [
     DATA / "starts" / "call3.A_llama8b_s128_t4096.enable.report.rank0.json",
     *sorted((DATA / "reports").glob("*.json")),
 ]
-MODEL = "/work/main/.vllm_h200/models/llama8b"
+MODEL = "llama8b"  # stored under its folder name; the reports carry the local path
 A = "A_llama8b_s128_t4096.enable"
 D = "D_llama8b_s128_t4096_u070.apply"
 E = "E_llama8b_eagle3k5_s96_t4096_u088.apply"
@@ -84,6 +84,55 @@ def _run_url(base: str, run: str) -> str:
     return f"{base}/models/{quote(MODEL, safe='')}?run={quote(run)}"
 
 
+def _check_budget_splits(page: Any, accounting: dict[str, Any], sized_by: str) -> None:
+    """vLLM's and memest's split of the budget under the whole GPU: each from its estimator
+    record, each filling the budget, on the whole GPU's scale (the KV part ends at the budget
+    line), the estimator that sized the start named."""
+    records = {r["estimator"]: r for r in accounting["estimators"]}
+    vllm, memest = records["vllm"], records["memest"]
+    expected = {
+        "vllm": {
+            "non_kv_bytes": vllm["non_kv_cache_bytes"],
+            "graph_bytes": vllm["cudagraph_estimate_bytes"],
+            "kv_cache_bytes": vllm["kv_cache_bytes"],
+        },
+        # memest's non-KV figure holds its graph pools; the bar shows them apart.
+        "memest": {
+            "non_kv_bytes": memest["non_kv_cache_bytes"] - memest["cudagraph_estimate_bytes"],
+            "graph_bytes": memest["cudagraph_estimate_bytes"],
+            "kv_cache_bytes": memest["kv_cache_bytes"],
+        },
+    }
+    shown = page.eval_on_selector_all(
+        "#whole-gpu-plot g.budget-split",
+        "gs => gs.map(g => [g.dataset.estimator, [...g.querySelectorAll('rect.budget-part')]"
+        ".map(r => [r.dataset.split, +r.dataset.bytes, r.getBoundingClientRect().right]),"
+        " g.querySelector('text').textContent])",
+    )
+    assert [s[0] for s in shown] == ["vllm", "memest"]
+    budget_x = page.eval_on_selector(
+        "#whole-gpu-plot line.gpu-budget", "e => e.getBoundingClientRect().left + 1"
+    )
+    for name, parts, caption in shown:
+        assert {k: b for k, b, _ in parts} == expected[name]
+        assert sum(b for _, b, _ in parts) == accounting["budget_bytes"]
+        assert abs(parts[-1][2] - budget_x) < 2  # the KV part ends on the budget line
+        assert f"KV cache {fmt_gib(expected[name]['kv_cache_bytes'])}" in caption
+        assert f"({records[name]['kv_tokens']:,} tokens)" in caption
+        assert ("(sized this start)" in caption) == (name == sized_by)
+
+
+def _check_tables_pair(page: Any) -> None:
+    """The stage x owner table and the capture plan side by side, owner labels on one line."""
+    left = page.eval_on_selector("#stage-owner", "e => e.getBoundingClientRect()")
+    right = page.eval_on_selector("#graph-counts", "e => e.getBoundingClientRect()")
+    assert right["left"] >= left["right"] and abs(right["top"] - left["top"]) < 2
+    heights = page.eval_on_selector_all(
+        "#stage-owner .owner-label", "els => els.map(e => e.getClientRects().length)"
+    )
+    assert heights and all(n == 1 for n in heights)
+
+
 def test_run_page_of_a_real_start(wide: Any, real_server: str) -> None:
     wide.goto(_run_url(real_server, A))
     detail = _api(real_server, f"/api/v1/runs/{A}")
@@ -102,6 +151,7 @@ def test_run_page_of_a_real_start(wide: Any, real_server: str) -> None:
     )
     assert dict(parts)["kv_cache_bytes"] == facts["kv_cache_bytes"]
     assert sum(b for _, b in parts) == json.loads(STARTS[0].read_text())["gpu"]["total_bytes"]
+    _check_budget_splits(wide, detail["accounting"], sized_by="vllm")
 
     # Stage x owner: the API's segments, drawn across the page, owners named by what they are.
     segs = wide.eval_on_selector_all(
@@ -117,6 +167,7 @@ def test_run_page_of_a_real_start(wide: Any, real_server: str) -> None:
         "#stage-owner-plot g.legend-entry text", "els => els.map(e => e.firstChild.textContent)"
     )
     assert legend and all(".py" not in t for t in legend)
+    _check_tables_pair(wide)
     assert legend[0].startswith("compiled code (Inductor call; owner not named) · 0.061 GiB")
     chart = wide.eval_on_selector("#stage-owner-plot svg", "e => e.getBoundingClientRect().width")
     assert chart >= 1000
@@ -156,6 +207,8 @@ def test_apply_mode_run_page_has_no_vllm_usage_card(wide: Any, real_server: str)
         "#stage-owner-plot g.legend-entry rect", "els => els.map(e => e.getAttribute('fill'))"
     )
     assert len(set(colors)) == len(colors)
+    _check_budget_splits(wide, _api(real_server, f"/api/v1/runs/{E}")["accounting"], "memest")
+    _check_tables_pair(wide)
     _shot(wide, "run-llama8b-eagle3k5-apply")
 
 
@@ -217,8 +270,28 @@ def test_history_compares_within_one_configuration(wide: Any, real_server: str) 
         ]
         for p in hist["points"]
     ]
-    changed = wide.locator(f'#history tr[data-run="{D}"] .changed').inner_text()
-    assert "gpu_memory_utilization 0.85 → 0.7" in changed
+    # What changed from the run before: field names in one line, values when opened.
+    changed = wide.locator(f'#history tr[data-run="{D}"] details.changed')
+    assert "gpu_memory_utilization" in changed.locator("summary").inner_text()
+    changed.locator("summary").click()
+    assert "gpu_memory_utilization 0.85 → 0.7" in changed.inner_text()
+    # Compared with: the run numbers the table and the chart's x axis share.
+    numbers = {p["run_id"]: i for i, p in enumerate(hist["points"], start=1)}
+    for p in hist["points"]:
+        cell = wide.inner_text(f'#history tr[data-run="{p["run_id"]}"] td.compared')
+        base = p["compared_with"]
+        expected = (
+            f"#{numbers[base]} → #{numbers[p['run_id']]}" if base else "first of its configuration"
+        )
+        assert cell == expected
+        assert wide.inner_text(f'#history tr[data-run="{p["run_id"]}"] td.run-number') == str(
+            numbers[p["run_id"]]
+        )
+    x_labels = wide.eval_on_selector_all(
+        'svg[data-metric="kv_tokens"] text[transform]',
+        "els => els.map(e => [e.firstChild.textContent, e.querySelector('title').textContent])",
+    )
+    assert x_labels == [[f"#{n}", run] for run, n in numbers.items()]
     # Ticks on nice steps, every x label inside its chart.
     for metric in ("kv_tokens", "graph_pool_bytes", "estimator_error_bytes"):
         svg = f'svg[data-metric="{metric}"]'
@@ -244,3 +317,24 @@ def test_history_compares_within_one_configuration(wide: Any, real_server: str) 
     )
     assert all(re.fullmatch(r"\d+k", t) for t in kv_ticks), kv_ticks
     _shot(wide, "history-llama8b")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/models/llama8b?run=" + A,
+        "/models/llama8b?run=" + E,
+        "/models/deepseek-ai%2FDeepSeek-V4-Flash-DSpark",
+        f"/compare?a={A}&b={D}",
+        f"/compare?a={A}&b={E}",
+        "/history/llama8b",
+        "/history/nvidia%2FMiniMax-M3-NVFP4",
+        "/",
+    ],
+)
+def test_pages_fit_1400_px(wide: Any, real_server: str, path: str) -> None:
+    wide.goto(real_server + path)
+    for details in wide.locator("details").all():  # opened notes and changes must fit too
+        details.evaluate("e => { e.open = true; }")
+    width = wide.evaluate("document.documentElement.scrollWidth")
+    assert width <= WIDTH, f"{path} is {width} px wide"

@@ -8,6 +8,7 @@ from memest.identity import (
     FINGERPRINT_HEX_CHARS,
     build_label,
     config_fingerprint,
+    model_display_name,
     public_model_name,
     with_default_label,
 )
@@ -53,3 +54,17 @@ def test_fingerprint_groups_launches_of_the_same_setup() -> None:
         RunConfig(**{**base, "cudagraph_capture_sizes": [1, 2]}),
     ]
     assert len({a, *(config_fingerprint(c) for c in changed)}) == 4
+
+
+@pytest.mark.parametrize(
+    ("model", "shown"),
+    [
+        ("/work/main/.vllm_h200/models/llama8b", "llama8b"),
+        ("/srv/weights/Qwen3-8B/", "Qwen3-8B"),
+        ("/root/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/0a1b", "Qwen/Qwen3-8B"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"),
+        ("my-llama", "my-llama"),
+    ],
+)
+def test_model_display_name_keeps_ids_and_names_folders(model: str, shown: str) -> None:
+    assert model_display_name(model) == shown

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from importlib import resources
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -11,11 +12,12 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from jinja2 import pass_context
+from markupsafe import Markup, escape
 
 from memest.analysis.ranks import rank_check
 from memest.analysis.stages import stage_bars
 from memest.errors import MemestError
-from memest.estimate import account, gpu_parts
+from memest.estimate import account, budget_splits, gpu_parts
 from memest.estimate.phases import total_bytes
 from memest.reporters import plots
 from memest.reporters.owners import owner_label
@@ -52,7 +54,17 @@ def _sgib(value: int | None) -> str:
     return gib_cell(value, signed=True)
 
 
+_BREAK_AFTER = re.compile(r"([_.+/-])")
+
+
+def _wbr(text: object) -> Markup:
+    """``text`` escaped, with a line-break opportunity after each _ . + / - (run ids and build
+    labels wrap at their parts, never inside a word, and copy as they are)."""
+    return Markup(_BREAK_AFTER.sub(r"\1<wbr>", str(escape(text))))
+
+
 templates.env.filters.update(
+    wbr=_wbr,
     gib=_gib,
     sgib=_sgib,
     count=count_cell,
@@ -129,6 +141,7 @@ def model_page(
     all_ranks = [cache.get(r) for r in rows]
     rep = all_ranks[0]
     accounting = account(rep)
+    facts = run_facts(rep)
     bd = rep.breakdown
     bars = stage_bars(rep)
     peaks = [r for r in bd.live_peaks if r.peak_bytes >= SHOWN_MIN_BYTES] if bd else []
@@ -151,20 +164,21 @@ def model_page(
         hidden_rows=(len(bd.live_peaks) + len(bd.retained)) if bd else 0,
         bars=bars,
         runners=runner_counts(rep),
-        facts=run_facts(rep),
+        facts=facts,
         accounting=accounting,
         phases=phase_rows(bd.phases, rep.phases) if bd else [],
         negative_note=NEGATIVE_NOTE,
         notes=notes(rep),
-        gpu_svg=_whole_gpu(rep, accounting),
+        gpu_svg=_whole_gpu(rep, accounting, facts.kv_sized_by),
         svg=plots.stage_owner_svg(bars, "Graph-pool growth by capture stage and owner")
         if bars
         else None,
     )
 
 
-def _whole_gpu(report: RunReport, accounting: StartAccounting) -> str | None:
-    """The whole-GPU bar of a run, or None when its accounting has no terms."""
+def _whole_gpu(report: RunReport, accounting: StartAccounting, sized_by: str | None) -> str | None:
+    """The whole-GPU bar of a run with vLLM's and memest's split of the budget under it, or None
+    when its accounting has no terms."""
     try:
         total = total_bytes(report)
     except MemestError:
@@ -177,6 +191,8 @@ def _whole_gpu(report: RunReport, accounting: StartAccounting) -> str | None:
         total_bytes=total,
         budget_bytes=accounting.budget_bytes,
         usage_bytes=accounting.usage_bytes,
+        splits=budget_splits(accounting),
+        sized_by=sized_by,
     )
 
 
@@ -239,7 +255,9 @@ def history_page(
         "history.html",
         title=f"{model_name(model)} history · memest",
         model=model,
+        original_model=reports[-1].config.model if reports else model,
         hist=hist,
+        numbers={p.run_id: i for i, p in enumerate(hist.points, start=1)},
         svgs=plots.history_svgs(hist),
     )
 

@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from memest.cli import main
+from memest.identity import model_display_name
 from tests.integration.service.conftest import AUTH, MakeClient
 
 REPORTS = sorted((Path(__file__).parents[2] / "data" / "reports").glob("*.json"))
@@ -115,7 +116,8 @@ def test_every_surface_shows_the_same_figures(
         assert {f: cli[f] for f in FIGURES} == {f: api[f] for f in FIGURES}
         assert cli["estimators"] == api["estimators"]
 
-    page = client.get(f"/models/{quote(report['model'], safe='')}").text
+    model = model_display_name(report["model"])  # a local path is stored under its folder name
+    page = client.get(f"/models/{quote(model, safe='')}").text
     for figure, (attribute, text) in _page_figures(page).items():
         assert attribute == ("None" if api[figure] is None else str(api[figure])), figure
         assert text == _shown(figure, api[figure]), figure
@@ -123,7 +125,7 @@ def test_every_surface_shows_the_same_figures(
         assert "Measured by an older definition" in page
     _check_whole_gpu(page, api, report)
 
-    labels = (("build", report["build"]["label"]), ("model", report["model"]))
+    labels = (("build", report["build"]["label"]), ("model", model))
     samples = _metric_samples(client.get("/metrics").text)
     for figure, name in SERIES.items():
         assert samples.get((name, labels)) == api[figure], figure

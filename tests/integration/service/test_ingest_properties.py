@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memest.demo import demo_report
+from memest.identity import model_display_name
 from memest.schema import RunReport
 from tests.integration.service.conftest import AUTH, MakeClient
 
@@ -84,6 +85,12 @@ def test_valid_reports_round_trip_or_get_named_4xx(make_client: MakeClient) -> N
         sent = RunReport.model_validate(data)
         if sent.created_at.tzinfo is None:  # documented: a created_at without offset is UTC
             sent = sent.model_copy(update={"created_at": sent.created_at.replace(tzinfo=UTC)})
+        shown = model_display_name(sent.model)
+        if shown != sent.model:  # documented: a path-like model is stored under its last part
+            notes = sent.notes
+            if sent.config.model != sent.model:
+                notes = [*notes, f"model as reported: {sent.model}"]
+            sent = sent.model_copy(update={"model": shown, "notes": notes})
         assert RunReport.model_validate(stored.json()) == sent
         run = client.get(f"/api/v1/runs/{data['run_id']}")
         assert run.status_code == 200, run.text

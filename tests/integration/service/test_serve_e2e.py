@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from memest.identity import model_display_name
+
 pytest.importorskip("fastapi")
 
 REPO = Path(__file__).resolve().parents[3]
@@ -112,11 +114,13 @@ def test_push_with_the_printed_token_then_read_it_back(
     status, body = _get(f"{url}/api/v1/reports/{sent['report_id']}")
     stored = json.loads(body)
     assert status == 200
+    # A local path is stored under its folder name; the original stays in config.model.
     assert (stored["run_id"], stored["rank"], stored["model"]) == (
         sent["run_id"],
         sent["rank"],
-        sent["model"],
+        model_display_name(sent["model"]),
     )
+    assert stored["config"]["model"] == sent["config"]["model"]
     status, body = _get(f"{url}/api/v1/runs/{sent['run_id']}")
     assert status == 200 and json.loads(body)["run"]["ranks"] == [sent["rank"]]
     status, _ = _get(f"{url}/metrics")

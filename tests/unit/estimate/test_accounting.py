@@ -7,6 +7,7 @@ from pathlib import Path
 
 from memest.demo import demo_reports
 from memest.estimate import account, compare
+from memest.estimate.accounting import budget_split, budget_splits
 from memest.schema import RunReport
 
 DATA = Path(__file__).parents[2] / "data" / "reports"
@@ -66,3 +67,48 @@ def test_a_shrinking_stored_pool_is_shown_not_refused() -> None:
     )
     acc = account(published.model_copy(update={"breakdown": bd}))
     assert acc.definition == "stored" and acc.graph_pool_bytes == -1
+
+
+def test_budget_splits_fill_the_budget_with_each_estimators_figures() -> None:
+    acc = account(_report(EAGLE3_K5))
+    splits = {s.estimator: s for s in budget_splits(acc)}
+    assert list(splits) == ["vllm", "memest"]
+    terms = acc.terms
+    assert terms is not None
+    memest = dict((k, b) for k, _, b in splits["memest"].parts)
+    # memest holds back its full-initialization terms, its graph pools apart from the rest.
+    assert memest["graph_bytes"] == terms.graph_pool_bytes == acc.graph_pool_bytes
+    assert memest["non_kv_bytes"] == (
+        terms.baseline_torch_bytes
+        + terms.weights_bytes
+        + terms.profile_peak_activation_bytes
+        + terms.outside_torch_bytes
+        + terms.runner_buffer_bytes
+        + terms.profiling_residue_bytes
+        + terms.margin_bytes
+    )
+    vllm = dict((k, b) for k, _, b in splits["vllm"].parts)
+    figures = _report(EAGLE3_K5).vllm
+    assert figures is not None and vllm["non_kv_bytes"] == figures.non_kv_cache_memory_bytes
+    for split in splits.values():
+        assert [k for k, _, _ in split.parts] == ["non_kv_bytes", "graph_bytes", "kv_cache_bytes"]
+        assert sum(b for _, _, b in split.parts) == acc.budget_bytes
+        record = acc.estimator(split.estimator)
+        assert record is not None and split.kv_tokens == record.kv_tokens
+        assert split.usage_minus_budget_bytes == record.usage_minus_budget_bytes
+
+
+def test_no_budget_split_for_an_estimator_without_its_figures() -> None:
+    acc = account(_report(EAGLE3_K5))
+    vllm = acc.estimator("vllm")
+    assert vllm is not None
+    bare = acc.model_copy(
+        update={
+            "estimators": [
+                vllm.model_copy(update={"non_kv_cache_bytes": None}),
+                *(r for r in acc.estimators if r.estimator != "vllm"),
+            ]
+        }
+    )
+    assert [s.estimator for s in budget_splits(bare)] == ["memest"]
+    assert budget_split(acc, "measured") is None  # the start itself is the whole-GPU bar
