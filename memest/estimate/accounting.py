@@ -14,7 +14,13 @@ from memest.errors import MemestError
 from memest.estimate.compare import compare
 from memest.estimate.phases import graph_pool_by_stage, terms_components
 from memest.estimate.startup_plan import graph_profiling_kept
-from memest.schema import EstimateComparison, EstimateRecord, RunReport, StartAccounting
+from memest.schema import (
+    EstimateComparison,
+    EstimateRecord,
+    RunReport,
+    StartAccounting,
+    VllmFigures,
+)
 
 #: Order of the estimator records in an accounting (and on every surface).
 ESTIMATOR_ORDER = ("vllm", "memest", "memest-plan", "published", "measured")
@@ -95,9 +101,20 @@ def _current(report: RunReport, comparison: EstimateComparison) -> StartAccounti
         capture_added_bytes=_capture_added(report),
         terms=terms,
         estimators=_first_per_estimator(comparison.records + plan),
-        vllm_cudagraph_estimate_bytes=figures.cudagraph_estimate_bytes if figures else None,
+        vllm_cudagraph_estimate_bytes=_vllm_graph_estimate(comparison.records, figures),
+        vllm_cudagraph_logged_bytes=figures.cudagraph_estimate_bytes if figures else None,
         vllm_cudagraph_actual_bytes=figures.cudagraph_actual_bytes if figures else None,
     )
+
+
+def _vllm_graph_estimate(records: list[EstimateRecord], figures: VllmFigures | None) -> int | None:
+    """vLLM's graph estimate as the vllm estimator record has it (vLLM's rule applied to the graph
+    profile this start recorded), else as vLLM logged it. In apply and plan starts vLLM profiles
+    under memest's budget, so its logged figure can differ from what its rule gives alone."""
+    rec = next((r for r in records if r.estimator == "vllm"), None)
+    if rec is not None and rec.cudagraph_estimate_bytes is not None:
+        return rec.cudagraph_estimate_bytes
+    return figures.cudagraph_estimate_bytes if figures else None
 
 
 def _stored_graph_pool(report: RunReport) -> tuple[int | None, dict[str, int]]:
@@ -139,7 +156,8 @@ def _stored(report: RunReport, reason: str) -> StartAccounting:
         graph_pool_by_stage_bytes=by_stage,
         capture_added_bytes=_capture_added(report),
         estimators=records,
-        vllm_cudagraph_estimate_bytes=figures.cudagraph_estimate_bytes if figures else None,
+        vllm_cudagraph_estimate_bytes=_vllm_graph_estimate(records, figures),
+        vllm_cudagraph_logged_bytes=figures.cudagraph_estimate_bytes if figures else None,
         vllm_cudagraph_actual_bytes=figures.cudagraph_actual_bytes if figures else None,
     )
 

@@ -57,7 +57,14 @@ class RunFacts(BaseModel):
     max_concurrency: float | None = None
     graph_pool_bytes: int | None = None
     total_added_bytes: int | None = None
-    cudagraph_estimate_bytes: int | None = None
+    cudagraph_estimate_bytes: int | None = Field(
+        default=None, description="vLLM's graph estimate (the vllm estimator record's figure)"
+    )
+    cudagraph_logged_bytes: int | None = Field(
+        default=None,
+        description="What vLLM logged as its graph estimate in this start, when that differs "
+        "(apply and plan starts profile under memest's budget)",
+    )
     usage_kind: str | None = None
     usage_minus_budget_bytes: int | None = Field(
         default=None, description="This start: usage minus budget (positive = over budget)"
@@ -124,6 +131,11 @@ def run_facts(report: RunReport) -> RunFacts:
         graph_pool_bytes=acc.graph_pool_bytes,
         total_added_bytes=acc.capture_added_bytes,
         cudagraph_estimate_bytes=acc.vllm_cudagraph_estimate_bytes,
+        cudagraph_logged_bytes=(
+            acc.vllm_cudagraph_logged_bytes
+            if acc.vllm_cudagraph_logged_bytes != acc.vllm_cudagraph_estimate_bytes
+            else None
+        ),
         usage_kind=acc.usage_kind,
         usage_minus_budget_bytes=acc.usage_minus_budget_bytes,
         estimator_error_bytes=_error(acc, "vllm"),

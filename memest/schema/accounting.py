@@ -68,7 +68,12 @@ class StartAccounting(MemestModel):
         "budget each gives and the usage minus budget this start would have had with it",
     )
     vllm_cudagraph_estimate_bytes: int | None = Field(
-        default=None, description="vLLM's graph-memory estimate, as vLLM logged it"
+        default=None,
+        description="vLLM's graph-memory estimate: the vllm estimator record's (vLLM's rule on "
+        "the graph profile this start recorded), else as vLLM logged it",
+    )
+    vllm_cudagraph_logged_bytes: int | None = Field(
+        default=None, description="vLLM's graph-memory estimate as vLLM logged it in this start"
     )
     vllm_cudagraph_actual_bytes: int | None = Field(
         default=None, description="vLLM's 'actual' graph memory (free-memory delta of capture)"

@@ -124,6 +124,7 @@ def test_every_surface_shows_the_same_figures(
     if api["definition"] == "stored":
         assert "Measured by an older definition" in page
     _check_whole_gpu(page, api, report)
+    _check_graph_estimate(page, api, report)
 
     labels = (("build", report["build"]["label"]), ("model", model))
     samples = _metric_samples(client.get("/metrics").text)
@@ -149,6 +150,24 @@ def test_every_surface_shows_the_same_figures(
         in markdown
     )
     assert f"| KV capacity, tokens | {_shown('kv_tokens', api['kv_tokens'])} |" in markdown
+
+
+def _check_graph_estimate(page: str, api: dict[str, Any], report: dict[str, Any]) -> None:
+    """The card's vLLM graph estimate is the one the estimates table uses (the vllm record's);
+    what vLLM logged in the start is shown beside it only when it differs."""
+    card = re.search(r'id="fact-cg-estimate" data-bytes="([^"]+)"', page)
+    assert card is not None
+    vllm = next((r for r in api["estimators"] if r["estimator"] == "vllm"), None)
+    logged = (report.get("vllm") or {}).get("cudagraph_estimate_bytes")
+    expected = (
+        vllm["cudagraph_estimate_bytes"] if vllm and vllm["cudagraph_estimate_bytes"] else logged
+    )
+    assert card.group(1) == str(expected)
+    shown_logged = re.search(r'id="fact-cg-logged" data-bytes="(\d+)"', page)
+    if logged is not None and logged != expected:
+        assert shown_logged is not None and int(shown_logged.group(1)) == logged
+    else:
+        assert shown_logged is None
 
 
 def _check_whole_gpu(page: str, api: dict[str, Any], report: dict[str, Any]) -> None:
