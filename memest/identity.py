@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import PurePosixPath
 
-from memest.schema import BuildInfo, RunConfig
+from memest.schema import BuildInfo, RunConfig, RunReport
 
 _HF_CACHE_DIR = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)(?:/|$)")
 FINGERPRINT_HEX_CHARS = 16
@@ -82,3 +82,16 @@ def with_default_label(build: BuildInfo) -> BuildInfo:
     if build.label:
         return build
     return build.model_copy(update={"label": build_label(build.vllm_version, build.memest_version)})
+
+
+def with_display_model(report: RunReport) -> RunReport:
+    """``report`` stored under its model's display name (memest.identity.model_display_name): a
+    local path becomes the folder's name or the Hugging Face id. The original name stays in the
+    stored report: in ``config.model`` (vLLM's model argument), else in a note."""
+    name = model_display_name(report.model)
+    if name == report.model:
+        return report
+    notes = report.notes
+    if report.config.model != report.model:
+        notes = [*notes, f"model as reported: {report.model}"]
+    return report.model_copy(update={"model": name, "notes": notes})

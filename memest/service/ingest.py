@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Request
 from pydantic import ValidationError
 
-from memest.identity import model_display_name
+from memest.identity import with_display_model
 from memest.schema import SCHEMA_VERSION, RunReport
 from memest.service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from memest.service.store import MAX_INT64, to_utc
@@ -145,19 +145,6 @@ def parse_report(body: bytes) -> RunReport:
         # Stored and compared as UTC, like every other created_at (naive and aware never mix).
         report = report.model_copy(update={"created_at": report.created_at.replace(tzinfo=UTC)})
     return report
-
-
-def with_display_model(report: RunReport) -> RunReport:
-    """``report`` stored under its model's display name (memest.identity.model_display_name): a
-    local path becomes the folder's name or the Hugging Face id. The original name stays in the
-    stored report: in ``config.model`` (vLLM's model argument), else in a note."""
-    name = model_display_name(report.model)
-    if name == report.model:
-        return report
-    notes = report.notes
-    if report.config.model != report.model:
-        notes = [*notes, f"model as reported: {report.model}"]
-    return report.model_copy(update={"model": name, "notes": notes})
 
 
 def check_storable(report: RunReport) -> None:

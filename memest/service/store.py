@@ -14,6 +14,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from memest.identity import model_display_name, with_display_model
 from memest.reporters.views import graph_pool_bytes, kv_tokens
 from memest.schema import RunReport
 from memest.service.db import write_session
@@ -70,7 +71,7 @@ def _figure(read: Callable[[RunReport], int | None], report: RunReport, field: s
 def _check_run(run: Run, report: RunReport) -> None:
     """A run's reports must agree on what the run is; name the first field that differs."""
     checks = (
-        ("model", run.model, report.model),
+        ("model", model_display_name(run.model), report.model),
         ("build.label", run.build_label, report.build.label),
         ("build.vllm_commit", run.vllm_commit, report.build.vllm_commit),
         ("world_size", run.world_size, report.world_size),
@@ -84,12 +85,22 @@ def _check_run(run: Run, report: RunReport) -> None:
             )
 
 
+def _same_once_stored(stored: str, payload: str) -> bool:
+    """A row stored before ingest named path-like models by their folder: the same report sent
+    again now is the same report once it gets the stored form."""
+    try:
+        before = RunReport.model_validate_json(stored)
+    except ValueError:
+        return False
+    return canonical_json(with_display_model(before)) == payload
+
+
 def _ingest_once(factory: sessionmaker[Session], report: RunReport, payload: str) -> IngestResult:
     digest = hashlib.sha256(payload.encode()).hexdigest()
     now = datetime.now(UTC)
 
     def repeat(existing: Report) -> IngestResult:
-        if existing.payload_sha256 != digest:
+        if existing.payload_sha256 != digest and not _same_once_stored(existing.payload, payload):
             raise Conflict(
                 f"report_id {report.report_id!r} is already stored with different content",
                 field="report_id",

@@ -170,3 +170,27 @@ def test_reads_and_healthz_answer_while_a_writer_waits_for_the_sqlite_lock(
         holder.close()
         writer.join(timeout=60)
     assert outcome == [201]
+
+
+def test_a_report_stored_under_its_path_before_is_already_stored_when_sent_again(
+    db_url: str,
+) -> None:
+    """Rows stored before ingest shortened path-like models: sending the same report again (a
+    spool re-delivered, a second rank of that launch) is a repeat or a new rank, never a 409."""
+    data = json.loads(_variant(900).model_dump_json())
+    data["model"] = "/models/llama8b"
+    old = RunReport.model_validate(data)
+    app = create_app(Settings(database_url=db_url, write_token=TOKEN))  # type: ignore[arg-type]
+    with TestClient(app) as c:
+        # store.ingest is what the service called before the stored form: the path as sent.
+        assert store.ingest(app.state.sessionmaker, old).status == "created"
+        again = c.post(
+            "/api/v1/reports",
+            content=old.model_dump_json(),
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert again.status_code == 200, again.text
+        rank1 = json.loads(old.model_dump_json())
+        rank1.update(report_id="w-900-r1", rank=1)
+        other = c.post("/api/v1/reports", json=rank1, headers=AUTH)
+        assert other.status_code == 201, other.text
