@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from memest.analysis.replay import NO_STAGE
-from memest.reporters.views import NEGATIVE_NOTE, phase_rows
+from memest.reporters.views import NEGATIVE_NOTE, NESTED_NOTE, phase_rows
 from memest.schema.breakdown import Breakdown, PhaseRecord, StageGrowth
 from memest.units import GiB, MiB
 
@@ -61,10 +61,7 @@ def _phase_table(bd: Breakdown, f: _Fmt, phases: Sequence[PhaseRecord]) -> Break
     ]
     notes = []
     if any(r.parent for r in rows_):
-        notes.append(
-            "↳ runs inside the named phase: its memory is already in that column; only unmarked "
-            "columns add up."
-        )
+        notes.append(f"{NESTED_NOTE}.")
     if negative:
         notes.append(f"† {NEGATIVE_NOTE}.")
     return ("Added GPU memory per phase", header, rows, notes)

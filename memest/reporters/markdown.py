@@ -14,6 +14,7 @@ from memest.estimate import account
 from memest.reporters.owners import owner_label
 from memest.reporters.views import (
     NEGATIVE_NOTE,
+    NESTED_NOTE,
     Comparison,
     Delta,
     PhaseRow,
@@ -127,10 +128,7 @@ def phase_table(rows: Sequence[PhaseRow]) -> Table:
         body.append([name, *(_neg(v, marks) for v in [*cells, p.outside_torch_bytes])])
     notes = []
     if any(r.depth for r in rows):
-        notes.append(
-            "↳ runs inside the phase above: its memory is already in that row; only "
-            "unindented rows add up."
-        )
+        notes.append(f"{NESTED_NOTE}.")
     if marks:
         notes.append(f"† {NEGATIVE_NOTE}.")
     return Table(

@@ -636,6 +636,12 @@ def phase_rows(splits: Sequence[PhaseSplit], records: Sequence[PhaseRecord]) -> 
     return rows
 
 
+#: How nested phase rows read; every surface that nests phases says this.
+NESTED_NOTE = (
+    "↳ A phase inside the one above it: its memory is already in that phase's row, so only the "
+    "unindented rows add up"
+)
+
 #: Why a phase's category can be negative; every surface that shows one says this.
 NEGATIVE_NOTE = (
     "Negative: the phase gave memory back. PyTorch's cache shrank (empty_cache() returned "

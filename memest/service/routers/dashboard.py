@@ -23,6 +23,7 @@ from memest.reporters import plots
 from memest.reporters.owners import owner_label
 from memest.reporters.views import (
     NEGATIVE_NOTE,
+    NESTED_NOTE,
     build_label,
     compare,
     config_summary,
@@ -168,6 +169,7 @@ def model_page(
         accounting=accounting,
         phases=phase_rows(bd.phases, rep.phases) if bd else [],
         negative_note=NEGATIVE_NOTE,
+        nested_note=NESTED_NOTE,
         notes=notes(rep),
         gpu_svg=_whole_gpu(rep, accounting, facts.kv_sized_by),
         svg=plots.stage_owner_svg(bars, "Graph-pool growth by capture stage and owner")
