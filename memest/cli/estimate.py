@@ -287,7 +287,7 @@ def _render_terms(result: WhatIf) -> str:
     lines = ["\n| term | G GiB | G' GiB | law |", "|---|---|---|---|"]
     for row in term_rows(result):
         lines.append(
-            f"| {row['term']} | {gib_cell(row['bytes_from'])} | {gib_cell(row['bytes_to'])} "
+            f"| {row['label']} | {gib_cell(row['bytes_from'])} | {gib_cell(row['bytes_to'])} "
             f"| {row['law']} |"
         )
     return "\n".join(lines) + "\n"

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 
 from memest.errors import MemestError
 from memest.estimate.compare import compare
-from memest.estimate.phases import graph_pool_by_stage, terms_components
+from memest.estimate.phases import (
+    TERM_FIELDS,
+    TERM_LABELS,
+    graph_pool_by_stage,
+    terms_components,
+)
 from memest.estimate.startup_plan import graph_profiling_kept
 from memest.schema import (
     EstimateComparison,
@@ -165,13 +170,7 @@ def _stored(report: RunReport, reason: str) -> StartAccounting:
 #: The whole GPU as the run page draws it: each full-initialization term, each graph stage, the
 #: KV cache, then what is left. Labels say what each part is for an operator.
 GPU_PART_LABELS = {
-    "baseline_torch_bytes": "CUDA libraries before the weights",
-    "weights_bytes": "weights",
-    "profile_peak_activation_bytes": "activation headroom",
-    "outside_torch_bytes": "outside PyTorch (context, NCCL, graphs)",
-    "runner_buffer_bytes": "runner buffers",
-    "profiling_residue_bytes": "profiling residue",
-    "margin_bytes": "margin",
+    **{k: v for k, v in TERM_LABELS.items() if k in TERM_FIELDS},
     "kv_cache_bytes": "KV cache",
     "free_bytes": "free (not used)",
 }

@@ -269,6 +269,20 @@ TERM_FIELDS = (
 )
 
 
+#: What each term is, for an operator (every surface labels terms from here).
+TERM_LABELS = {
+    "requested_bytes": "budget (gpu_memory_utilization x GPU total)",
+    "baseline_torch_bytes": "CUDA libraries before the weights",
+    "weights_bytes": "weights",
+    "profile_peak_activation_bytes": "activation headroom",
+    "outside_torch_bytes": "outside PyTorch (context, NCCL, graphs)",
+    "graph_pool_bytes": "graph pools",
+    "runner_buffer_bytes": "runner buffers",
+    "profiling_residue_bytes": "profiling residue",
+    "margin_bytes": "margin",
+}
+
+
 def terms_components(terms: FullInitTerms) -> dict[str, int]:
     """The terms as the ``components`` mapping of an EstimateComparison (they sum to non-KV)."""
     values = terms.model_dump(include=set(TERM_FIELDS))

@@ -721,7 +721,7 @@ def term_rows(result: WhatIf) -> list[dict[str, Any]]:
 
     The one list every surface (CLI table, service, run page) shows.
     """
-    from memest.estimate.phases import TERM_FIELDS
+    from memest.estimate.phases import TERM_FIELDS, TERM_LABELS
 
     if result.terms_from is None or result.terms_to is None:
         return []
@@ -729,6 +729,7 @@ def term_rows(result: WhatIf) -> list[dict[str, Any]]:
     return [
         {
             "term": term,
+            "label": TERM_LABELS[term],
             "bytes_from": int(before[term]),
             "bytes_to": int(after[term]),
             "law": result.term_laws.get(term, "constant"),

@@ -91,6 +91,7 @@ class RunEstimateRequest(BaseModel):
 
 class TermRow(BaseModel):
     term: str
+    label: str
     bytes_from: int
     bytes_to: int
     law: str

@@ -15,6 +15,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from memest.identity import model_display_name
 from memest.units import count_cell, fmt_gib, ratio_cell
 from tests.browser.conftest import demo_service
 
@@ -41,7 +42,8 @@ def _push(base: str, path: Path, headers: dict[str, str] | None = None) -> dict[
 
 
 def _run_page(base: str, report: dict[str, Any]) -> str:
-    return f"{base}/models/{quote(report['model'], safe='')}?run={quote(report['run_id'], safe='')}"
+    model = model_display_name(report["model"])  # a local path is stored under its folder name
+    return f"{base}/models/{quote(model, safe='')}?run={quote(report['run_id'], safe='')}"
 
 
 def _estimate(base: str, run_id: str, body: dict[str, Any], **headers: str) -> dict[str, Any]:

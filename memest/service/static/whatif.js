@@ -102,7 +102,7 @@
     result.terms.forEach(function (t) {
       var tr = document.createElement("tr");
       tr.setAttribute("data-term", t.term);
-      cell(tr, t.term);
+      cell(tr, t.label).setAttribute("title", t.term);
       cell(tr, gib(t.bytes_from), "num term-from").setAttribute("data-bytes", String(t.bytes_from));
       cell(tr, gib(t.bytes_to), "num term-to").setAttribute("data-bytes", String(t.bytes_to));
       cell(tr, sgib(t.bytes_to - t.bytes_from), "num");
