@@ -25,6 +25,7 @@ import argparse
 from typing import Any
 
 from memest.errors import CommandError
+from memest.estimate.phases import TERM_LABELS
 from memest.files import parse_json, read_regular_file
 from memest.preflight import preflight, request_from
 from memest.preflight.calibration import overshoot_line
@@ -121,13 +122,14 @@ def render(r: PreflightResult) -> str:
         f"max_model_len {r.max_model_len}, utilization {r.gpu_memory_utilization}, "
         f"{r.total_graphs} CUDA graphs, {r.block_size}-token KV blocks ({r.attention_backend})",
         "",
-        f"{'term':<32}{'GiB':>9}{'± GiB':>9}  law",
-        f"{'requested (budget)':<32}{fmt_gib(r.terms.requested_bytes):>9}",
+        f"{'term':<42}{'GiB':>9}{'± GiB':>9}  law",
+        f"{TERM_LABELS['requested_bytes']:<42}{fmt_gib(r.terms.requested_bytes):>9}",
     ]
     for t in r.term_details:
-        lines.append(f"{t.name:<32}{fmt_gib(t.bytes):>9}{fmt_gib(t.uncertainty_bytes):>9}  {t.law}")
+        label = TERM_LABELS.get(t.name, t.name)
+        lines.append(f"{label:<42}{fmt_gib(t.bytes):>9}{fmt_gib(t.uncertainty_bytes):>9}  {t.law}")
     lines += [
-        f"{'non-KV':<32}{fmt_gib(r.non_kv_bytes):>9}",
+        f"{'non-KV':<42}{fmt_gib(r.non_kv_bytes):>9}",
         "",
         f"KV cache per rank: {fmt_gib(r.kv_cache_bytes)} GiB ± "
         f"{fmt_gib(r.kv_cache_uncertainty_bytes)}: {r.kv_tokens:,} tokens "
