@@ -29,6 +29,7 @@ corrected budget adds.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1] / "reports" / "vllm"
@@ -135,10 +136,30 @@ def main() -> None:
         )
 
 
+_KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+
+
+def serve_kv(r: dict) -> tuple[int | None, int | None]:
+    """KV tokens as vLLM's own log of the start states them, and their bytes at the model's
+    per-token KV size (from the call's memest report of the same configuration)."""
+    log = RAW / f"{r['call']}-logs" / Path(r["log"]).name
+    found = _KV_LINE.findall(log.read_text(errors="replace")) if log.is_file() else []
+    if not found:
+        return None, None
+    tokens = int(found[-1].replace(",", ""))
+    spec = None
+    for path in sorted(RAW.glob(f"{r['call']}.{r['config']}.*.report.rank0.json")):
+        spec = json.loads(path.read_text()).get("kv_cache") or spec
+    if spec is None:
+        return tokens, None
+    return tokens, tokens // spec["block_size"] * spec["page_size_bytes"]
+
+
 def serve_records(r: dict) -> list[dict]:
     """One record per GPU of a `vllm serve` start (lab/serve_runs.py), usage read by NVML."""
     out = []
     reports = {rep.get("rank"): rep for rep in r.get("memest_reports") or []}
+    kv_tokens, kv_bytes = serve_kv(r)
     for rank, g in enumerate(r.get("per_gpu") or []):
         at_ready = r["gpu_at_ready"][rank]["used"]
         out.append(
@@ -153,7 +174,8 @@ def serve_records(r: dict) -> list[dict]:
                 "rank": rank,
                 "usage_minus_budget_bytes": g["umb_bytes"],
                 "usage_minus_budget_gib": round(g["umb_bytes"] / GiB, 3),
-                "kv_tokens": None,
+                "kv_tokens": kv_tokens,
+                "kv_bytes": kv_bytes,
                 "budget_bytes": g["budget_bytes"],
                 "usage_bytes": g["usage_bytes"],
                 "usage_kind": "first full-size step, NVML used on the GPU",
