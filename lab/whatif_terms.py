@@ -2,7 +2,10 @@
 
 For every ordered pair (G, G') of real vLLM 0.33.0 starts of one model at different grids
 (reports/vllm/raw), ``memest.estimate.what_if`` predicts G''s full-initialization terms from G's
-report alone, and each term is printed beside the one G''s own report measured.
+report alone, and each term is printed beside the one G''s own report measured. The drafter's
+activation factor is the H200 calibration's (memest.preflight.calibration), as ``memest
+estimate --grid`` passes it. B is call 6's start (the current activation definition; call 5's B
+read the profile pass by the definition before the fix, reports/vllm/README.md).
 
     python lab/whatif_terms.py > reports/vllm/whatif_terms.txt
 """
@@ -21,12 +24,13 @@ from memest.cli._reports import load_report  # noqa: E402
 from memest.estimate import full_init_kv_budget, full_init_terms, what_if  # noqa: E402
 from memest.estimate.phases import TERM_FIELDS  # noqa: E402
 from memest.estimate.runner_buffers import ModelDims  # noqa: E402
+from memest.preflight.calibration import drafter_activation_factor  # noqa: E402
 from memest.schema import RunReport  # noqa: E402
 
 RAW = ROOT / "reports" / "vllm" / "raw"
 STARTS = (
     "call9.S_llama8b_s128_t4096.apply",
-    "call5.B_llama8b_s32_t2048.apply",
+    "call6.B_llama8b_s32_t2048.apply",
     "call6.C_llama8b_eagle3k3_s64_t4096.apply",
     "call8.E_llama8b_eagle3k5_s96_t4096_u088.apply",
 )
@@ -53,7 +57,8 @@ def overlay(config: Any) -> dict[str, Any]:
 
 
 def pair(a: RunReport, b: RunReport, dims: ModelDims | None) -> dict[str, Any]:
-    result = what_if(a, overlay(b.config), dims=dims)
+    factor = drafter_activation_factor(a)
+    result = what_if(a, overlay(b.config), dims=dims, drafter_activation_factor=factor)
     measured = full_init_terms(b)
     assert result.terms_to is not None and result.terms_from is not None
     rows = {}

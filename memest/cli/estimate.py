@@ -21,7 +21,11 @@ config.drafter_dims, or given with --model-config, the model's Hugging Face conf
 vLLM allocates at load (penalties, structured-output masks, the sampler's top-k/top-p buffer,
 input and drafter buffers, block tables) in the baseline, weights, profiling-residue and
 runner-buffer terms by f(G') - f(G), and size an EAGLE / EAGLE3 drafter's weights when G' adds
-or drops it; without them those terms are kept at G's bytes.
+or drops it; without them those terms are kept at G's bytes. With the model's shape (a
+config.json) the graph pools of stages G did not capture (an added drafter's, or its later-step
+graphs when K changes) come from the synthetic per-graph request trace the pre-flight replays,
+and an added or dropped drafter's share of the profile pass's activations from the activation
+law with the drafter factor of the GPU kind's pre-flight calibration.
 --snapshot names the allocator snapshot of the same start: the what-if then replays its graph-pool
 requests, resized for G', through a model of the caching allocator (pool growth is made of
 segments, which linear laws miss by up to a segment per trigger).
@@ -59,6 +63,7 @@ from memest.estimate import (
 from memest.estimate.runner_buffers import ModelDims
 from memest.estimate.whatif import term_rows
 from memest.files import load_json_file, parse_json
+from memest.preflight.calibration import drafter_activation_factor
 from memest.reporters.estimate import render_accounting, render_what_if
 from memest.schema import EstimateComparison, WhatIf
 from memest.snapshot import load_snapshot
@@ -110,14 +115,15 @@ class EstimateCommand:
             type=Path,
             metavar="JSON",
             help="the model's Hugging Face config.json (overrides the report's model_dims): "
-            "grid-sized runner buffers move with G'",
+            "grid-sized runner buffers move with G'; its shape writes the graph pools of stages "
+            "G did not capture",
         )
         parser.add_argument(
             "--drafter-config",
             type=Path,
             metavar="JSON",
-            help="the drafter's config.json (overrides the report's drafter_dims): its weights "
-            "when G' adds the drafter",
+            help="the drafter's config.json (overrides the report's drafter_dims): its weights, "
+            "graph pools and activations when G' adds the drafter or changes K",
         )
         parser.add_argument(
             "--kv-tokens",
@@ -195,6 +201,7 @@ def _what_if(
         snapshot=snapshot,
         snapshot_source=str(args.snapshot),
         dims=_dims(args, report),
+        drafter_activation_factor=drafter_activation_factor(report),
     )
 
 
@@ -314,12 +321,15 @@ def _inverse(
     from memest.estimate.inverse import inverse_answer
     from memest.estimate.whatif import is_overlay
 
+    factor = drafter_activation_factor(report)
     return inverse_answer(
         report,
         result,
         tokens,
         grid if is_overlay(grid) else None,
-        lambda r, g: what_if(r, g, margin_bytes=margin, dims=dims),
+        lambda r, g: what_if(
+            r, g, margin_bytes=margin, dims=dims, drafter_activation_factor=factor
+        ),
     )
 
 

@@ -75,7 +75,9 @@ class ModelDims:
     ``drafter_hidden_size`` is the drafter's hidden size (EAGLE/MTP drafters); None means the
     target's. ``num_layers`` and ``drafter_layers`` are the decoder layers a captured graph of
     each holds (graph objects are charged by them); ``drafter_config`` is the drafter's
-    ``config.json``, which sizes its weights (memest.estimate.drafter_weights).
+    ``config.json``, which sizes its weights (memest.estimate.drafter_weights); ``config`` the
+    model's (its text part, with the dtype resolved), from which the what-if reads the model's shape
+    (memest.estimate.model_shape) for the synthetic graph trace and the activation law.
     """
 
     hidden_size: int
@@ -86,6 +88,7 @@ class ModelDims:
     num_layers: int | None = None
     drafter_layers: int | None = None
     drafter_config: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    config: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "vocab_size", "dtype_bytes", "num_sms"):
@@ -132,6 +135,7 @@ class ModelDims:
             num_layers=_layers(cfg, "model config"),
             drafter_layers=drafter_layers,
             drafter_config=dict(drafter) if drafter is not None else None,
+            config={**cfg, "torch_dtype": dtype},
         )
 
     def drafter_weight_bytes(self, method: str | None) -> int | None:

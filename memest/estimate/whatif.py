@@ -18,6 +18,9 @@ Pool growth is made of allocator segments, so a byte ratio can miss by a segment
 (-35 % for compiled pieces from a 256-token grid to a 64-token one on vLLM 0.33.0). Given the G
 snapshot, the pool rows come from memest.estimate.poolreplay instead (law "allocator_replay"):
 G's requests, resized graph by graph for G', through a model of the caching allocator.
+Stages G did not capture (an added drafter's; its later steps when K changes) have no requests
+in G's report: given the model's shape they come from the synthetic per-graph trace (law
+"synthetic_trace", memest.estimate.whatif_synthetic).
 """
 
 from __future__ import annotations
@@ -43,6 +46,13 @@ from memest.estimate.runner_buffers import (
     ModelDims,
     RunnerGrid,
     runner_buffer_bytes,
+)
+from memest.estimate.whatif_synthetic import (
+    Shapes,
+    drafter_activation,
+    shapes,
+    synthetic_rows,
+    unrecorded_stages,
 )
 from memest.schema import (
     CapturePlan,
@@ -573,12 +583,77 @@ def _drafter_terms(
             moves[term] = moves.get(term, 0) + change
             law = "drafter: compiled models' default-pool workspaces"
             laws[term] = "; ".join(x for x in (laws.get(term), law) if x)
-    if sign > 0:
-        notes.append(
-            "the drafter is added: its activations in the profile pass and its graph pools are "
-            "not in G's report (graph pools follow per-owner laws only for stages G captured)"
-        )
     return moves, laws
+
+
+def _spec_tokens(config: RunConfig) -> int:
+    return config.num_speculative_tokens if config.speculative_method else 0
+
+
+def _with_unrecorded(
+    predictions: list[OwnerPrediction],
+    plans: tuple[CapturePlan, CapturePlan],
+    configs: tuple[RunConfig, RunConfig],
+    s: Shapes,
+    notes: list[str],
+) -> tuple[list[OwnerPrediction], list[str]]:
+    """Pool rows with the stages G's report holds no requests of written by the synthetic trace
+    (memest.estimate.whatif_synthetic); returns the rows and those stages."""
+    stages = unrecorded_stages(*plans, _spec_tokens(configs[0]), _spec_tokens(configs[1]))
+    if not stages:
+        return predictions, []
+    drafts = any(st.startswith("draft") for st in stages)
+    if s.target is None or (drafts and s.drafter is None):
+        notes.append(
+            f"graph pools of {', '.join(stages)} are not in G's report and not modelled: the "
+            "synthetic request trace needs the model's config.json (--model-config)"
+            + (" and the drafter's (--drafter-config)" if drafts else "")
+        )
+        return predictions, []
+    measured = {(p.stage, p.owner): p.measured_bytes for p in predictions if p.stage in stages}
+    kept = [p for p in predictions if p.stage not in stages]
+    return [*kept, *synthetic_rows(stages, measured, plans, configs, s)], stages
+
+
+def _activation(
+    terms: FullInitTerms,
+    plans: tuple[CapturePlan, CapturePlan],
+    configs: tuple[RunConfig, RunConfig],
+    s: Shapes,
+    drafter_factor: float | None,
+    notes: list[str],
+) -> tuple[int, str | None]:
+    """The profile pass's activation headroom at G' and the law that moved it.
+
+    The profile pass runs max_num_batched_tokens tokens: its activations are that many rows wide
+    (real vLLM, Llama-8B shape: 300 MiB at 2,048 tokens, 592 MiB at 4,096). A drafter added or
+    dropped adds or removes its share (memest.estimate.activation with ``drafter_factor``).
+    """
+    act = terms.profile_peak_activation_bytes
+    mbt, mbt2 = plans[0].max_num_batched_tokens, plans[1].max_num_batched_tokens
+    had, has = configs[0].speculative_method, configs[1].speculative_method
+    laws: list[str] = []
+    if had and not has and mbt:
+        share = drafter_activation(mbt, s, drafter_factor, had, notes)
+        if share is not None:
+            act = max(act - share, 0)
+            laws.append(f"drafter's share removed ({share} B at G)")
+    out = act
+    if mbt and mbt2 and mbt != mbt2:
+        out = round(act * mbt2 / mbt)
+        laws.insert(0, "max_num_batched_tokens")
+        notes.append(
+            f"activation headroom {act} -> {out} B "
+            f"(scales with max_num_batched_tokens {mbt} -> {mbt2})"
+        )
+    if has and not had and mbt2:
+        share = drafter_activation(mbt2, s, drafter_factor, has, notes)
+        if share is not None:
+            out += share
+            laws.append(
+                f"drafter: {drafter_factor:.3f} x max_num_batched_tokens x its layer's token bytes"
+            )
+    return out, "; ".join(laws) or None
 
 
 def what_if(
@@ -589,6 +664,7 @@ def what_if(
     snapshot: Snapshot | None = None,
     snapshot_source: str = "snapshot",
     dims: ModelDims | None = None,
+    drafter_activation_factor: float | None = None,
 ) -> WhatIf:
     """Predict each owner's pool memory and the KV budget under grid G'.
 
@@ -603,7 +679,13 @@ def what_if(
             ``config.model_dims`` / ``drafter_dims``); with them the grid-sized runner buffers
             (memest.estimate.runner_buffers) move the baseline, weights, profiling-residue and
             runner-buffer terms by f(G') - f(G), and an added or dropped EAGLE drafter's weights
-            are sized. Without them those terms are kept.
+            are sized; with the model's shape (its config.json), the graph pools of stages G did
+            not capture (an added drafter, or a K that changes its later steps) come from the
+            synthetic request trace (memest.estimate.whatif_synthetic). Without them those terms
+            are kept.
+        drafter_activation_factor: the fitted drafter factor of memest.estimate.activation
+            (memest.preflight.calibration's, per GPU kind); with it an added or dropped drafter
+            moves the activation term by its share. None: the share is not modelled (noted).
 
     Raises:
         ConfigError: the grid fails validation.
@@ -623,6 +705,9 @@ def what_if(
     predictions, notes = pool_predictions(
         report, g2, snapshot=snapshot, snapshot_source=snapshot_source
     )
+    s = shapes(dims, report.config.tensor_parallel_size)
+    configs = (report.config, _config_of(report, g2, config_to))
+    predictions, synthetic = _with_unrecorded(predictions, (g, g2), configs, s, notes)
     graph_objects = _graph_object_bytes(report)
     objects = _graph_objects(report, graph_objects, g, g2, dims)
 
@@ -642,17 +727,9 @@ def what_if(
             f"owner rows sum to {pool_from} B, stage rows to {terms.graph_pool_bytes} B; "
             "the KV budget uses the owner rows"
         )
-    activation_to = terms.profile_peak_activation_bytes
-    mbt, mbt2 = g.max_num_batched_tokens, g2.max_num_batched_tokens
-    if mbt and mbt2 and mbt != mbt2:
-        # The profile pass runs max_num_batched_tokens tokens: its activations are that many
-        # rows wide (real vLLM, Llama-8B shape: 314,572,800 B at 2,048 tokens, 620,756,992 B at
-        # 4,096, a ratio of 1.97).
-        activation_to = round(activation_to * mbt2 / mbt)
-        notes.append(
-            f"activation headroom {terms.profile_peak_activation_bytes} -> {activation_to} B "
-            f"(scales with max_num_batched_tokens {mbt} -> {mbt2})"
-        )
+    activation_to, activation_law = _activation(
+        terms, (g, g2), configs, s, drafter_activation_factor, notes
+    )
     requested_to = terms.requested_bytes
     util_from = report.config.gpu_memory_utilization
     util_to = config_to.gpu_memory_utilization if config_to is not None else util_from
@@ -683,13 +760,14 @@ def what_if(
     kv_from, kv_to = full_init_kv_budget(terms_from), full_init_kv_budget(terms_to)
     laws = {
         "graph_pool_bytes": "per-owner pool laws"
-        + (" (allocator replay)" if snapshot is not None else ""),
+        + (" (allocator replay)" if snapshot is not None else "")
+        + (f"; synthetic request trace: {', '.join(synthetic)}" if synthetic else ""),
         "outside_torch_bytes": "graph objects (graph profiling and capture) scale with the "
         "graph count x the layers each graph holds",
     }
     laws.update(buffer_laws)
-    if activation_to != terms.profile_peak_activation_bytes:
-        laws["profile_peak_activation_bytes"] = "max_num_batched_tokens"
+    if activation_law is not None:
+        laws["profile_peak_activation_bytes"] = activation_law
     if requested_to != terms.requested_bytes:
         laws["requested_bytes"] = "gpu_memory_utilization"
     spec = report.kv_cache

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from memest.errors import ConfigError
+from memest.schema import RunReport
 from memest.schema._base import MemestModel
 from memest.schema.preflight import VllmOvershoot
 from memest.units import fmt_gib
@@ -107,6 +108,21 @@ def load_calibration(gpu: str) -> Calibration:
     text = resources.files("memest.preflight").joinpath("data", name).read_text()
     data: dict[str, Any] = json.loads(text)
     return Calibration.model_validate(data)
+
+
+def calibration_of(gpu_name: str) -> Calibration | None:
+    """The shipped calibration whose GPU kind a device name holds ("NVIDIA H200" -> h200), else
+    None (a what-if on a start of an uncalibrated GPU leaves out what only the fit knows)."""
+    name = gpu_name.lower()
+    kind = next((k for k in CALIBRATIONS if k in name), None)
+    return load_calibration(kind) if kind is not None else None
+
+
+def drafter_activation_factor(report: RunReport) -> float | None:
+    """The fitted drafter factor of memest.estimate.activation for a start's GPU kind (what the
+    what-if adds or removes for a drafter the start does not have or drops), None if uncalibrated."""
+    cal = calibration_of(report.gpu.name if report.gpu is not None else "")
+    return cal.coefficients.activation_drafter_factor if cal is not None else None
 
 
 def overshoot_line(o: VllmOvershoot) -> str:

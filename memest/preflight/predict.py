@@ -6,9 +6,11 @@ term                           law (coefficients: memest.preflight.calibration, 
 baseline_torch_bytes           input, request-state and drafter buffers + fitted constant
 weights_bytes                  parameter shapes x dtype bytes / TP (memest.preflight.shape)
                                + penalties and structured-output masks + fitted constant
-profile_peak_activation_bytes  factor x max_num_batched_tokens x one layer's token bytes (+ drafter)
+profile_peak_activation_bytes  factor x max_num_batched_tokens x one layer's token bytes (+ drafter;
+                               memest.estimate.activation)
 outside_torch_bytes            context constant + per graph and decoder layer (graph objects)
-graph_pool_bytes               synthetic per-graph request trace, allocator replay (graphs.py)
+graph_pool_bytes               synthetic per-graph request trace, allocator replay
+                               (memest.estimate.synthetic_trace)
 runner_buffer_bytes            block tables + fitted constant (with or without a drafter)
 profiling_residue_bytes        the sampler's top-k/top-p buffer + fitted line in
                                max_num_batched_tokens x hidden x dtype bytes (+ drafter)
@@ -29,7 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from memest.errors import ConfigError
+from memest.estimate.activation import activation_bytes
 from memest.estimate.kv import kv_page_bytes, kv_tokens
+from memest.estimate.model_shape import ModelShape, model_shape
 from memest.estimate.phases import budget_bytes, full_init_kv_budget, non_kv_bytes
 from memest.estimate.runner_buffers import (
     BUFFER_TERMS,
@@ -38,12 +42,12 @@ from memest.estimate.runner_buffers import (
     runner_buffer_bytes,
     term_bytes,
 )
+from memest.estimate.synthetic_trace import pool_bytes
 from memest.plan import SERVE_DEFAULTS, gpu_preset, resolve
 from memest.plan.overlay import overlay_config, plan_input
 from memest.preflight.backends import kv_block_size
 from memest.preflight.calibration import Calibration, load_calibration
-from memest.preflight.graphs import pool_bytes
-from memest.preflight.shape import ModelShape, layer_token_bytes, model_shape, parameter_bytes
+from memest.preflight.shape import parameter_bytes
 from memest.schema import CapturePlan, FullInitTerms, KVCacheSpec, RunConfig
 from memest.schema.preflight import PreflightRequest, PreflightResult, PreflightTerm
 
@@ -183,11 +187,12 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
     d = s.drafter
     buf = s.buffers()
     pools = pool_bytes(s.plan, s.target, d, draft_steps=s.draft_steps)
-    activation = c.activation_factor * s.mbt * layer_token_bytes(s.target)
+    activation = activation_bytes(
+        s.mbt, s.target, c.activation_factor, d, c.activation_drafter_factor
+    )
     residue = c.residue_bytes + c.residue_factor * s.mbt * s.target.hidden * s.target.dtype_bytes
     weights = parameter_bytes(s.target) + c.weights_rest_bytes
     if d is not None:
-        activation += c.activation_drafter_factor * s.mbt * layer_token_bytes(d)
         residue += c.residue_drafter_bytes
         weights += parameter_bytes(d)
     outside = c.outside_bytes + c.outside_per_graph_layer_bytes * s.graph_layers()
@@ -203,7 +208,7 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
             f"parameter shapes x dtype bytes / TP + {s.buffer_names('weights_bytes')}",
         ),
         "profile_peak_activation_bytes": (
-            round(activation),
+            activation,
             f"{c.activation_factor:.3f} x max_num_batched_tokens x layer token bytes",
         ),
         "outside_torch_bytes": (

@@ -102,7 +102,9 @@ class EstimateComparison(MemestModel):
 
 
 # "allocator_replay": the G snapshot's pool requests, resized for G', run through
-# memest.estimate.allocsim (what-if with a snapshot); the others scale measured bytes.
+# memest.estimate.allocsim (what-if with a snapshot); "synthetic_trace": measured at G plus the
+# synthetic per-graph trace of G' minus that of G (memest.estimate.whatif_synthetic: stages G did
+# not capture); the others scale measured bytes.
 ScalingLaw = Literal[
     "widest_full_rows_x_context",
     "sum_piecewise_tokens",
@@ -112,6 +114,7 @@ ScalingLaw = Literal[
     "widest_tokens",
     "constant",
     "allocator_replay",
+    "synthetic_trace",
 ]
 
 

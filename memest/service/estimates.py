@@ -119,6 +119,7 @@ def run_estimate(report: RunReport, req: RunEstimateRequest) -> RunEstimateRespo
     from memest.estimate.inverse import concurrency_at, inverse_answer, target_tokens
     from memest.estimate.runner_buffers import ModelDims
     from memest.estimate.whatif import term_rows
+    from memest.preflight.calibration import drafter_activation_factor
 
     grid = dict(req.grid)
     if req.gpu_memory_utilization is not None:
@@ -131,11 +132,16 @@ def run_estimate(report: RunReport, req: RunEstimateRequest) -> RunEstimateRespo
         raise ConfigError("drafter_dims", "...", "needs model_dims (the run records none)")
     dims = ModelDims.from_report(report, req.model_dims, drafter=req.drafter_dims)
     tokens = target_tokens(report, req.kv_tokens, req.concurrency)
-    result = core_what_if(report, grid, dims=dims)
+    factor = drafter_activation_factor(report)
+    result = core_what_if(report, grid, dims=dims, drafter_activation_factor=factor)
     inverse = None
     if tokens is not None:
         inverse = inverse_answer(
-            report, result, tokens, grid, lambda r, g: core_what_if(r, g, dims=dims)
+            report,
+            result,
+            tokens,
+            grid,
+            lambda r, g: core_what_if(r, g, dims=dims, drafter_activation_factor=factor),
         )
     return RunEstimateResponse(
         run_id=report.run_id,
