@@ -143,3 +143,19 @@ def test_the_graph_is_read_before_the_compiler_may_rewrite_it(
     assert nodes[relu[0]].inputs != [lin_name]
     assert inductor.listed_inputs(relu[0], nodes, {relu[0], lin_name}) == [lin_name]
     assert state().hook_errors == []
+
+
+def test_only_modules_loaded_during_the_call_are_linked(
+    fake_codecache: list[Any], tmp_path: Path
+) -> None:
+    # GIVEN one generated module loaded before the call and one during it
+    before = SimpleNamespace(__file__=str(tmp_path / ("ee/c" + "e" * 52 + ".py")))
+    during = SimpleNamespace(__file__=str(tmp_path / KEY))
+    fake_codecache.append(before)
+    mark = inductor._mark()
+    fake_codecache.append(during)
+    assert list(inductor._loaded_since(mark)) == [KEY]
+    # a cache clear in between (the lists shrank): every module loaded now counts
+    fake_codecache.clear()
+    fake_codecache.append(during)
+    assert list(inductor._loaded_since((5, 0))) == [KEY]
