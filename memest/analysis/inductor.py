@@ -10,8 +10,9 @@ Under torch.compile the frame that allocates is Inductor's generated wrapper (``
 ``parse_generated`` reads that text into allocation sites (line, buffer, the kernel that first
 writes it, the FX source nodes of that kernel). The node names are the names in the FX graph
 handed to Inductor; the plugin records, per generated file, each node's module path
-(``nn_module_stack``) and stack frame, so owner rules (memest.analysis.owners) can name the
-owner: the nodes are tried from the buffer's producer backwards, module rules first.
+(``nn_module_stack``), stack frame, op and inputs, so owner rules (memest.analysis.owners) can
+name the owner: the nodes are tried from the buffer's producer backwards (:func:`producer_order`),
+module rules first.
 
 The file key is the generated module's content hash, so a start that loads the same code from a
 compile cache gets the same key, sites and owners as the start that compiled it.
@@ -38,6 +39,7 @@ _EMPTY = frozenset(
         "empty_strided_cpu_pinned",
         "empty_strided_xpu",
         "empty_strided_mtia",
+        "empty_strided_p2p",
         "empty_strided",
         "empty",
     }
@@ -286,9 +288,44 @@ class CompiledIndex:
         return self.files[key], self.sites.get((key, line))
 
 
+def op_name(name: str | None) -> str | None:
+    """``namespace.op`` of a ``torch.ops`` call (``torch.ops.vllm.x.default`` -> ``vllm.x``)."""
+    if not name or not name.startswith("torch.ops."):
+        return None
+    parts = name[len("torch.ops.") :].split(".")
+    return ".".join(parts[:2]) if len(parts) >= 2 else None
+
+
+def producer_order(file: CompiledFile, site: CompiledSite) -> list[str]:
+    """The site's source nodes, the node that produces its buffer first.
+
+    Inductor lists a kernel's source nodes in the order their ATen nodes were scheduled, so an
+    extern op's inputs can follow it (CPU SDPA: ``o`` before the q/k-norm nodes it reads). The
+    producer is the listed node whose op is the extern kernel's op; else the listed nodes no
+    other listed node reads (``CompiledNode.inputs``), last first. For an extern op that is all
+    (its other listed nodes are inputs computed elsewhere); a generated kernel computes every
+    listed node, so the rest follow, last first. Without recorded inputs: last first.
+    """
+    names = list(dict.fromkeys(site.nodes))
+    nodes = {n: file.nodes.get(n) for n in names}
+    op = op_name(site.kernel)
+    calls = [n for n in reversed(names) if op and (c := nodes[n]) and op_name(c.target) == op]
+    read = {i for c in nodes.values() if c is not None for i in c.inputs}
+    sinks = [n for n in reversed(names) if n not in read and n not in calls]
+    if _extern(site.kernel) and (calls or read):
+        return calls or sinks  # an extern op computes its producer only; the rest are inputs
+    rest = [n for n in reversed(names) if n in read and n not in calls]
+    return calls + sinks + rest
+
+
+def _extern(kernel: str | None) -> bool:
+    """An op call rather than a generated (fused) kernel: ``extern_kernels.mm``, ``torch.ops.``."""
+    return bool(kernel) and str(kernel).startswith(("extern_kernels.", "torch.ops."))
+
+
 def site_nodes(file: CompiledFile, site: CompiledSite) -> list[tuple[str, CompiledNode | None]]:
-    """The site's source nodes from its producer (the last, topologically) backwards."""
-    return [(name, file.nodes.get(name)) for name in reversed(site.nodes)]
+    """The site's source nodes from its producer backwards (see :func:`producer_order`)."""
+    return [(name, file.nodes.get(name)) for name in producer_order(file, site)]
 
 
 def unnamed_reason(file: CompiledFile, site: CompiledSite | None) -> str:
@@ -302,7 +339,7 @@ def unnamed_reason(file: CompiledFile, site: CompiledSite | None) -> str:
     modules = [n.module for _, n in site_nodes(file, site) if n is not None and n.module]
     if modules:
         return f"no rule for {_LAYER_INDEX.sub('.*', modules[0])}"
-    return "no module recorded for " + site.nodes[-1]
+    return "no module recorded for " + producer_order(file, site)[0]
 
 
 _LAYER_INDEX = re.compile(r"\.\d+(?=\.|$)")

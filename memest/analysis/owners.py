@@ -102,6 +102,7 @@ _VLLM_0_33_RULES: tuple[OwnerRule, ...] = (
 # (Llama, Qwen, Mixtral, DeepSeek, EAGLE3 drafters). Tried per FX node before the frame rules.
 _VLLM_0_33_COMPILED_RULES: tuple[OwnerRule, ...] = (
     OwnerRule("aux_hidden_states", code="*aux_hidden_states*"),
+    OwnerRule("attn_output", code="*scaled_dot_product_attention(*"),
     OwnerRule("attn_output", module="*.attn"),
     OwnerRule("attn_output", module="*.attn.*"),
     OwnerRule("attn_output", module="*.mla_attn*"),

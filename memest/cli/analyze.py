@@ -10,7 +10,9 @@ file of at most MEMEST_MAX_INPUT_BYTES (default 2GiB), decompressed content incl
 
 --phases takes a JSON list of phase records, or a RunReport (its "phases"); without it the
 snapshot's own phases are used. --rules adds owner rules from a JSON file
-({"rules": [{"owner": ..., "function": glob, "file": glob}]}) ahead of the vLLM 0.33.0 defaults.
+({"rules": [{"owner": ..., "function": glob, "file": glob}]}; "module" and "code" globs match
+torch.compile'd code's FX nodes through the snapshot's compiled_code map) ahead of the vLLM
+0.33.0 defaults.
 
 --run DIR reads the per-rank reports of one run (DIR/report.rank<N>.json, as the vLLM plugin
 writes them), puts each rank's figures side by side and flags a rank whose figure differs from the

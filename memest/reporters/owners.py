@@ -1,9 +1,12 @@
 """What an owner is called and drawn as, on every surface: one readable label, one colour.
 
-Owner names are the analysis's (``memest.analysis.owners``); reports written before Inductor's
-generated code was named ``compiled_piece`` carry ``unattributed:call (<2 chars>/c<hash>.py)``
-instead. :func:`owner_key` makes the two one owner, so runs compare across that change, and
-:func:`owner_label` says what each is instead of a file hash. Colours come from one fixed
+Owner names are the analysis's (``memest.analysis.owners``): the eager rules' owners, the
+owners of torch.compile'd code named through Inductor's generated code (``qkv_proj``,
+``mlp_gate_up``, ...), and ``compiled_piece:<why>`` for compiled code no rule names. Reports
+written before Inductor's generated code was named ``compiled_piece`` carry
+``unattributed:call (<2 chars>/c<hash>.py)`` instead. :func:`owner_key` makes the two one owner,
+so runs compare across that change, and :func:`owner_label` says what each is instead of a file
+hash or a rule name. Colours come from one fixed
 qualitative palette: a named owner always has its colour, any other owner a colour picked by a
 hash of its key, so an owner has the same colour on every page.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import PurePosixPath
 
-from memest.analysis.inductor import GENERATED_FILE
+from memest.analysis.inductor import generated_key
 from memest.analysis.owners import COMPILED_PIECE, NO_STACK, UNATTRIBUTED
 from memest.analysis.stages import REMAINDER_OWNER
 
@@ -29,6 +32,20 @@ OWNER_LABELS = {
     "gemm_workspace": "GEMM workspace",
     "kv_cache": "KV cache",
     "weights": "weights",
+    "sampler": "sampler buffers",
+    # owners of torch.compile'd code, named through Inductor's generated code
+    "qkv_proj": "QKV projection output",
+    "qk_norm_rope": "q/k-norm + RoPE",
+    "o_proj": "attention output projection",
+    "moe_router_logits": "MoE router logits",
+    "mlp_gate_up": "MLP gate/up projection",
+    "mlp_act": "MLP activation (SiLU x up)",
+    "mlp_down": "MLP down projection",
+    "eagle3_fc": "EAGLE3 input projection (fc)",
+    "norm": "RMSNorm output",
+    "embedding": "token embeddings",
+    "logits": "logits (lm_head)",
+    "residual": "residual stream (layer output)",
     COMPILED_PIECE: "compiled code (Inductor call; owner not named)",
     "graph_pool_live_blocks": "graph-pool blocks live at the end of init",
     "default_pool_allocated_during_capture": "default-pool tensors kept from the capture",
@@ -47,6 +64,19 @@ OWNER_COLORS = {
     "gemm_workspace": "#e377c2",
     "kv_cache": "#bcbd22",
     "weights": "#3f51b5",
+    "sampler": "#6b6ecf",
+    "qkv_proj": "#aec7e8",
+    "qk_norm_rope": "#98df8a",
+    "o_proj": "#3182bd",
+    "moe_router_logits": "#c49c94",
+    "mlp_gate_up": "#ff9896",
+    "mlp_act": "#c5b0d5",
+    "mlp_down": "#dbdb8d",
+    "eagle3_fc": "#9edae5",
+    "norm": "#e7ba52",
+    "embedding": "#8ca252",
+    "logits": "#ad494a",
+    "residual": "#7b4173",
     COMPILED_PIECE: "#f0a202",
     "graph_pool_live_blocks": "#7f7f7f",
     "default_pool_allocated_during_capture": "#a1887f",
@@ -73,7 +103,11 @@ EXTRA_COLORS = (
 def _inductor(owner: str) -> bool:
     """``unattributed:call (<2 chars>/c<hash>.py)``: a frame of Inductor's generated code."""
     prefix = f"{UNATTRIBUTED}:call ("
-    return owner.startswith(prefix) and bool(GENERATED_FILE.search(owner[len(prefix) : -1]))
+    return (
+        owner.startswith(prefix)
+        and owner.endswith(")")
+        and generated_key(owner[len(prefix) : -1]) is not None
+    )
 
 
 def owner_key(owner: str) -> str:
@@ -86,6 +120,8 @@ def owner_label(owner: str) -> str:
     key = owner_key(owner)
     if key in OWNER_LABELS:
         return OWNER_LABELS[key]
+    if key.startswith(f"{COMPILED_PIECE}:"):
+        return f"compiled code — owner not named: {key[len(COMPILED_PIECE) + 1 :]}"
     if not key.startswith(f"{UNATTRIBUTED}:"):
         return key.replace("_", " ")
     rest = key[len(UNATTRIBUTED) + 1 :]

@@ -115,6 +115,16 @@ class CompiledNode(MemestModel):
     line: int | None = Field(default=None, ge=0)
     function: str | None = None
     code: str | None = Field(default=None, description="Source text of that frame")
+    target: str | None = Field(
+        default=None,
+        description="The op the node calls, e.g. vllm.unified_attention_with_output.default or "
+        "torch._C._nn.linear",
+    )
+    inputs: list[str] = Field(
+        default_factory=list,
+        description="Names of the computing nodes it reads (the producer of a buffer is the "
+        "listed node no other listed node reads)",
+    )
 
 
 class CompiledSite(MemestModel):

@@ -6,11 +6,12 @@ Two things name what each allocation is for:
 - the generated module's own text (allocation lines, the kernel that first writes each buffer and
   its "Source Nodes" comment), parsed at the end of init from every module Inductor loaded
   (``PyCodeCache``), compiled or loaded from a cache alike (memest.analysis.inductor);
-- the FX graph handed to the compiler: each node's module path (``nn_module_stack``) and stack
-  frame. ``record_graph`` reads it around vLLM's compiler-adaptor ``compile`` / ``load`` and links
-  it to the generated modules that call loaded; the node map is also written to
-  ``MEMEST_CODE_MAP_DIR/<2>/c<hash>.json``, keyed by the module's content hash, so a start that loads that code from vLLM's compile cache (where vLLM strips
-  ``nn_module_stack`` or skips the graph) gets the same map as the start that compiled it.
+- the FX graph handed to the compiler: each node's module path (``nn_module_stack``), stack
+  frame, op and inputs. ``record_graph`` reads it before vLLM's compiler-adaptor ``compile`` /
+  ``load`` (which may rewrite a donated graph) and links it to the generated modules that call
+  loaded; the node map is also written to ``MEMEST_CODE_MAP_DIR/<2>/c<hash>.json``, keyed by the
+  module's content hash, so a start that loads that code from vLLM's compile cache (where vLLM
+  strips ``nn_module_stack`` or skips the graph) gets the same map as the start that compiled it.
 
 Everything here runs in ``guarded`` blocks: a missing, unreadable or unparsable file is a note.
 """
@@ -34,16 +35,12 @@ _MAX_SOURCE_BYTES = 16 << 20  # a generated module larger than this is skipped (
 _NODE_OPS = ("call_function", "call_method", "call_module")
 
 
-def loaded_modules() -> dict[str, str]:
-    """``<2>/c<hash>.py`` -> path of every module Inductor's PyCodeCache has loaded."""
+def _code_cache() -> Any:
     codecache = sys.modules.get("torch._inductor.codecache")
-    if codecache is None:  # Inductor never ran in this process: nothing to import or read
-        return {}
-    PyCodeCache = codecache.PyCodeCache  # noqa: N806
+    return None if codecache is None else codecache.PyCodeCache
 
-    found: dict[str, str] = {}
-    mods: list[Any] = list(getattr(PyCodeCache, "modules", []) or [])
-    mods += list((getattr(PyCodeCache, "modules_no_attr", {}) or {}).values())
+
+def _keyed(mods: Iterable[Any], found: dict[str, str]) -> dict[str, str]:
     for mod in mods:
         path = str(getattr(mod, "__file__", "") or "")
         key = generated_key(path)
@@ -52,30 +49,119 @@ def loaded_modules() -> dict[str, str]:
     return found
 
 
-def graph_nodes(graph_module: Any, roots: Iterable[str] = ()) -> dict[str, CompiledNode]:
-    """Module path and innermost stack frame of each computing node of an FX graph."""
-    roots = list(roots)
-    out: dict[str, CompiledNode] = {}
+def loaded_modules() -> dict[str, str]:
+    """``<2>/c<hash>.py`` -> path of every module Inductor's PyCodeCache has loaded.
+
+    PyCodeCache keeps ``modules`` (a list) and ``modules_no_attr`` (path -> module), both
+    appended to by ``load_by_key_path`` in the top-level process, in torch 2.11 and 2.14 alike.
+    """
+    cache = _code_cache()
+    if cache is None:  # Inductor never ran in this process: nothing to import or read
+        return {}
+    mods = list(getattr(cache, "modules", []) or [])
+    return _keyed([*mods, *(getattr(cache, "modules_no_attr", {}) or {}).values()], {})
+
+
+def _mark() -> tuple[int, int]:
+    """How many modules PyCodeCache holds now (both lists only grow, until a cache clear)."""
+    cache = _code_cache()
+    if cache is None:
+        return 0, 0
+    return len(getattr(cache, "modules", []) or []), len(
+        getattr(cache, "modules_no_attr", {}) or {}
+    )
+
+
+def _loaded_since(mark: tuple[int, int]) -> dict[str, str]:
+    """The generated modules PyCodeCache loaded after ``mark`` (all of them after a clear)."""
+    cache = _code_cache()
+    if cache is None:
+        return {}
+    mods = list(getattr(cache, "modules", []) or [])
+    no_attr = list((getattr(cache, "modules_no_attr", {}) or {}).values())
+    if len(mods) < mark[0] or len(no_attr) < mark[1]:
+        return _keyed([*mods, *no_attr], {})
+    return _keyed([*mods[mark[0] :], *no_attr[mark[1] :]], {})
+
+
+def _target(node: Any) -> str | None:
+    """The op a node calls: ``torch.ops.<ns>.<op>.<overload>``, a qualified function name, or
+    the method / submodule name."""
+    target = node.target
+    if isinstance(target, str):
+        return target
+    if type(target).__name__ in ("OpOverload", "OpOverloadPacket"):
+        return f"torch.ops.{target}"
+    module = getattr(target, "__module__", None)
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if not name:
+        return None
+    return f"{module}.{name}" if module else str(name)
+
+
+def _inputs(node: Any) -> list[str]:
+    """Computing nodes a node reads, looking through ``getitem`` of a multi-output node."""
+    out: list[str] = []
+    for arg in node.all_input_nodes:
+        while arg.op == "call_function" and getattr(arg.target, "__name__", "") == "getitem":
+            if not arg.all_input_nodes:
+                break
+            arg = arg.all_input_nodes[0]
+        if arg.op in _NODE_OPS:
+            out.append(arg.name)
+    return list(dict.fromkeys(out))
+
+
+_Row = tuple[str, Any, Any, list[str], str | None]
+
+
+def graph_rows(graph_module: Any) -> list[_Row]:
+    """What the map needs from each computing node, read before the compiler sees the graph
+    (vLLM on torch >= 2.13 donates the graph to standalone_compile, which may rewrite it)."""
+    rows: list[_Row] = []
     for node in graph_module.graph.nodes:
         if node.op not in _NODE_OPS:
             continue
         meta = node.meta
-        stack = meta.get("nn_module_stack") or {}
+        rows.append(
+            (
+                node.name,
+                meta.get("nn_module_stack"),
+                meta.get("stack_trace"),
+                _inputs(node),
+                _target(node),
+            )
+        )
+    return rows
+
+
+def rows_nodes(rows: list[_Row], roots: Iterable[str] = ()) -> dict[str, CompiledNode]:
+    """Module path, innermost stack frame, op and inputs of each row with a module or frame."""
+    roots = list(roots)
+    out: dict[str, CompiledNode] = {}
+    for name, stack, trace, inputs, target in rows:
         module = None
         if stack:
             last = list(stack.values())[-1]
             module = module_path(str(last[0] if isinstance(last, tuple) else last))
-        frame = innermost_frame(str(meta.get("stack_trace") or ""))
-        if not module and frame is None:
+        frame = innermost_frame(str(trace or ""))
+        if not module and frame is None and not inputs:
             continue
-        out[node.name] = CompiledNode(
+        out[name] = CompiledNode(
             module=module or None,
             file=scrub_path(frame[0], roots) if frame else None,
             line=frame[1] if frame else None,
             function=frame[2] if frame else None,
             code=frame[3][:200] if frame else None,
+            target=target[:200] if target else None,
+            inputs=inputs,
         )
     return out
+
+
+def graph_nodes(graph_module: Any, roots: Iterable[str] = ()) -> dict[str, CompiledNode]:
+    """Module path, innermost stack frame, op and inputs of each computing node of an FX graph."""
+    return rows_nodes(graph_rows(graph_module), roots)
 
 
 def map_path(key: str) -> Path:
@@ -103,9 +189,9 @@ def _read_map(key: str) -> dict[str, CompiledNode]:
     return {name: CompiledNode.model_validate(n) for name, n in data["nodes"].items()}
 
 
-def _remember(graph_module: Any, keys: list[str]) -> None:
+def _remember(rows: list[_Row], keys: list[str]) -> None:
     """Link the graph's nodes to the generated modules its compile/load brought in."""
-    nodes = graph_nodes(graph_module, scrub_roots_default())
+    nodes = rows_nodes(rows, scrub_roots_default())
     if not any(n.module for n in nodes.values()):
         return  # a graph without module paths (vLLM's cached graphs): keep what is known
     st = state()
@@ -118,13 +204,13 @@ def _remember(graph_module: Any, keys: list[str]) -> None:
 
 def record_graph(graph_module: Any, call: Callable[[], Any]) -> Any:
     """Run ``call`` (a compile or a load of ``graph_module``); map the modules it loaded."""
-    before = guarded("compiled_code", loaded_modules)
+    mark = guarded("compiled_code", _mark)
+    rows = guarded("compiled_code", graph_rows, graph_module) if graph_module is not None else None
     result = call()
-    if before is not None and graph_module is not None:
-        after = guarded("compiled_code", loaded_modules) or {}
-        new = [k for k in after if k not in before]
+    if mark is not None and rows:
+        new = guarded("compiled_code", _loaded_since, mark) or {}
         if new:
-            guarded("compiled_code", _remember, graph_module, new)
+            guarded("compiled_code", _remember, rows, sorted(new))
     return result
 
 
@@ -154,8 +240,11 @@ def _file(key: str, path: str, notes: list[str]) -> CompiledFile | None:
     if p.stat().st_size > _MAX_SOURCE_BYTES:
         notes.append(f"{key}: generated module over {_MAX_SOURCE_BYTES >> 20} MiB, not read")
         return None
+    text = p.read_text(encoding="utf-8", errors="replace")
+    if "empty_strided" not in text and "= torch.ops." not in text:
+        return None  # a kernel's module (Triton, C++ binding): it allocates nothing
     try:
-        parsed = parse_generated(p.read_text(encoding="utf-8", errors="replace"), key)
+        parsed = parse_generated(text, key)
     except (SyntaxError, ValueError) as exc:
         notes.append(f"{key}: generated module not parsed ({type(exc).__name__})")
         return None
@@ -167,8 +256,33 @@ def _file(key: str, path: str, notes: list[str]) -> CompiledFile | None:
         nodes = guarded("compiled_code", _read_map, key) or {}
         if not nodes:
             notes.append(f"{key}: no module map (compiled before memest recorded it)")
-    parsed.nodes = {name: nodes[name] for s in parsed.sites for name in s.nodes if name in nodes}
+    listed = {name for site in parsed.sites for name in site.nodes}
+    parsed.nodes = {
+        name: node.model_copy(update={"inputs": listed_inputs(name, nodes, listed)})
+        for name, node in nodes.items()
+        if name in listed
+    }
     return parsed
+
+
+def listed_inputs(
+    name: str, nodes: dict[str, CompiledNode], listed: set[str], limit: int = 256
+) -> list[str]:
+    """The listed nodes ``name`` reads, directly or through nodes no comment lists (a view, a
+    dtype cast), at most ``limit`` nodes walked."""
+    out: list[str] = []
+    stack = list(nodes[name].inputs)
+    seen: set[str] = set()
+    while stack and len(seen) < limit:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in listed:
+            out.append(n)
+        elif n in nodes:
+            stack.extend(nodes[n].inputs)
+    return sorted(out)
 
 
 def collect() -> CompiledCode | None:

@@ -14,9 +14,16 @@ from pathlib import Path
 import pytest
 
 from memest.analysis import OwnerRules, analyze
-from memest.analysis.inductor import generated_key, innermost_frame, module_path, parse_generated
+from memest.analysis.inductor import (
+    generated_key,
+    innermost_frame,
+    module_path,
+    op_name,
+    parse_generated,
+    producer_order,
+)
 from memest.errors import ConfigError, SnapshotFormatError
-from memest.schema import CompiledCode, CompiledNode
+from memest.schema import CompiledCode, CompiledFile, CompiledNode, CompiledSite
 from memest.snapshot import load_snapshot
 
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -248,3 +255,106 @@ def test_a_real_snapshot_file_is_gzip_json_with_generated_frames() -> None:
     frames = json.loads(gzip.decompress(path.read_bytes()))["frames"]
     keys = {generated_key(str(f[0])) for f in frames} - {None}
     assert keys, "the H200 histories' frames name Inductor's generated files"
+
+
+# An extern op's comment lists the nodes it reads as well: torch 2.14's CPU wrapper for the
+# small model of tests/unit/instrumentation_vllm/inductor_block.py lists SDPA's node ``o`` in the
+# middle of the q/k-norm and RoPE nodes that feed it (the order Inductor scheduled their ATen
+# nodes in). The names and edges below are that graph's (module paths as Dynamo records them).
+_SDPA_LISTED = [
+    "split", "view", "q_1", "q_2", "transpose", "o", "view_1", "k_1", "k_2", "transpose_1",
+    "view_2", "transpose_2",
+]  # fmt: skip
+_SDPA_NODES = {
+    "split": CompiledNode(module="layers.0.self_attn", inputs=[]),
+    "view": CompiledNode(module="layers.0.self_attn", inputs=["split"]),
+    "q_1": CompiledNode(module="layers.0.self_attn.q_norm", inputs=["view"]),
+    "q_2": CompiledNode(module="layers.0.self_attn", inputs=["q_1"]),
+    "transpose": CompiledNode(module="layers.0.self_attn", inputs=["q_2"]),
+    "o": CompiledNode(
+        module="layers.0.self_attn",
+        code="o = F.scaled_dot_product_attention(",
+        target="torch._C._nn.scaled_dot_product_attention",
+        inputs=["transpose", "transpose_1", "transpose_2"],
+    ),
+    "view_1": CompiledNode(module="layers.0.self_attn", inputs=["split"]),
+    "k_1": CompiledNode(module="layers.0.self_attn.k_norm", inputs=["view_1"]),
+    "k_2": CompiledNode(module="layers.0.self_attn", inputs=["k_1"]),
+    "transpose_1": CompiledNode(module="layers.0.self_attn", inputs=["k_2"]),
+    "view_2": CompiledNode(module="layers.0.self_attn", inputs=["split"]),
+    "transpose_2": CompiledNode(module="layers.0.self_attn", inputs=["view_2"]),
+}
+_SDPA_KERNEL = "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default"
+
+
+def _one_site(kernel: str, listed: list[str], nodes: dict[str, CompiledNode]) -> CompiledCode:
+    site = CompiledSite(line=3, buffer="buf7", kernel=kernel, nodes=listed)
+    return CompiledCode(files=[CompiledFile(key=KEY, sites=[site], nodes=nodes)])
+
+
+def test_an_extern_op_is_charged_to_the_node_that_produces_it_not_to_its_inputs() -> None:
+    code = _one_site(_SDPA_KERNEL, _SDPA_LISTED, _SDPA_NODES)
+    # the producer is the listed node no other listed node reads: o
+    assert producer_order(code.files[0], code.files[0].sites[0]) == ["o"]
+    assert _owner(OwnerRules.default().with_compiled(code), 3) == "attn_output"
+    # with module rules only, the site says which module lacks a rule, never q/k-norm
+    module_only = OwnerRules(rules=[r for r in OwnerRules.default().rules if r.module])
+    assert (
+        _owner(module_only.with_compiled(code), 3)
+        == "compiled_piece:no rule for layers.*.self_attn"
+    )
+
+
+def test_an_extern_op_matching_a_node_op_names_that_node() -> None:
+    # GIVEN vLLM's attention op listed first, its q/k-norm inputs after it, no edges recorded
+    nodes = {
+        "output": CompiledNode(
+            module="layers.0.self_attn.attn",
+            target="torch.ops.vllm.unified_attention_with_output.default",
+        ),
+        "q_normed": CompiledNode(module="layers.0.self_attn.q_norm"),
+        "k_normed": CompiledNode(module="layers.0.self_attn.k_norm"),
+    }
+    code = _one_site(
+        "torch.ops.vllm.unified_attention_with_output.default",
+        ["output", "q_normed", "k_normed"],
+        nodes,
+    )
+    assert op_name("torch.ops.vllm.unified_attention_with_output.default") == (
+        "vllm.unified_attention_with_output"
+    )
+    assert op_name("extern_kernels.mm") is None
+    assert _owner(OwnerRules.default().with_compiled(code), 3) == "attn_output"
+
+
+def test_a_generated_kernel_still_falls_back_to_the_nodes_it_fuses() -> None:
+    # a Triton kernel computes every listed node: an unnamed sink lets an upstream node name it
+    nodes = {
+        "rms": CompiledNode(module="layers.0.input_layernorm", inputs=[]),
+        "mystery": CompiledNode(module="layers.0.mystery", inputs=["rms"]),
+    }
+    code = _one_site("triton_poi_fused_0", ["rms", "mystery"], nodes)
+    assert producer_order(code.files[0], code.files[0].sites[0]) == ["mystery", "rms"]
+    assert _owner(OwnerRules.default().with_compiled(code), 3) == "norm"
+    # a map without edges (recorded before inputs were) keeps the last-listed-first order
+    bare = {k: CompiledNode(module=v.module) for k, v in _SDPA_NODES.items()}
+    code = _one_site(_SDPA_KERNEL, _SDPA_LISTED, bare)
+    assert producer_order(code.files[0], code.files[0].sites[0])[0] == "transpose_2"
+
+
+def test_unsorted_comments_and_strided_allocations_are_read() -> None:
+    # GIVEN the wrapper forms torch 2.11 and 2.14 share besides the fixture's: an "Unsorted"
+    # source-node comment (nodes from several graphs) and an allocation with an as_strided view
+    source = (
+        "def call(args):\n"
+        "    buf0 = empty_strided_cuda((8, 64), (64, 1), torch.bfloat16).as_strided((8, 32), (64, 1))\n"
+        "    # Unsorted Source Nodes: [linear_9], Original ATen: [aten.mm]\n"
+        "    extern_kernels.mm(args[0], args[1], out=buf0)\n"
+        "    buf1 = empty_strided_p2p((8, ), (1, ), torch.bfloat16, torch.device('cuda:0'), group_name='0', alloc_id=1)\n"
+        "    return (buf0, buf1, )\n"
+    )
+    sites = parse_generated(source, KEY).sites
+    assert [(s.line, s.buffer, s.kernel, s.nodes) for s in sites] == [
+        (2, "buf0", "extern_kernels.mm", ["linear_9"]),
+        (5, "buf1", None, []),
+    ]

@@ -86,6 +86,15 @@ def test_allocations_in_generated_code_are_charged_to_model_owners(
     for line, owner in expected.items():
         frames = [["torch/_ops.py", 1, "f"], [f"/somewhere/{key}", line, "call"]]
         assert rules.classify(frames)[0] == owner
+    # SDPA is an extern op whose comment lists the q/k-norm and RoPE nodes feeding it as well:
+    # it is charged to the node that produces it (F.scaled_dot_product_attention), not to them
+    sdpa = [
+        i + 1
+        for i, text in enumerate(source.splitlines())
+        if re.search(r"buf\d+ = torch\.ops\.aten\._scaled_dot_product", text)
+    ]
+    assert len(sdpa) == 1
+    assert rules.classify([[key, sdpa[0], "call"]])[0] == "attn_output"
     # and a CPU kernel launch (no source-node comment on CPU) says so
     cpp_line = _alloc_line(source, f"{TOKENS}, {FFN}")
     frames = [[key, cpp_line, "call"]]

@@ -95,3 +95,67 @@ def test_a_failing_compile_propagates_unchanged(monkeypatch: pytest.MonkeyPatch)
 
     with pytest.raises(Boom):
         inductor.wrap_adaptor(compile)(object(), "g", [])
+
+
+def test_the_graph_is_read_before_the_compiler_may_rewrite_it(
+    fake_codecache: list[Any], tmp_path: Path
+) -> None:
+    # GIVEN a real FX graph with module paths, and a "compile" that loads a generated module and
+    # then strips the graph's metadata (vLLM donates the graph to standalone_compile on torch
+    # >= 2.13, which may rewrite it)
+    import torch
+
+    class Proj(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv_proj = torch.nn.Linear(4, 12)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.qkv_proj(x).float().relu()
+
+    captured: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        captured.append(gm)
+        return gm.forward
+
+    torch.compile(Proj(), backend=backend, fullgraph=True)(torch.ones(2, 4))
+    (gm,) = captured
+    gen = tmp_path / KEY
+    gen.parent.mkdir(parents=True, exist_ok=True)
+    gen.write_text("def call(args):\n    pass\n")
+
+    def compile_and_donate() -> str:
+        fake_codecache.append(SimpleNamespace(__file__=str(gen)))
+        for node in gm.graph.nodes:
+            node.meta.clear()
+        return "compiled"
+
+    # WHEN it runs under record_graph THEN the map names the nodes as they were before
+    assert inductor.record_graph(gm, compile_and_donate) == "compiled"
+    nodes = state().code_nodes[KEY]
+    linear = [n for n in nodes.values() if n.module == "qkv_proj"]
+    assert len(linear) == 1 and linear[0].target == "torch._C._nn.linear"
+    relu = [name for name, n in nodes.items() if n.target and n.target.endswith("relu")]
+    assert len(relu) == 1
+    # the relu reads the linear through the float() cast; listed_inputs looks through it
+    (lin_name,) = [name for name, n in nodes.items() if n.module == "qkv_proj"]
+    assert nodes[relu[0]].inputs != [lin_name]
+    assert inductor.listed_inputs(relu[0], nodes, {relu[0], lin_name}) == [lin_name]
+    assert state().hook_errors == []
+
+
+def test_only_modules_loaded_during_the_call_are_linked(
+    fake_codecache: list[Any], tmp_path: Path
+) -> None:
+    # GIVEN one generated module loaded before the call and one during it
+    before = SimpleNamespace(__file__=str(tmp_path / ("ee/c" + "e" * 52 + ".py")))
+    during = SimpleNamespace(__file__=str(tmp_path / KEY))
+    fake_codecache.append(before)
+    mark = inductor._mark()
+    fake_codecache.append(during)
+    assert list(inductor._loaded_since(mark)) == [KEY]
+    # a cache clear in between (the lists shrank): every module loaded now counts
+    fake_codecache.clear()
+    fake_codecache.append(during)
+    assert list(inductor._loaded_since((5, 0))) == [KEY]
