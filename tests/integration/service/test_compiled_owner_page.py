@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import html
+from urllib.parse import quote
 
 from fastapi.testclient import TestClient
 
+from memest.identity import model_display_name
 from tests.integration.service.conftest import AUTH
 from tests.unit.reporters.test_compiled_owners import synthetic_report
 
@@ -20,7 +22,8 @@ def test_run_page_labels_compiled_owners(client: TestClient) -> None:
     )
     assert posted.status_code in (200, 201), posted.text
     # WHEN its run page is rendered
-    page = client.get(f"/models/{report.model}", params={"run": report.run_id})
+    model = model_display_name(report.model)  # a local path is stored under its folder name
+    page = client.get(f"/models/{quote(model, safe='')}", params={"run": report.run_id})
     assert page.status_code == 200
     text = html.unescape(page.text)
     # THEN the owners read as words, and the unnamed one says why
