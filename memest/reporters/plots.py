@@ -168,7 +168,7 @@ def stage_owner_svg(bars: Sequence[StageBar], title: str = "Added graph-pool mem
         out.append(
             f'<g class="legend-entry" data-label="{escape(e.label)}" data-bytes="{e.bytes}">'
             f'<rect x="{lx:.1f}" y="{ly}" width="12" height="12" fill="{e.color}"/>'
-            f'<text x="{lx + 18:.1f}" y="{ly + 10}">{escape(_short(e.label, 60))} · '
+            f'<text x="{lx + 18:.1f}" y="{ly + 10}">{escape(_short(e.label, 38))} · '
             f"{fmt_gib(e.bytes)} GiB<title>{escape(', '.join(e.owners))}</title></text></g>"
         )
     out.append("</svg>")
