@@ -145,7 +145,7 @@ def stage_owner_svg(bars: Sequence[StageBar], title: str = "Added graph-pool mem
     width, left, right, top, row_h, gap = 1100, 190, 230, 48, 26, 16
     plot_w = width - left - right
     legend = _owner_legend(bars)
-    cols = 3
+    cols = 2  # a 60-character label and its GiB fit a half-width column, never a third
     legend_top = top + len(bars) * (row_h + gap) + 18
     height = legend_top + ((len(legend) + cols - 1) // cols) * 20 + 8
     max_gib = _nice_max(max((b.pool_growth_bytes / GiB for b in bars), default=0))
@@ -168,7 +168,7 @@ def stage_owner_svg(bars: Sequence[StageBar], title: str = "Added graph-pool mem
         out.append(
             f'<g class="legend-entry" data-label="{escape(e.label)}" data-bytes="{e.bytes}">'
             f'<rect x="{lx:.1f}" y="{ly}" width="12" height="12" fill="{e.color}"/>'
-            f'<text x="{lx + 18:.1f}" y="{ly + 10}">{escape(_short(e.label, 38))} · '
+            f'<text x="{lx + 18:.1f}" y="{ly + 10}">{escape(_short(e.label, 60))} · '
             f"{fmt_gib(e.bytes)} GiB<title>{escape(', '.join(e.owners))}</title></text></g>"
         )
     out.append("</svg>")
