@@ -95,3 +95,14 @@ def with_display_model(report: RunReport) -> RunReport:
     if report.config.model != report.model:
         notes = [*notes, f"model as reported: {report.model}"]
     return report.model_copy(update={"model": name, "notes": notes})
+
+
+def stored_form(report: RunReport) -> RunReport:
+    """``report`` as the service stores it: under its model's display name
+    (:func:`with_display_model`) and with its build label defaulted (:func:`with_default_label`),
+    so the API, the pages and /metrics name a build as the plugin does
+    (``vllm-0.33.0+memest-0.1.0`` when the report gives no label)."""
+    report = with_display_model(report)
+    if report.build.label:
+        return report
+    return report.model_copy(update={"build": with_default_label(report.build)})

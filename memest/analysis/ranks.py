@@ -45,7 +45,7 @@ FIGURES: dict[str, Callable[[RunReport], int | None]] = {
     "kv_blocks": lambda r: r.kv_cache.num_blocks if r.kv_cache else None,
     "available_kv_bytes": lambda r: r.vllm.available_kv_cache_bytes if r.vllm else None,
     "used_end_bytes": _final_used,
-    "vllm_cudagraph_estimate_bytes": lambda r: r.vllm.cudagraph_estimate_bytes if r.vllm else None,
+    "vllm_cudagraph_logged_bytes": lambda r: r.vllm.cudagraph_estimate_bytes if r.vllm else None,
 }
 """The per-rank figures compared across ranks (name -> reader; None when the report lacks it)."""
 

@@ -31,14 +31,19 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from memest.analysis import OwnerRules, analyze
-from memest.analysis.ranks import DEFAULT_REL_THRESHOLD, RankAggregate, aggregate_ranks
+from memest.analysis.ranks import (
+    DEFAULT_REL_THRESHOLD,
+    STAGE_FIGURE,
+    RankAggregate,
+    aggregate_ranks,
+)
 from memest.cli._reports import load_report
 from memest.errors import CommandError
 from memest.files import MAX_REPORT_BYTES, load_json_file
 from memest.reporters.breakdown import render_markdown, render_text
 from memest.schema.breakdown import PhaseRecord
 from memest.snapshot import load_snapshot
-from memest.units import fmt_bytes, parse_bytes
+from memest.units import fmt_gib, parse_bytes
 
 
 def _load_phases(path: Path) -> list[PhaseRecord]:
@@ -145,20 +150,39 @@ def _run_ranks(args: argparse.Namespace) -> int:
     return 0 if agg.consistent else 1
 
 
+#: How each per-rank figure (memest.analysis.ranks.FIGURES, --json keys) reads in the table.
+FIGURE_LABELS = {
+    "weights_bytes": "Weights, GiB",
+    "graph_pool_growth_bytes": "Graph-pool growth, GiB",
+    "capture_added_bytes": "Added during capture, GiB",
+    "kv_blocks": "KV blocks",
+    "available_kv_bytes": "KV memory vLLM made available, GiB",
+    "used_end_bytes": "Device memory in use at the end of init, GiB",
+    "vllm_cudagraph_logged_bytes": "vLLM's logged graph estimate, GiB",
+}
+
+
+def figure_label(name: str) -> str:
+    """A per-rank figure as the table names it; a stage's pool growth names its stage."""
+    if name.startswith(STAGE_FIGURE):
+        return f"Pool growth of stage {name[len(STAGE_FIGURE) :]}, GiB"
+    return FIGURE_LABELS.get(name, name)
+
+
+def _cell(name: str, value: int) -> str:
+    is_bytes = name.endswith("_bytes") or name.startswith(STAGE_FIGURE)
+    return fmt_gib(value) if is_bytes else f"{value:,}"
+
+
 def render_ranks(agg: RankAggregate) -> str:
     """The ranks of one run side by side, then the flags."""
     lines = [f"run {agg.run_id}: ranks {agg.ranks} of world size {agg.world_size}", ""]
-    header = ["figure", *[f"rank {r}" for r in agg.ranks]]
+    header = ["Figure", *[f"rank {r}" for r in agg.ranks]]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
     for name, values in agg.figures.items():
-        cells = [
-            (fmt_bytes(values[r]) if name.endswith("_bytes") else str(values[r]))
-            if r in values
-            else ""
-            for r in agg.ranks
-        ]
-        lines.append("| " + " | ".join([name, *cells]) + " |")
+        cells = [_cell(name, values[r]) if r in values else "" for r in agg.ranks]
+        lines.append("| " + " | ".join([figure_label(name), *cells]) + " |")
     lines.append("")
     if agg.binding_rank is not None and len(agg.ranks) > 1:
         lines.append(

@@ -208,9 +208,6 @@ BUDGET_PART_LABELS = {
 }
 #: The estimators whose split the run page shows, and how it names them.
 SPLIT_ESTIMATORS = {"vllm": "vLLM's estimate", "memest": "memest's estimate"}
-#: Estimators whose ``non_kv_cache_bytes`` already hold their graph estimate (memest's terms do;
-#: vLLM's non-KV figure leaves the graph estimate out and subtracts it on its own).
-_GRAPHS_IN_NON_KV = frozenset({"memest"})
 
 
 @dataclass(frozen=True)
@@ -231,11 +228,10 @@ def budget_split(accounting: StartAccounting, estimator: str) -> BudgetSplit | N
     rec = accounting.estimator(estimator)
     if rec is None or estimator not in SPLIT_ESTIMATORS:
         return None
-    non_kv, graphs, kv = rec.non_kv_cache_bytes, rec.cudagraph_estimate_bytes, rec.kv_cache_bytes
+    non_kv, graphs = rec.non_kv_besides_graphs_bytes(), rec.cudagraph_estimate_bytes
+    kv = rec.kv_cache_bytes
     if non_kv is None or graphs is None or kv is None:
         return None
-    if estimator in _GRAPHS_IN_NON_KV:
-        non_kv -= graphs
     values = {"non_kv_bytes": non_kv, "graph_bytes": graphs, "kv_cache_bytes": kv}
     return BudgetSplit(
         estimator=estimator,

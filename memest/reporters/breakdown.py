@@ -67,6 +67,13 @@ def _phase_table(bd: Breakdown, f: _Fmt, phases: Sequence[PhaseRecord]) -> Break
     return ("Added GPU memory per phase", header, rows, notes)
 
 
+#: Why a PIECEWISE stage's count in a snapshot is larger than the capture plan's.
+PIECEWISE_COUNT_NOTE = (
+    "(per piece): a PIECEWISE stage captures one CUDA graph per piece of the split model for "
+    "each size, so the allocator counts sizes × pieces where the capture plan counts sizes"
+)
+
+
 def _stage_table(staged: Sequence[StageGrowth], f: _Fmt) -> BreakdownTable:
     """Graph counts and pool growth per capture stage (a Widest column only when known)."""
     u = f.unit
@@ -80,20 +87,26 @@ def _stage_table(staged: Sequence[StageGrowth], f: _Fmt) -> BreakdownTable:
     for phase, group in by_phase.items():
         for s in group:
             count = "" if s.graph_count is None else str(s.graph_count)
+            if count and s.stage.endswith(".piecewise"):
+                count += " (per piece)"
             rows.append(
                 [_stage_label(s.phase, s.stage), *([s.widest or ""] if widest else [])]
                 + [count, f(s.pool_growth_bytes), f(s.default_pool_growth_bytes)]
             )
         counted = [s.graph_count for s in group if s.graph_count is not None]
+        piecewise = any(s.graph_count and s.stage.endswith(".piecewise") for s in group)
         rows.append(
             [_stage_label(phase, "Total graph pool"), *([""] if widest else [])]
             + [
-                str(sum(counted)) if counted else "",
+                f"{sum(counted)}{' (pieces counted)' if piecewise else ''}" if counted else "",
                 f(sum(s.pool_growth_bytes for s in group)),
                 f(sum(s.default_pool_growth_bytes for s in group)),
             ]
         )
-    return ("Measured graph counts and capture-stage memory", header, rows, [])
+    notes = []
+    if any(s.graph_count and s.stage.endswith(".piecewise") for s in staged):
+        notes.append(f"{PIECEWISE_COUNT_NOTE}.")
+    return ("Measured graph counts and capture-stage memory", header, rows, notes)
 
 
 def tables(

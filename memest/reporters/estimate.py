@@ -43,7 +43,7 @@ def _estimator_rows(records: list[EstimateRecord]) -> list[list[str]]:
         [
             r.estimator,
             _gib(r.cudagraph_estimate_bytes),
-            _gib(r.non_kv_cache_bytes),
+            _gib(r.non_kv_besides_graphs_bytes()),
             _gib(r.kv_cache_bytes),
             _int(r.kv_tokens),
             _gib(r.usage_minus_budget_bytes, signed=True),
@@ -57,7 +57,7 @@ def render_accounting(acc: StartAccounting) -> str:
     header = [
         "estimator",
         "graph memory GiB",
-        "non-KV GiB",
+        "non-KV besides graphs GiB",
         "KV GiB",
         "KV tokens",
         "usage - budget GiB",

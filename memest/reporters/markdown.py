@@ -20,6 +20,7 @@ from memest.reporters.views import (
     PhaseRow,
     build_label,
     config_summary,
+    definition_line,
     fingerprint,
     model_name,
     phase_rows,
@@ -60,13 +61,13 @@ def run_tables(report: RunReport) -> list[Table]:
         ["KV cache, GiB", _g(f.kv_cache_bytes)],
         ["Non-KV memory, GiB", _g(f.non_kv_bytes)],
         ["Requests at max_model_len", _r(f.max_concurrency)],
-        ["vLLM CUDA-graph estimate, GiB", _g(f.cudagraph_estimate_bytes, 2)],
+        ["vLLM CUDA-graph estimate, GiB", _g(f.cudagraph_estimate_bytes)],
         ["Usage minus budget (this start), GiB", _sg(f.usage_minus_budget_bytes)],
         ["Usage minus budget (vLLM), GiB", _sg(f.estimator_error_bytes)],
         ["Usage minus budget (memest), GiB", _sg(f.memest_error_bytes)],
     ]
     if f.definition == "stored":
-        summary.append(["Definition", f.definition_note])
+        summary.append(["Definition", definition_line(report, account(report))])
     out = [Table("Summary", ["Figure", "Value"], summary)]
     bd = report.breakdown
     if bd is not None and bd.phases:
@@ -98,7 +99,7 @@ def run_tables(report: RunReport) -> list[Table]:
                 [
                     [
                         r.estimator,
-                        _g(r.cudagraph_estimate_bytes, 2),
+                        _g(r.cudagraph_estimate_bytes),
                         _n(r.kv_tokens),
                         _sg(r.usage_minus_budget_bytes),
                     ]
@@ -197,7 +198,7 @@ def comparison_tables(cmp: Comparison) -> list[Table]:
         elif d.key.startswith("usage"):
             est_rows.append([d.label + ", GiB", _sg(d.a), _sg(d.b), ""])
         else:
-            est_rows.append([d.label + ", GiB", _g(d.a, 2), _g(d.b, 2), _r(d.ratio)])
+            est_rows.append([d.label + ", GiB", _g(d.a), _g(d.b), _r(d.ratio)])
     est_rows.append([f"KV capacity relative to {a}", "1.00×", _r(cmp.kv_ratio), ""])
     out.append(Table("Budget and resulting KV capacity", ["", a, b, "ratio"], est_rows))
     return out
@@ -245,7 +246,7 @@ def comparison_title(cmp: Comparison) -> str:
     text = f"{title}: {cmp.a_name} → {cmp.b_name}"
     if cmp.a_name == "A":
         changed = "; ".join(f"{c.field} {c.a} → {c.b}" for c in cmp.changes[:2])
-        text += f" ({changed or 'same build and configuration'})"
+        text += f" ({changed or 'same build, configuration and KV sizing'})"
     return text
 
 
@@ -256,13 +257,17 @@ def _compared(cmp: Comparison) -> Table:
         ["Run", f"`{a.run_id}`", f"`{b.run_id}`"],
         ["Build", a.build, b.build],
         ["Commit", a.commit or "not recorded", b.commit or "not recorded"],
+        ["KV cache sized by", a.kv_sized_by or "not recorded", b.kv_sized_by or "not recorded"],
         ["Configuration", a.config_summary, b.config_summary],
         ["Fingerprint", f"`{a.config_fingerprint}`", f"`{b.config_fingerprint}`"],
         ["Source", a.source, b.source],
     ]
     notes = [
         "Differences: "
-        + ("; ".join(f"{c.field} {c.a} → {c.b}" for c in cmp.changes) or "none")
+        + (
+            "; ".join(f"{c.field} {c.a} → {c.b}" for c in cmp.changes)
+            or "none (same build, configuration and KV sizing: run-to-run variation)"
+        )
         + "."
     ]
     return Table("What is compared", ["", cmp.a_name, cmp.b_name], rows, notes)

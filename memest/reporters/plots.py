@@ -145,7 +145,7 @@ def stage_owner_svg(bars: Sequence[StageBar], title: str = "Added graph-pool mem
     width, left, right, top, row_h, gap = 1100, 190, 230, 48, 26, 16
     plot_w = width - left - right
     legend = _owner_legend(bars)
-    cols = 3
+    cols = 2  # a 60-character label and its GiB fit a half-width column, never a third
     legend_top = top + len(bars) * (row_h + gap) + 18
     height = legend_top + ((len(legend) + cols - 1) // cols) * 20 + 8
     max_gib = _nice_max(max((b.pool_growth_bytes / GiB for b in bars), default=0))

@@ -21,9 +21,9 @@ from memest.identity import (
     with_default_label,
 )
 from memest.reporters.owners import owner_key, owner_label
-from memest.schema import PhaseRecord, RunConfig, RunReport, StartAccounting
+from memest.schema import CapturePlan, PhaseRecord, RunConfig, RunReport, StartAccounting
 from memest.schema.breakdown import PhaseSplit
-from memest.units import GiB
+from memest.units import GiB, fmt_gib
 
 #: A later build regresses when its KV tokens drop by more than this fraction ...
 KV_DROP_FRACTION = 0.01
@@ -97,6 +97,18 @@ def kv_sized_by(report: RunReport) -> str | None:
     return None
 
 
+def definition_line(report: RunReport, accounting: StartAccounting) -> str:
+    """What a start's figures are when memest cannot recompute them (empty when it can):
+    published figures say so, a measured start says it was measured by an older definition."""
+    if accounting.definition != "stored":
+        return ""
+    note = accounting.definition_note
+    reason = note.split(": ", 1)[1] if ": " in note else note
+    if report.source == "published":
+        return f"Published figures, not measured by memest: {short_paths(reason)}"
+    return f"Measured by an older definition: {short_paths(reason)}"
+
+
 def kv_tokens(report: RunReport) -> int | None:
     """KV capacity in tokens (the start's accounting)."""
     return account(report).kv_tokens
@@ -145,10 +157,19 @@ def run_facts(report: RunReport) -> RunFacts:
     )
 
 
+def ran_plan(report: RunReport) -> CapturePlan | None:
+    """The capture plan the start ran: vLLM's own sizing (``vllm-<version>``) when the report
+    carries it, else its first plan; None when it carries none."""
+    plans = report.capture_plans
+    own = [p for p in plans if p.sizing.startswith("vllm-")]
+    return own[0] if own else plans[0] if plans else None
+
+
 def runner_counts(report: RunReport) -> list[RunnerCount]:
-    """The graph-count table: the report's first capture plan, else the stages' counted graphs."""
-    if report.capture_plans:
-        plan = report.capture_plans[0]
+    """The graph-count table: the capture plan the start ran (``ran_plan``), else the stages'
+    counted graphs."""
+    plan = ran_plan(report)
+    if plan is not None:
         out = []
         for r in plan.runners:
             if r.widest_requests is not None and r.unit == "requests":
@@ -219,6 +240,9 @@ class RunRef(BaseModel):
     created_at: datetime | None = None
     config_fingerprint: str = ""
     config_summary: str = Field(default="", description="The configuration in a few words")
+    kv_sized_by: str | None = Field(
+        default=None, description="Who sized the start's KV cache: vllm, memest or memest-plan"
+    )
 
 
 class Change(BaseModel):
@@ -308,11 +332,13 @@ def run_ref(report: RunReport) -> RunRef:
         created_at=report.created_at,
         config_fingerprint=fingerprint(report),
         config_summary=config_summary(report.config),
+        kv_sized_by=kv_sized_by(report),
     )
 
 
 def changes(a: RunReport, b: RunReport) -> list[Change]:
-    """What two runs differ in: build label, vLLM and memest versions, commit, configuration."""
+    """What two runs differ in: build label, vLLM and memest versions, commit, GPU, who sized the
+    KV cache (vLLM, or memest in apply/plan mode: MEMEST_ESTIMATE), configuration."""
     out = []
     pairs = (
         ("build", build_label(a), build_label(b)),
@@ -320,6 +346,7 @@ def changes(a: RunReport, b: RunReport) -> list[Change]:
         ("memest_version", a.build.memest_version, b.build.memest_version),
         ("commit", a.build.vllm_commit, b.build.vllm_commit),
         ("gpu", a.gpu.name if a.gpu else None, b.gpu.name if b.gpu else None),
+        ("kv_sized_by", kv_sized_by(a), kv_sized_by(b)),
     )
     for name, x, y in pairs:
         if x != y:
@@ -511,19 +538,25 @@ class HistoryPoint(BaseModel):
     kv_tokens: int | None = None
     graph_pool_bytes: int | None = None
     estimator_error_bytes: int | None = None
+    kv_sized_by: str | None = Field(
+        default=None,
+        description="Who sized the start's KV cache: 'vllm', 'memest' (apply mode, "
+        "MEMEST_ESTIMATE) or 'memest-plan'; None when the report does not say",
+    )
     compared_with: str | None = Field(
         default=None,
-        description="The previous run of the same configuration fingerprint: the baseline of "
-        "the regression checks (None: the configuration's first run)",
+        description="The previous run of the same configuration fingerprint whose KV cache the "
+        "same estimator sized: the baseline of the regression checks (None: the first such run)",
     )
     config_changes: list[Change] = Field(
         default_factory=list,
-        description="How the configuration differs from the previous run's (empty: same)",
+        description="For the first run of a configuration: how it differs from the run before "
+        "it (empty for a run with a baseline: that one has the same configuration)",
     )
     regressions: list[str] = Field(
         default_factory=list,
         description="kv_tokens, graph_pool_bytes or estimator_error_bytes when worse than the "
-        "previous run of the same configuration by more than the thresholds",
+        "baseline (compared_with) by more than the thresholds",
     )
 
 
@@ -535,10 +568,22 @@ class HistoryConfig(BaseModel):
     runs: int
 
 
+#: How each regression key reads on a page.
+REGRESSION_LABELS = {
+    "kv_tokens": "KV tokens dropped",
+    "graph_pool_bytes": "graph pool grew",
+    "estimator_error_bytes": "vLLM's usage − budget grew",
+}
+
+
 class History(BaseModel):
     model: str
     points: list[HistoryPoint]
     configs: list[HistoryConfig] = Field(default_factory=list)
+    regression_labels: dict[str, str] = Field(
+        default_factory=lambda: dict(REGRESSION_LABELS),
+        description="How each regression key reads",
+    )
     kv_drop_fraction: float = KV_DROP_FRACTION
     pool_growth_fraction: float = POOL_GROWTH_FRACTION
     estimate_error_growth_bytes: int = ESTIMATE_ERROR_GROWTH_BYTES
@@ -564,11 +609,13 @@ def history(model: str, reports: Sequence[RunReport]) -> History:
     """Per-build history of a model (one rank-0 report per run, oldest first).
 
     Regressions are checked against the previous run of the same configuration fingerprint
-    only; a run whose configuration differs from the run before it says what changed.
+    whose KV cache the same estimator sized (an apply start's vLLM figure is a recomputation,
+    not what vLLM gave); the first run of a configuration says how it differs from the run
+    before it.
     """
     points: list[HistoryPoint] = []
     configs: dict[str, HistoryConfig] = {}
-    last: dict[str, HistoryPoint] = {}
+    last: dict[tuple[str, str | None], HistoryPoint] = {}
     prev_report: RunReport | None = None
     for rep in sorted(reports, key=lambda r: (r.created_at, r.run_id)):
         f = run_facts(rep)
@@ -577,7 +624,7 @@ def history(model: str, reports: Sequence[RunReport]) -> History:
             fp, HistoryConfig(fingerprint=fp, summary=config_summary(rep.config), runs=0)
         )
         cfg.runs += 1
-        before = last.get(fp)
+        before = last.get((fp, f.kv_sized_by))
         p = HistoryPoint(
             run_id=rep.run_id,
             build=build_label(rep),
@@ -590,14 +637,15 @@ def history(model: str, reports: Sequence[RunReport]) -> History:
             kv_tokens=f.kv_tokens,
             graph_pool_bytes=f.graph_pool_bytes,
             estimator_error_bytes=f.estimator_error_bytes,
+            kv_sized_by=f.kv_sized_by,
             compared_with=before.run_id if before else None,
         )
-        if prev_report is not None and fingerprint(prev_report) != fp:
-            p.config_changes = config_changes(prev_report.config, rep.config)
         if before is not None:
             p.regressions = _regressions(p, before)
+        elif prev_report is not None and fingerprint(prev_report) != fp:
+            p.config_changes = config_changes(prev_report.config, rep.config)
         points.append(p)
-        last[fp] = p
+        last[(fp, f.kv_sized_by)] = p
         prev_report = rep
     return History(model=model, points=points, configs=list(configs.values()))
 
@@ -638,8 +686,11 @@ def phase_rows(splits: Sequence[PhaseSplit], records: Sequence[PhaseRecord]) -> 
 
 #: How nested phase rows read; every surface that nests phases says this.
 NESTED_NOTE = (
-    "↳ A phase inside the one above it: its memory is already in that phase's row, so only the "
-    "unindented rows add up"
+    "↳ A phase whose window lies inside the window of the phase it names: that phase's row is "
+    "the net change over its whole window, so it already holds what the inner phase kept, and "
+    "memest nets out what the inner phase added and the outer one freed before it ended (the "
+    "graph-memory profiling throws away its KV cache and graphs), which is why an inner row can "
+    "be larger than its outer one; only the unindented rows add up"
 )
 
 #: Why a phase's category can be negative; every surface that shows one says this.
@@ -655,12 +706,20 @@ class Notes(BaseModel):
 
     shown: list[str]
     more: list[str]
+    main: list[str] = Field(default_factory=list, description="Every note but the diagnostics")
+    diagnostics: list[str] = Field(
+        default_factory=list, description="The plugin's diagnostics (history stage rows, files)"
+    )
 
 
 #: Notes that are diagnostics of the plugin (per-stage history rows, where files were kept).
 _DIAGNOSTIC = ("history stage row:", "allocator history kept at", "allocator history off")
 #: An absolute path: shown as its file name only (no host folders on a page).
 _PATH = re.compile(r"(?<![\w.~])/(?:[^\s/:;,()]+/)+([^\s/:;,()]+)")
+#: A byte figure in a plugin note ("570428928 B", "132096694682 -> 131000000000 B").
+_BYTES = re.compile(r"(?<![\w.])(-?\d+)(?: -> (-?\d+))? B\b")
+#: The plugin's name for what vLLM logged as its graph estimate, and every surface's name for it.
+_LOGGED = ("graph memory: vLLM estimate ", "graph memory: vLLM's logged graph estimate ")
 
 
 def short_paths(text: str) -> str:
@@ -668,9 +727,20 @@ def short_paths(text: str) -> str:
     return _PATH.sub(lambda m: m.group(1), text)
 
 
+def _gib_figure(m: re.Match[str]) -> str:
+    first = fmt_gib(int(m.group(1)))
+    return f"{first} GiB" if m.group(2) is None else f"{first} -> {fmt_gib(int(m.group(2)))} GiB"
+
+
+def readable_note(text: str) -> str:
+    """A plugin note as surfaces show it: paths cut to file names, byte figures in GiB
+    (``memest.units.fmt_gib``), vLLM's logged graph estimate named as the accounting names it."""
+    return _BYTES.sub(_gib_figure, short_paths(text)).replace(*_LOGGED)
+
+
 def notes(report: RunReport, keep: int = 4) -> Notes:
     """Up to ``keep`` notes worth reading first; the plugin's diagnostics and the rest after."""
-    lines = [short_paths(n) for n in report.notes]
+    lines = [readable_note(n) for n in report.notes]
     main = [n for n in lines if not n.startswith(_DIAGNOSTIC)]
     rest = [n for n in lines if n.startswith(_DIAGNOSTIC)]
-    return Notes(shown=main[:keep], more=main[keep:] + rest)
+    return Notes(shown=main[:keep], more=main[keep:] + rest, main=main, diagnostics=rest)

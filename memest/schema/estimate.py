@@ -8,11 +8,21 @@ from memest.schema._base import Bytes, Field, MemestModel, NonNegativeBytes
 
 Estimator = Literal["vllm", "memest", "memest-plan", "measured", "published"]
 
+#: Estimators whose ``non_kv_cache_bytes`` hold their CUDA-graph estimate (memest's terms do);
+#: vLLM's non-KV figure leaves its graph estimate out and subtracts it on its own.
+GRAPHS_IN_NON_KV: frozenset[str] = frozenset({"memest"})
+
 
 class EstimateRecord(MemestModel):
     estimator: Estimator
     cudagraph_estimate_bytes: Bytes | None = None
-    non_kv_cache_bytes: Bytes | None = None
+    non_kv_cache_bytes: Bytes | None = Field(
+        default=None,
+        description="What the estimator holds back from the budget besides the KV cache, as it "
+        "records it: memest's includes its CUDA-graph estimate, vLLM's leaves "
+        "it out, measured is usage minus the KV cache; compare estimators by "
+        "non_kv_besides_graphs_bytes()",
+    )
     kv_cache_bytes: NonNegativeBytes | None = None
     kv_tokens: int | None = Field(default=None, ge=0)
     usage_minus_budget_bytes: Bytes | None = Field(
@@ -21,6 +31,16 @@ class EstimateRecord(MemestModel):
         "positive = over budget",
     )
     note: str = ""
+
+    def non_kv_besides_graphs_bytes(self) -> int | None:
+        """Non-KV memory besides the CUDA-graph estimate: one definition for every estimator
+        (None when the record lacks a figure, and for measured/published records)."""
+        non_kv, graphs = self.non_kv_cache_bytes, self.cudagraph_estimate_bytes
+        if non_kv is None or self.estimator in ("measured", "published"):
+            return None
+        if self.estimator not in GRAPHS_IN_NON_KV:
+            return non_kv
+        return None if graphs is None else non_kv - graphs
 
 
 class FullInitTerms(MemestModel):

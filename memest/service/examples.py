@@ -12,7 +12,7 @@ from memest.analysis.stages import stage_bars
 from memest.demo import demo_reports
 from memest.estimate import account
 from memest.preflight import preflight
-from memest.reporters.views import compare, history, run_facts, runner_counts
+from memest.reporters.views import compare, history, notes, run_facts, runner_counts
 from memest.schema.preflight import PreflightRequest
 
 _DEMO = demo_reports()
@@ -58,12 +58,14 @@ RUN_DETAIL = {
     "capture_plans": REPORT["capture_plans"],
     "live_peaks": REPORT["breakdown"]["live_peaks"],
     "retained": REPORT["breakdown"]["retained"],
-    "estimate": REPORT["estimate"],
+    "stored_estimate": REPORT["estimate"],
+    "stored_estimate_status": "superseded by accounting",
     "computed_estimate": None,
     "computed_estimate_unavailable": "memest.estimate.compare is not available",
     "rank_check": RANK_CHECK,
     "ranks": [{"rank": 0, "report_id": CHANGE.report_id, "facts": FACTS}],
-    "notes": REPORT["notes"],
+    "notes": notes(CHANGE).main,
+    "diagnostics": notes(CHANGE).diagnostics,
     "hook_errors": [],
 }
 BREAKDOWN = {

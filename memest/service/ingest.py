@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Request
 from pydantic import ValidationError
 
-from memest.identity import with_display_model
+from memest.identity import stored_form
 from memest.schema import SCHEMA_VERSION, RunReport
 from memest.service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from memest.service.store import MAX_INT64, to_utc
@@ -140,7 +140,7 @@ def parse_report(body: bytes) -> RunReport:
         detail = "; ".join(f"{_loc(tuple(e['loc']))}: {e['msg']}" for e in errors[:10])
         raise BadRequest(f"invalid RunReport: {detail}", field=first) from None
     check_storable(report)
-    report = with_display_model(report)
+    report = stored_form(report)
     if report.created_at.tzinfo is None:
         # Stored and compared as UTC, like every other created_at (naive and aware never mix).
         report = report.model_copy(update={"created_at": report.created_at.replace(tzinfo=UTC)})

@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from memest.analysis.stages import stage_bars
 from memest.estimate import account
+from memest.identity import with_default_label
 from memest.schema import RunReport
 
 
@@ -48,7 +49,7 @@ class _StoredReports(Collector):
             "estimator",
         )
         for rep in self._latest():
-            labels = [rep.model, rep.build.label]
+            labels = [rep.model, with_default_label(rep.build).label]
             for bar in stage_bars(rep):
                 for seg in bar.owners:
                     pool.add_metric([*labels, bar.stage, seg.owner], seg.bytes)

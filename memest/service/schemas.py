@@ -92,7 +92,15 @@ class RunDetail(BaseModel):
     capture_plans: list[CapturePlan]
     live_peaks: list[LivePeak]
     retained: list[RetainedRow]
-    estimate: EstimateComparison | None = Field(description="Estimates stored in the report")
+    stored_estimate: EstimateComparison | None = Field(
+        description="The estimate block as the plugin stored it at the end of init, kept for "
+        "audit: superseded by `accounting` (recomputed from the report's readings with the "
+        "current definitions); no surface quotes its figures"
+    )
+    stored_estimate_status: str = Field(
+        default="superseded by accounting",
+        description="What stored_estimate is: always 'superseded by accounting'",
+    )
     computed_estimate: EstimateComparison | None = Field(
         default=None, description="memest.estimate.compare(report), when available"
     )
@@ -101,7 +109,15 @@ class RunDetail(BaseModel):
     )
     rank_check: RankCheck
     ranks: list[RankFacts]
-    notes: list[str]
+    notes: list[str] = Field(
+        description="The report's notes as pages show them (byte figures in GiB, paths cut to "
+        "file names); the raw notes are in the stored report (GET .../ranks/{rank})"
+    )
+    diagnostics: list[str] = Field(
+        default_factory=list,
+        description="The plugin's diagnostics (allocator history stage rows, where files were "
+        "kept), apart from the notes",
+    )
     hook_errors: list[str]
 
 

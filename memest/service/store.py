@@ -14,7 +14,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from memest.identity import model_display_name, with_display_model
+from memest.identity import model_display_name, stored_form
 from memest.reporters.views import graph_pool_bytes, kv_tokens
 from memest.schema import RunReport
 from memest.service.db import write_session
@@ -92,7 +92,7 @@ def _same_once_stored(stored: str, payload: str) -> bool:
         before = RunReport.model_validate_json(stored)
     except ValueError:
         return False
-    return canonical_json(with_display_model(before)) == payload
+    return canonical_json(stored_form(before)) == payload
 
 
 def _ingest_once(factory: sessionmaker[Session], report: RunReport, payload: str) -> IngestResult:

@@ -215,7 +215,8 @@ def test_apply_mode_run_page_has_no_vllm_usage_card(wide: Any, real_server: str)
 def test_compare_page_names_what_it_compares(wide: Any, real_server: str) -> None:
     wide.goto(f"{real_server}/compare?a={A}&b={D}")
     cmp = _api(real_server, "/api/v1/compare", a=A, b=D)
-    assert [c["field"] for c in cmp["changes"]] == ["gpu_memory_utilization"]
+    # A is an enable start (vLLM sized its KV cache), D an apply start (memest did).
+    assert [c["field"] for c in cmp["changes"]] == ["kv_sized_by", "gpu_memory_utilization"]
     title = wide.inner_text("#compare-title")
     assert title.startswith("llama8b: A → B") and "gpu_memory_utilization 0.85 → 0.7" in title
     heads = wide.eval_on_selector_all("#stages thead th", "els => els.map(e => e.innerText)")

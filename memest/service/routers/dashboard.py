@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 from importlib import resources
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -27,6 +28,7 @@ from memest.reporters.views import (
     build_label,
     compare,
     config_summary,
+    definition_line,
     fingerprint,
     history,
     model_name,
@@ -55,6 +57,14 @@ def _sgib(value: int | None) -> str:
     return gib_cell(value, signed=True)
 
 
+def _when(value: datetime | None) -> str:
+    """A time as pages show it: UTC, with its zone (a naive time is stored UTC)."""
+    if value is None:
+        return ""
+    aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return aware.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
 _BREAK_AFTER = re.compile(r"([_.+/-])")
 
 
@@ -66,6 +76,7 @@ def _wbr(text: object) -> Markup:
 
 templates.env.filters.update(
     wbr=_wbr,
+    when=_when,
     gib=_gib,
     sgib=_sgib,
     count=count_cell,
@@ -169,6 +180,7 @@ def model_page(
         accounting=accounting,
         phases=phase_rows(bd.phases, rep.phases) if bd else [],
         negative_note=NEGATIVE_NOTE,
+        definition_line=definition_line(rep, accounting),
         nested_note=NESTED_NOTE,
         notes=notes(rep),
         gpu_svg=_whole_gpu(rep, accounting, facts.kv_sized_by),

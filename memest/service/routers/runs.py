@@ -13,7 +13,7 @@ from memest.analysis.ranks import rank_check
 from memest.analysis.stages import stage_bars
 from memest.errors import ConfigError, MemestError
 from memest.estimate import account
-from memest.reporters.views import run_facts, runner_counts
+from memest.reporters.views import build_label, notes, run_facts, runner_counts
 from memest.schema import RunReport
 from memest.service import examples, store
 from memest.service.deps import (
@@ -122,8 +122,9 @@ def list_runs(
     responses={**examples.json_example(examples.RUN_DETAIL), 404: {"description": "No such run"}},
 )
 def read_run(run_id: RunIdPath, session: SessionDep, cache: CacheDep) -> RunDetail:
-    """One run: its breakdown (stage x owner) beside its capture plan's graph counts, the stored
-    and computed estimates, per-rank figures and whether the ranks agree."""
+    """One run: its accounting (the figures every surface shows), its breakdown (stage x owner)
+    beside its capture plan's graph counts, per-rank figures and whether the ranks agree; the
+    estimate block the plugin stored is kept as stored_estimate, superseded by accounting."""
     run = store.get_run(session, run_id)
     rows = store.run_reports(session, run_id)
     reports = [cache.get(r) for r in rows]
@@ -136,6 +137,7 @@ def read_run(run_id: RunIdPath, session: SessionDep, cache: CacheDep) -> RunDeta
         except Exception as exc:  # the estimator rejects this report: show why, keep the page
             reason = f"memest.estimate.compare failed: {exc}"
     bd = lead.breakdown
+    lead_notes = notes(lead)
     return RunDetail(
         run=summary(run, [r.rank for r in reports]),
         lead_rank=lead.rank,
@@ -147,12 +149,13 @@ def read_run(run_id: RunIdPath, session: SessionDep, cache: CacheDep) -> RunDeta
         capture_plans=lead.capture_plans,
         live_peaks=bd.live_peaks if bd else [],
         retained=bd.retained if bd else [],
-        estimate=lead.estimate,
+        stored_estimate=lead.estimate,
         computed_estimate=computed,
         computed_estimate_unavailable=reason,
         rank_check=rank_check(reports),
         ranks=[RankFacts(rank=r.rank, report_id=r.report_id, facts=run_facts(r)) for r in reports],
-        notes=lead.notes,
+        notes=lead_notes.main,
+        diagnostics=lead_notes.diagnostics,
         hook_errors=lead.hook_errors,
     )
 
@@ -201,7 +204,7 @@ def _breakdown_body(
         run_id=rep.run_id,
         rank=rep.rank,
         model=rep.model,
-        build=rep.build.label,
+        build=build_label(rep),
         breakdown=rep.breakdown,
         stages=stage_bars(rep),
     )

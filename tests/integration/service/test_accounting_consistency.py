@@ -126,7 +126,14 @@ def test_every_surface_shows_the_same_figures(
     _check_whole_gpu(page, api, report)
     _check_graph_estimate(page, api, report)
 
-    labels = (("build", report["build"]["label"]), ("model", model))
+    # One build label on every surface: the API, the run page, the index and /metrics.
+    build = report["build"]["label"] or (
+        f"vllm-{report['build']['vllm_version']}+memest-{report['build']['memest_version']}"
+    )
+    assert run["run"]["build"] == build
+    assert f'<strong id="build">{build}</strong>' in page
+    assert build in client.get("/").text
+    labels = (("build", build), ("model", model))
     samples = _metric_samples(client.get("/metrics").text)
     for figure, name in SERIES.items():
         assert samples.get((name, labels)) == api[figure], figure

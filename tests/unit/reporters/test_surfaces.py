@@ -76,7 +76,7 @@ def test_report_png_has_labelled_legends_and_a_named_title(
     assert "↳ kv_cache_alloc (in initialize_from_config)" in md
     assert "-0.086 †" in md and "† Negative:" in md
     cmp = next(tmp_path.glob("memest-compare-*.md")).read_text()
-    assert cmp.startswith("## llama8b: A → B (same build and configuration)")
+    assert cmp.startswith("## llama8b: A → B (same build, configuration and KV sizing)")
     assert "| Total | -0.004 | -0.004 | +0.000 | – |" in cmp
     capsys.readouterr()
 
