@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from memest.reporters.views import REGRESSION_LABELS
 from memest.units import fmt_gib
 
 pytestmark = pytest.mark.browser
@@ -113,13 +114,14 @@ def test_history_page_matches_api_and_marks_regressions(page: Any, demo_server: 
             p["run_id"],
             f"{p['kv_tokens']:,}",
             fmt_gib(p["graph_pool_bytes"]),
-            ", ".join(p["regressions"]),
+            ", ".join(REGRESSION_LABELS[k] for k in p["regressions"]),
             bool(p["regressions"]),
         ]
         for p in hist["points"]
     ]
     # KV 3,575,296 -> 3,358,336 (0.94x) and pool 1.799 -> 6.127 GiB: both regress on the PR.
-    assert rows[1][3] == "kv_tokens, graph_pool_bytes"
+    assert hist["points"][1]["regressions"] == ["kv_tokens", "graph_pool_bytes"]
+    assert rows[1][3] == "KV tokens dropped, graph pool grew"
     red = page.eval_on_selector_all("svg circle.regression", "els => els.length")
     assert red == sum(len(p["regressions"]) for p in hist["points"])
     _shot(page, "history-minimax-m3")

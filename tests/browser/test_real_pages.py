@@ -21,6 +21,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from memest.reporters.views import REGRESSION_LABELS
 from memest.units import count_cell, fmt_gib, gib_cell, ratio_cell
 from tests.browser.conftest import demo_service
 
@@ -221,7 +222,11 @@ def test_compare_page_names_what_it_compares(wide: Any, real_server: str) -> Non
     assert title.startswith("llama8b: A → B") and "gpu_memory_utilization 0.85 → 0.7" in title
     heads = wide.eval_on_selector_all("#stages thead th", "els => els.map(e => e.innerText)")
     assert heads[2:4] == ["A", "B"]
-    assert wide.inner_text("#changes") == "Differences: gpu_memory_utilization 0.85 → 0.7."
+    # A's KV cache was sized by vLLM, D's by memest (apply): both differences are named.
+    assert (
+        wide.inner_text("#changes")
+        == "Differences: kv_sized_by vllm → memest; gpu_memory_utilization 0.85 → 0.7."
+    )
     legend = wide.eval_on_selector_all(
         "#compare-plot svg text", "els => els.map(e => e.textContent)"
     )
@@ -267,7 +272,7 @@ def test_history_compares_within_one_configuration(wide: Any, real_server: str) 
             p["run_id"],
             count_cell(p["kv_tokens"]),
             gib_cell(p["graph_pool_bytes"]),
-            ", ".join(p["regressions"]),
+            ", ".join(REGRESSION_LABELS[k] for k in p["regressions"]),
         ]
         for p in hist["points"]
     ]
@@ -282,7 +287,9 @@ def test_history_compares_within_one_configuration(wide: Any, real_server: str) 
         cell = wide.inner_text(f'#history tr[data-run="{p["run_id"]}"] td.compared')
         base = p["compared_with"]
         expected = (
-            f"#{numbers[base]} → #{numbers[p['run_id']]}" if base else "first of its configuration"
+            f"#{numbers[base]} → #{numbers[p['run_id']]}"
+            if base
+            else "first of its configuration and sizing"
         )
         assert cell == expected
         assert wide.inner_text(f'#history tr[data-run="{p["run_id"]}"] td.run-number') == str(
