@@ -143,4 +143,4 @@ def test_cli_on_real_snapshot(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", str(DATA / "validate_capture.memest.json"), "--md"]) == 0
     out = capsys.readouterr().out
     assert "| indexer_logits_fp32 | 0.125 |" in out
-    assert "| Total graph pool |  | 17 | 0.457 |" in out
+    assert "| Total graph pool |  | 17 (pieces counted) | 0.457 |" in out
