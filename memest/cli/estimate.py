@@ -26,12 +26,20 @@ config.json) the graph pools of stages G did not capture (an added drafter's, or
 graphs when K changes) come from the synthetic per-graph request trace the pre-flight replays,
 and an added or dropped drafter's share of the profile pass's activations from the activation
 law with the drafter factor of the GPU kind's pre-flight calibration.
+Without --snapshot, the stages both grids capture move by the synthetic trace's difference too
+(measured at G + synthetic(G') - synthetic(G)) where the model's shape is known. Adding or
+dropping a drafter adds or drops its KV layer(s) in the KV bytes per token (from the drafter's
+config.json, else one layer as wide as the start's); without the drafter's config.json its
+weights are not moved, and the output says so. G and G' are described with max_model_len; the
+requests of max_model_len that the KV tokens hold are printed at G and at G' (a max_model_len the
+model or G''s KV cache cannot hold is refused).
 --snapshot names the allocator snapshot of the same start: the what-if then replays its graph-pool
 requests, resized for G', through a model of the caching allocator (pool growth is made of
 segments, which linear laws miss by up to a segment per trigger).
 --kv-tokens N (or --concurrency C, N = C x max_model_len) answers the inverse questions under
-G' (or the start's grid): the gpu_memory_utilization that holds N tokens, and the largest
-max_num_seqs that still holds them at G's utilization.
+G' (or, without --grid, the start's own grid, with no what-if printed): the
+gpu_memory_utilization that holds N tokens, and the largest max_num_seqs, never above G''s
+max_num_batched_tokens, that still holds them at G's utilization.
 --write-startup-plan writes vLLM 0.33.0's startup-plan file (VLLM_ENABLE_STARTUP_PLAN=1) into
 DIR, which should be {VLLM_CACHE_ROOT}/startup_plan; the report must carry the worker's plan
 fingerprint and free-memory baseline (estimate.startup_plan). DIR must exist unless --create-dir
@@ -39,8 +47,9 @@ is given (an unset $VLLM_CACHE_ROOT would otherwise write /startup_plan). A plan
 be written (its fingerprint is computed by vLLM's worker). The matching vLLM flag is printed
 either way: --kv-cache-memory-bytes=N, for G and, after a what-if, for G'.
 --json prints {"accounting": the start's figures as every memest surface shows them,
-"comparison": the estimators and terms, "what_if", "kv_cache_memory_bytes",
-"kv_cache_memory_bytes_to", "inverse", "startup_plan_path"}.
+"comparison": the estimators and terms, "kv_cache_memory_bytes", "startup_plan_path"}, plus
+"what_if" and "kv_cache_memory_bytes_to" with --grid and "inverse" with --kv-tokens or
+--concurrency.
 """
 
 from __future__ import annotations

@@ -455,10 +455,13 @@ def pool_predictions(
     *,
     snapshot: Snapshot | None = None,
     snapshot_source: str = "snapshot",
+    dims: ModelDims | None = None,
 ) -> tuple[list[OwnerPrediction], list[str]]:
     """The graph-pool rows of :func:`what_if` and their notes, without the KV budget.
 
     Needs the report's capture plan and breakdown only, not the phases the KV budget reads.
+    Without a snapshot but with the model's dimensions, the stages both grids capture move by
+    the synthetic request trace's difference, as in :func:`what_if`.
 
     Raises:
         ConfigError: the grid fails validation.
@@ -470,7 +473,12 @@ def pool_predictions(
     if snapshot is not None:
         return _replayed(rows, snapshot, g, g2, snapshot_source)
     kept = _retained(report)
-    return [_predict(s, o, b, g, g2, kept.get((s, o), 0)) for s, o, b in rows], []
+    linear = [_predict(s, o, b, g, g2, kept.get((s, o), 0)) for s, o, b in rows]
+    if dims is None:
+        return linear, []
+    configs = (report.config, _config_of(report, g2, None))
+    s = shapes(dims, report.config.tensor_parallel_size)
+    return _with_synthetic_captured(linear, (g, g2), configs, s, [])[0], []
 
 
 def _config_of(report: RunReport, g2: CapturePlan, config_to: RunConfig | None) -> RunConfig:
@@ -653,6 +661,51 @@ def _with_unrecorded(
     return [*kept, *synthetic_rows(stages, measured, plans, configs, s)], stages
 
 
+def _with_synthetic_captured(
+    predictions: list[OwnerPrediction],
+    plans: tuple[CapturePlan, CapturePlan],
+    configs: tuple[RunConfig, RunConfig],
+    s: Shapes,
+    skip: list[str],
+) -> tuple[list[OwnerPrediction], list[str]]:
+    """Without a snapshot, the stages both grids capture by the synthetic trace's difference
+    (measured at G + synthetic(G') - synthetic(G)) instead of a linear law, where the shapes are
+    known: a linear law misses the allocator's segments (the target PIECEWISE pool from 32 to 64
+    sequences: +92 MiB)."""
+    g, g2 = plans
+    captured = {r.runner for r in g.runners if r.sizes}
+    stages = [
+        r.runner
+        for r in g2.runners
+        if r.sizes
+        and r.runner in captured
+        and r.runner not in skip
+        and (s.drafter is not None or not r.runner.startswith("draft"))
+    ]
+    if s.target is None or not stages:
+        return predictions, []
+    measured = {(p.stage, p.owner): p.measured_bytes for p in predictions if p.stage in stages}
+    kept = [p for p in predictions if p.stage not in stages]
+    return [*kept, *synthetic_rows(stages, measured, plans, configs, s)], stages
+
+
+def _synthetic_pools(
+    predictions: list[OwnerPrediction],
+    plans: tuple[CapturePlan, CapturePlan],
+    configs: tuple[RunConfig, RunConfig],
+    s: Shapes,
+    notes: list[str],
+    snapshot: Snapshot | None,
+) -> tuple[list[OwnerPrediction], list[str]]:
+    """Pool rows with what the synthetic trace writes: stages G did not record and, without a
+    snapshot, stages both grids capture; returns the rows and the stages it wrote."""
+    predictions, synthetic = _with_unrecorded(predictions, plans, configs, s, notes)
+    if snapshot is not None:
+        return predictions, synthetic
+    predictions, captured = _with_synthetic_captured(predictions, plans, configs, s, synthetic)
+    return predictions, [*captured, *synthetic]
+
+
 def _activation(
     terms: FullInitTerms,
     plans: tuple[CapturePlan, CapturePlan],
@@ -817,7 +870,7 @@ def what_if(
     )
     s = shapes(dims, report.config.tensor_parallel_size)
     configs = (report.config, _config_of(report, g2, config_to))
-    predictions, synthetic = _with_unrecorded(predictions, (g, g2), configs, s, notes)
+    predictions, synthetic = _synthetic_pools(predictions, (g, g2), configs, s, notes, snapshot)
     graph_objects = _graph_object_bytes(report)
     objects = _graph_objects(report, graph_objects, g, g2, dims)
 
