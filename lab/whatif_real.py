@@ -5,13 +5,16 @@ A = Llama-8B shape, max_num_seqs 128, max_num_batched_tokens 4096 (widest PIECEW
 B = the same model at 32 / 2048 (widest 64 tokens). For each direction G -> G' the script predicts
 each (stage, owner)'s capture-pool growth under G' (G' = the other start's vLLM 0.33.0 capture
 plan) from G's report with the linear laws, and from G's report and snapshot with the allocator
-replay, and compares both with what G' measured (its own snapshot's trigger table).
+replay, and compares both with what G' measured (its own snapshot's trigger table). A third
+column is the what-if without a snapshot given the model's shape (the committed Llama-8B
+config.json): each stage measured at G + synthetic(G') - synthetic(G), the synthetic per-graph
+request trace's difference (memest.estimate.whatif_synthetic).
 
 Owners are charged from the snapshots with today's owner rules on both sides (the committed A
 report predates the compiled_piece rule), so the linear law's measured rows are the same as the
 replay's.
 
-    .venv/bin/python lab/whatif_real.py    # writes reports/vllm/whatif.json
+    PYTHONPATH=. .venv/bin/python lab/whatif_real.py    # writes reports/vllm/whatif.json
 """
 
 from __future__ import annotations
@@ -52,6 +55,13 @@ def _measured(snapshot: Snapshot) -> tuple[Breakdown, dict[tuple[str, str], int]
     return bd, rows
 
 
+def _synthetic(report: RunReport, grid: Any) -> dict[tuple[str, str], int]:
+    """Pool rows of the what-if without a snapshot, given the model's shape: each stage measured
+    at G + synthetic(G') - synthetic(G) (memest.estimate.whatif_synthetic)."""
+    rows, _ = pool_predictions(report, grid, dims=model_dims(report))
+    return {(p.stage, p.owner): p.predicted_bytes for p in rows}
+
+
 def _error_pct(predicted: int, measured: int) -> float | None:
     return round(100 * (predicted - measured) / measured, 2) if measured else None
 
@@ -74,6 +84,7 @@ def main() -> None:
             raise SystemExit(f"{g}->{g2}: {notes}")
         lin = {(p.stage, p.owner): p for p in linear}
         rep = {(p.stage, p.owner): p for p in replayed}
+        syn = _synthetic(fresh, grid)
         truth = measured[g2][1]
         for key in sorted(set(rep) | set(truth)):
             p = rep.get(key)
@@ -85,10 +96,14 @@ def main() -> None:
                 "linear_law": lin[key].law if key in lin else "",
                 "predicted_linear_bytes": lin[key].predicted_bytes if key in lin else 0,
                 "predicted_replay_bytes": p.predicted_bytes if p is not None else 0,
+                "predicted_synthetic_bytes": syn.get(key, 0),
                 "measured_g2_bytes": truth.get(key, 0),
             }
             row["error_linear_pct"] = _error_pct(row["predicted_linear_bytes"], truth.get(key, 0))
             row["error_replay_pct"] = _error_pct(row["predicted_replay_bytes"], truth.get(key, 0))
+            row["error_synthetic_pct"] = _error_pct(
+                row["predicted_synthetic_bytes"], truth.get(key, 0)
+            )
             records.append(row)
     fidelity = [_fidelity(name, rep, snap) for name, (rep, snap) in runs.items()]
     budget = _budget_records()
@@ -207,6 +222,10 @@ def _fidelity(name: str, report: RunReport, snapshot: Snapshot) -> dict[str, Any
     }
 
 
+def _pct(value: float | None) -> str:
+    return f"{value:+.1f}" if value is not None else "-"
+
+
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f}"
 
@@ -219,8 +238,8 @@ def _print(records: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> Non
             f"segments, replayed {f['replayed_bytes']} B in {f['replayed_segments']}"
         )
     out.append("")
-    head = ("direction", "stage", "owner", "G MiB", "linear MiB", "replay MiB", "G' MiB", "lin %",
-            "replay %")  # fmt: skip
+    head = ("direction", "stage", "owner", "G MiB", "linear MiB", "replay MiB", "synthetic MiB",
+            "G' MiB", "lin %", "replay %", "synthetic %")  # fmt: skip
     out.append(" | ".join(head))
     for r in records:
         out.append(
@@ -232,9 +251,11 @@ def _print(records: list[dict[str, Any]], fidelity: list[dict[str, Any]]) -> Non
                     _mib(r["measured_g_bytes"]),
                     _mib(r["predicted_linear_bytes"]),
                     _mib(r["predicted_replay_bytes"]),
+                    _mib(r["predicted_synthetic_bytes"]),
                     _mib(r["measured_g2_bytes"]),
-                    f"{r['error_linear_pct']:+.1f}" if r["error_linear_pct"] is not None else "-",
-                    f"{r['error_replay_pct']:+.1f}" if r["error_replay_pct"] is not None else "-",
+                    _pct(r["error_linear_pct"]),
+                    _pct(r["error_replay_pct"]),
+                    _pct(r["error_synthetic_pct"]),
                 )
             )
         )

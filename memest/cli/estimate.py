@@ -26,12 +26,20 @@ config.json) the graph pools of stages G did not capture (an added drafter's, or
 graphs when K changes) come from the synthetic per-graph request trace the pre-flight replays,
 and an added or dropped drafter's share of the profile pass's activations from the activation
 law with the drafter factor of the GPU kind's pre-flight calibration.
+Without --snapshot, the stages both grids capture move by the synthetic trace's difference too
+(measured at G + synthetic(G') - synthetic(G)) where the model's shape is known. Adding or
+dropping a drafter adds or drops its KV layer(s) in the KV bytes per token (from the drafter's
+config.json, else one layer as wide as the start's); without the drafter's config.json its
+weights are not moved, and the output says so. G and G' are described with max_model_len; the
+requests of max_model_len that the KV tokens hold are printed at G and at G' (a max_model_len the
+model or G''s KV cache cannot hold is refused).
 --snapshot names the allocator snapshot of the same start: the what-if then replays its graph-pool
 requests, resized for G', through a model of the caching allocator (pool growth is made of
 segments, which linear laws miss by up to a segment per trigger).
 --kv-tokens N (or --concurrency C, N = C x max_model_len) answers the inverse questions under
-G' (or the start's grid): the gpu_memory_utilization that holds N tokens, and the largest
-max_num_seqs that still holds them at G's utilization.
+G' (or, without --grid, the start's own grid, with no what-if printed): the
+gpu_memory_utilization that holds N tokens, and the largest max_num_seqs, never above G''s
+max_num_batched_tokens, that still holds them at G's utilization.
 --write-startup-plan writes vLLM 0.33.0's startup-plan file (VLLM_ENABLE_STARTUP_PLAN=1) into
 DIR, which should be {VLLM_CACHE_ROOT}/startup_plan; the report must carry the worker's plan
 fingerprint and free-memory baseline (estimate.startup_plan). DIR must exist unless --create-dir
@@ -39,8 +47,9 @@ is given (an unset $VLLM_CACHE_ROOT would otherwise write /startup_plan). A plan
 be written (its fingerprint is computed by vLLM's worker). The matching vLLM flag is printed
 either way: --kv-cache-memory-bytes=N, for G and, after a what-if, for G'.
 --json prints {"accounting": the start's figures as every memest surface shows them,
-"comparison": the estimators and terms, "what_if", "kv_cache_memory_bytes",
-"kv_cache_memory_bytes_to", "inverse", "startup_plan_path"}.
+"comparison": the estimators and terms, "kv_cache_memory_bytes", "startup_plan_path"}, plus
+"what_if" and "kv_cache_memory_bytes_to" with --grid and "inverse" with --kv-tokens or
+--concurrency.
 """
 
 from __future__ import annotations
@@ -166,12 +175,13 @@ class EstimateCommand:
         comparison = compare(report, margin_bytes=margin)
         accounting = account(report, margin_bytes=margin)
         target = _target_tokens(args, report)
-        grid_text = args.grid or ("{}" if target is not None else None)
-        grid_result = _what_if(args, report, grid_text, margin)
+        grid_result = _cli_errors(_what_if, args, report, args.grid, margin)
         inverse = None
-        if target is not None and grid_result is not None and grid_text is not None:
-            grid = load_grid(grid_text)
-            inverse = _inverse(report, grid_result, target, grid, margin, _dims(args, report))
+        if target is not None:
+            # Without --grid the inverse is asked of the start's own grid (no what-if shown).
+            grid = load_grid(args.grid or "{}")
+            base = grid_result or _cli_errors(_what_if, args, report, "{}", margin)
+            inverse = _cli_errors(_inverse, args, report, base, target, grid, margin)
         memest = accounting.estimator("memest")
         kv_bytes = memest.kv_cache_bytes if memest is not None else None
         plan_path = _write_plan(args, comparison, kv_bytes)
@@ -203,6 +213,23 @@ def _what_if(
         dims=_dims(args, report),
         drafter_activation_factor=drafter_activation_factor(report),
     )
+
+
+def _flag(field: str) -> str:
+    """A core field name as the CLI spells it: kv_tokens -> --kv-tokens, grid.x -> --grid x."""
+    if field.startswith("grid."):
+        return f"--grid {field.removeprefix('grid.')}"
+    if field in ("kv_tokens", "concurrency", "gpu_memory_utilization"):
+        return f"--{field.replace('_', '-')}"
+    return field
+
+
+def _cli_errors(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with a refused field renamed to the CLI flag that gave it."""
+    try:
+        return fn(*args)
+    except ConfigError as exc:
+        raise ConfigError(_flag(exc.field), exc.value, exc.reason) from None
 
 
 def _config_file(path: Path, flag: str) -> dict[str, Any]:
@@ -311,17 +338,21 @@ def _target_tokens(args: argparse.Namespace, report: Any) -> int | None:
 
 
 def _inverse(
+    args: argparse.Namespace,
     report: Any,
     result: Any,
     tokens: int,
     grid: dict[str, Any],
     margin: int,
-    dims: ModelDims | None = None,
 ) -> dict[str, Any]:
     from memest.estimate.inverse import inverse_answer
     from memest.estimate.whatif import is_overlay
 
     factor = drafter_activation_factor(report)
+    dims = _dims(args, report)
+    question = (
+        ("concurrency", args.concurrency) if args.concurrency is not None else ("kv_tokens", tokens)
+    )
     return inverse_answer(
         report,
         result,
@@ -330,6 +361,7 @@ def _inverse(
         lambda r, g: what_if(
             r, g, margin_bytes=margin, dims=dims, drafter_activation_factor=factor
         ),
+        question,
     )
 
 
@@ -339,15 +371,13 @@ def _render_inverse(answer: dict[str, Any]) -> str:
         f"{answer['gpu_memory_utilization']} under this grid"
     ]
     if "largest_max_num_seqs" in answer:
-        from memest.estimate.inverse import MAX_SEQS_LIMIT
-
-        seqs = answer["largest_max_num_seqs"]
+        seqs, ceiling = answer["largest_max_num_seqs"], answer["max_num_seqs_ceiling"]
         if seqs is None:
             lines.append("no max_num_seqs keeps them at this utilization")
-        elif seqs >= MAX_SEQS_LIMIT:
+        elif seqs >= ceiling:
             lines.append(
-                f"every max_num_seqs up to {MAX_SEQS_LIMIT} keeps them at this utilization "
-                "(the capture plan stops growing at its size cap)"
+                f"every max_num_seqs up to {ceiling} keeps them at this utilization "
+                f"(the ceiling: {answer['max_num_seqs_ceiling_by']})"
             )
         else:
             lines.append(f"largest max_num_seqs that keeps them at this utilization: {seqs}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from memest.errors import ConfigError
+from memest.estimate.model_shape import ModelShape
 from memest.schema import KVCacheSpec
 
 # Keys of KVCacheSpec.extra read here. MLA stores one latent vector per token and layer
@@ -65,6 +66,14 @@ def kv_bytes_per_token(spec: KVCacheSpec) -> int:
             "kv_cache.num_layers", spec.num_layers, "the spec holds zero bytes per token"
         )
     return per_token
+
+
+def layer_kv_bytes(shape: ModelShape) -> int:
+    """Bytes one token of KV cache takes in one attention layer of ``shape`` (per rank): K and V
+    per KV head, or MLA's latent vector."""
+    if shape.family == "mla":
+        return shape.kv * shape.dtype_bytes
+    return 2 * shape.kv_heads * shape.head_dim * shape.dtype_bytes
 
 
 def kv_page_bytes(spec: KVCacheSpec) -> int:

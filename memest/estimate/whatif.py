@@ -32,7 +32,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from memest.errors import ConfigError, ReportFormatError
-from memest.estimate.kv import kv_tokens
+from memest.estimate.inverse import concurrency_at
+from memest.estimate.kv import kv_bytes_per_token, kv_tokens, layer_kv_bytes
 from memest.estimate.phases import (
     budget_bytes,
     full_init_kv_budget,
@@ -57,6 +58,7 @@ from memest.estimate.whatif_synthetic import (
 from memest.schema import (
     CapturePlan,
     FullInitTerms,
+    KVCacheSpec,
     OwnerPrediction,
     RunConfig,
     RunnerRow,
@@ -313,12 +315,29 @@ def _graph_objects(
     )
 
 
-def _describe(plan: CapturePlan) -> str:
-    rows = ", ".join(f"{r.runner} {r.graph_count}<= {r.widest_tokens} tok" for r in plan.runners)
-    return (
-        f"{plan.sizing} max_num_seqs={plan.max_num_seqs} "
-        f"max_num_batched_tokens={plan.max_num_batched_tokens}: {rows}"
+def runner_text(runner: str) -> str:
+    """A runner id as a reader says it: ``target.piecewise`` -> ``target PIECEWISE``."""
+    *where, mode = runner.split(".")
+    mode = mode.upper() if mode in ("piecewise", "full") else mode
+    return " ".join([*where, mode])
+
+
+def describe_grid(plan: CapturePlan, max_model_len: int | None = None) -> str:
+    """A grid in words: its scheduler limits and, per runner, how many graphs up to what size."""
+    limits = [
+        f"max_num_seqs {plan.max_num_seqs}" if plan.max_num_seqs else "",
+        f"max_num_batched_tokens {plan.max_num_batched_tokens}"
+        if plan.max_num_batched_tokens
+        else "",
+        f"max_model_len {max_model_len}" if max_model_len else "",
+    ]
+    rows = "; ".join(
+        f"{runner_text(r.runner)}: {r.graph_count} graph{'s' if r.graph_count != 1 else ''} "
+        f"up to {r.widest_tokens} tokens"
+        for r in plan.runners
     )
+    sizing = "" if plan.sizing == "vllm-0.33.0" else f" ({plan.sizing} sizing)"
+    return f"{', '.join(x for x in limits if x)}{sizing}: {rows or 'no graphs'}"
 
 
 def _predict(
@@ -413,16 +432,18 @@ def _replayed(
         if stage not in trace.stages:  # growth outside any graph of G: nothing to replay
             out.append(_predict(stage, owner, measured, g, g2, 0))
             continue
+        predicted = to.bytes_by_owner.get((stage, owner), 0)
         out.append(
             OwnerPrediction(
                 stage=stage,
                 owner=owner,
                 law="allocator_replay",
                 measured_bytes=measured,
-                factor=_stage_ratio(stage, g, g2),
-                predicted_bytes=to.bytes_by_owner.get((stage, owner), 0),
+                factor=predicted / measured if measured else 0.0,
+                predicted_bytes=predicted,
                 note=f"{to.segments_by_stage.get(stage, 0)} segments for "
-                f"{to.graphs_by_stage.get(stage, 0)} graphs",
+                f"{to.graphs_by_stage.get(stage, 0)} graphs (widest graph x"
+                f"{_stage_ratio(stage, g, g2):.3f})",
             )
         )
     return out, notes
@@ -434,10 +455,13 @@ def pool_predictions(
     *,
     snapshot: Snapshot | None = None,
     snapshot_source: str = "snapshot",
+    dims: ModelDims | None = None,
 ) -> tuple[list[OwnerPrediction], list[str]]:
     """The graph-pool rows of :func:`what_if` and their notes, without the KV budget.
 
     Needs the report's capture plan and breakdown only, not the phases the KV budget reads.
+    Without a snapshot but with the model's dimensions, the stages both grids capture move by
+    the synthetic request trace's difference, as in :func:`what_if`.
 
     Raises:
         ConfigError: the grid fails validation.
@@ -449,7 +473,12 @@ def pool_predictions(
     if snapshot is not None:
         return _replayed(rows, snapshot, g, g2, snapshot_source)
     kept = _retained(report)
-    return [_predict(s, o, b, g, g2, kept.get((s, o), 0)) for s, o, b in rows], []
+    linear = [_predict(s, o, b, g, g2, kept.get((s, o), 0)) for s, o, b in rows]
+    if dims is None:
+        return linear, []
+    configs = (report.config, _config_of(report, g2, None))
+    s = shapes(dims, report.config.tensor_parallel_size)
+    return _with_synthetic_captured(linear, (g, g2), configs, s, [])[0], []
 
 
 def _config_of(report: RunReport, g2: CapturePlan, config_to: RunConfig | None) -> RunConfig:
@@ -471,11 +500,11 @@ def _buffer_terms(
     """The terms grid-sized runner buffers move, at G', and the law that moved each."""
     if dims is None:
         notes.append(
-            "model dimensions not recorded in the report nor given (--model-config): the "
-            "grid-sized runner buffers "
+            "model dimensions not recorded in the report nor given (the model's config.json): "
+            "the grid-sized runner buffers "
             "(baseline, weights, profiling residue, runner buffers) are kept at G's bytes"
         )
-        return {}, {}
+        return {}, _unsized_drafter((report.config, _config_of(report, g2, config_to)), notes)
     block = report.kv_cache.block_size if report.kv_cache is not None else 16
     grid_g = RunnerGrid.from_config(report.config, block_size=block)
     grid_to = RunnerGrid.from_config(_config_of(report, g2, config_to), block_size=block)
@@ -490,9 +519,9 @@ def _buffer_terms(
             names.setdefault(term, []).append(name)
     laws = {term: "runner buffers f(G') - f(G): " + ", ".join(n) for term, n in names.items()}
     drafter_moves, drafter_laws = _drafter_terms(report, grid_g, grid_to, dims, notes)
-    for term, change in drafter_moves.items():
-        moved[term] = moved.get(term, 0) + change
-        laws[term] = "; ".join(x for x in (laws.get(term), drafter_laws[term]) if x)
+    for term, law in drafter_laws.items():
+        moved[term] = moved.get(term, 0) + drafter_moves.get(term, 0)
+        laws[term] = "; ".join(x for x in (laws.get(term), law) if x)
     values = terms.model_dump()
     out = {term: max(int(values[term]) + change, 0) for term, change in moved.items()}
     return out, laws
@@ -524,17 +553,34 @@ def _drafter_workspaces(report: RunReport) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _weights_not_moved(method: str, sign: int, notes: list[str]) -> dict[str, str]:
+    """The loud note and law when an added or dropped drafter's weights cannot be sized."""
+    notes.append(
+        f"DRAFTER WEIGHTS NOT MOVED: G' {'adds' if sign > 0 else 'drops'} the {method} drafter, "
+        "but this start records no drafter config and none was given, so the weights at G' are "
+        f"G's and too {'low' if sign > 0 else 'high'} by the drafter's weights (sized only for "
+        "an EAGLE / EAGLE3 drafter from its config.json)"
+    )
+    return {"weights_bytes": "NOT MOVED: drafter weights unknown (no drafter config)"}
+
+
+def _unsized_drafter(configs: tuple[RunConfig, RunConfig], notes: list[str]) -> dict[str, str]:
+    """Without the model's dimensions: say so when G' adds or drops the drafter."""
+    had, has = configs[0].speculative_method, configs[1].speculative_method
+    if bool(had) == bool(has):
+        return {}
+    return _weights_not_moved(str(has or had), 1 if has else -1, notes)
+
+
 def _drafter_weights(
     method: str, dims: ModelDims | None, sign: int, notes: list[str]
-) -> dict[str, int]:
+) -> tuple[dict[str, int], dict[str, str]]:
     weights = dims.drafter_weight_bytes(method) if dims is not None else None
     if weights is None:
-        notes.append(
-            f"the {method} drafter's weights are not modelled: give its config.json "
-            "(--drafter-config, drafter_dims) for an EAGLE / EAGLE3 drafter"
-        )
-        return {}
-    return {"weights_bytes": sign * weights}
+        return {}, _weights_not_moved(method, sign, notes)
+    return {"weights_bytes": sign * weights}, {
+        "weights_bytes": "drafter weights (its config's shapes)"
+    }
 
 
 def _drafter_terms(
@@ -568,9 +614,9 @@ def _drafter_terms(
         return moves, laws
     method = str(grid_to.speculative_method if dropped is False else grid_g.speculative_method)
     sign = 1 if dropped is False else -1
-    for term, change in _drafter_weights(method, dims, sign, notes).items():
-        moves[term] = change
-        laws[term] = "drafter weights (its config's shapes)"
+    weights, weight_laws = _drafter_weights(method, dims, sign, notes)
+    moves.update(weights)
+    laws.update(weight_laws)
     kept = _drafter_workspaces(report)
     if sign > 0:
         prof, cap = kept.get("target.piecewise", (0, 0))
@@ -606,13 +652,58 @@ def _with_unrecorded(
     if s.target is None or (drafts and s.drafter is None):
         notes.append(
             f"graph pools of {', '.join(stages)} are not in G's report and not modelled: the "
-            "synthetic request trace needs the model's config.json (--model-config)"
-            + (" and the drafter's (--drafter-config)" if drafts else "")
+            "synthetic request trace needs the model's config.json"
+            + (" and the drafter's" if drafts else "")
         )
         return predictions, []
     measured = {(p.stage, p.owner): p.measured_bytes for p in predictions if p.stage in stages}
     kept = [p for p in predictions if p.stage not in stages]
     return [*kept, *synthetic_rows(stages, measured, plans, configs, s)], stages
+
+
+def _with_synthetic_captured(
+    predictions: list[OwnerPrediction],
+    plans: tuple[CapturePlan, CapturePlan],
+    configs: tuple[RunConfig, RunConfig],
+    s: Shapes,
+    skip: list[str],
+) -> tuple[list[OwnerPrediction], list[str]]:
+    """Without a snapshot, the stages both grids capture by the synthetic trace's difference
+    (measured at G + synthetic(G') - synthetic(G)) instead of a linear law, where the shapes are
+    known: a linear law misses the allocator's segments (the target PIECEWISE pool from 32 to 64
+    sequences: +92 MiB)."""
+    g, g2 = plans
+    captured = {r.runner for r in g.runners if r.sizes}
+    stages = [
+        r.runner
+        for r in g2.runners
+        if r.sizes
+        and r.runner in captured
+        and r.runner not in skip
+        and (s.drafter is not None or not r.runner.startswith("draft"))
+    ]
+    if s.target is None or not stages:
+        return predictions, []
+    measured = {(p.stage, p.owner): p.measured_bytes for p in predictions if p.stage in stages}
+    kept = [p for p in predictions if p.stage not in stages]
+    return [*kept, *synthetic_rows(stages, measured, plans, configs, s)], stages
+
+
+def _synthetic_pools(
+    predictions: list[OwnerPrediction],
+    plans: tuple[CapturePlan, CapturePlan],
+    configs: tuple[RunConfig, RunConfig],
+    s: Shapes,
+    notes: list[str],
+    snapshot: Snapshot | None,
+) -> tuple[list[OwnerPrediction], list[str]]:
+    """Pool rows with what the synthetic trace writes: stages G did not record and, without a
+    snapshot, stages both grids capture; returns the rows and the stages it wrote."""
+    predictions, synthetic = _with_unrecorded(predictions, plans, configs, s, notes)
+    if snapshot is not None:
+        return predictions, synthetic
+    predictions, captured = _with_synthetic_captured(predictions, plans, configs, s, synthetic)
+    return predictions, [*captured, *synthetic]
 
 
 def _activation(
@@ -654,6 +745,78 @@ def _activation(
                 f"drafter: {drafter_factor:.3f} x max_num_batched_tokens x its layer's token bytes"
             )
     return out, "; ".join(laws) or None
+
+
+def _drafter_kv(spec: KVCacheSpec, s: Shapes, notes: list[str]) -> tuple[int, int]:
+    """(KV layers, KV bytes per token) of the drafter: from its shape, else one layer as wide as
+    the start's layers (vLLM 0.33.0 gives an EAGLE3 drafter one KV layer of the target's width:
+    real H200 starts, Llama-8B: 33 layers and 135,168 B per token with it, 32 and 131,072
+    without)."""
+    if s.drafter is not None:
+        return s.drafter.num_layers, layer_kv_bytes(s.drafter) * s.drafter.num_layers
+    per_layer = kv_bytes_per_token(spec) // max(spec.num_layers, 1)
+    notes.append(
+        "the drafter's KV layer is taken as one layer as wide as the start's (no drafter config)"
+    )
+    return 1, per_layer
+
+
+def kv_spec_to(
+    report: RunReport, configs: tuple[RunConfig, RunConfig], s: Shapes, notes: list[str]
+) -> KVCacheSpec | None:
+    """The KV-cache spec at G': the start's, plus an added drafter's KV layers or less a dropped
+    drafter's (vLLM allocates the drafter's KV cache in the same blocks)."""
+    spec = report.kv_cache
+    had, has = configs[0].speculative_method, configs[1].speculative_method
+    if spec is None or bool(had) == bool(has):
+        return spec
+    layers, per_token = _drafter_kv(spec, s, notes)
+    sign = 1 if has else -1
+    bytes_to = kv_bytes_per_token(spec) + sign * per_token
+    if bytes_to <= 0 or spec.num_layers + sign * layers <= 0:
+        raise ReportFormatError(
+            f"report {report.report_id}: its KV-cache spec holds no target layers once the "
+            "drafter's are removed"
+        )
+    notes.append(
+        f"KV bytes per token {kv_bytes_per_token(spec):,} -> {bytes_to:,} "
+        f"({'adds' if has else 'drops'} the drafter's {layers} KV layer{'s' if layers > 1 else ''})"
+    )
+    return spec.model_copy(
+        update={
+            "num_layers": spec.num_layers + sign * layers,
+            "page_size_bytes": bytes_to * spec.block_size,
+            "num_blocks": None,
+            "kv_tokens": None,
+        }
+    )
+
+
+def _check_model_len(
+    configs: tuple[RunConfig, RunConfig], dims: ModelDims | None, tokens_to: int | None
+) -> None:
+    """Refuse a G' max_model_len the model or G''s KV cache cannot serve (vLLM refuses both)."""
+    length, before = configs[1].max_model_len, configs[0].max_model_len
+    if not length or length == before:
+        return
+    limit = dims.config.get("max_position_embeddings") if dims and dims.config else None
+    if isinstance(limit, int) and length > limit:
+        raise ConfigError(
+            "grid.max_model_len", length, f"above the model's max_position_embeddings {limit}"
+        )
+    if tokens_to is not None and tokens_to < length:
+        raise ConfigError(
+            "grid.max_model_len",
+            length,
+            f"G' holds {tokens_to:,} KV tokens, less than one request of this length "
+            "(vLLM refuses to start)",
+        )
+
+
+def _dominant(changes: Mapping[str, int]) -> str | None:
+    """The owner whose bytes move most; None when nothing moves."""
+    moving = {o: c for o, c in changes.items() if c}
+    return max(moving, key=lambda o: abs(moving[o]), default=None)
 
 
 def what_if(
@@ -707,7 +870,7 @@ def what_if(
     )
     s = shapes(dims, report.config.tensor_parallel_size)
     configs = (report.config, _config_of(report, g2, config_to))
-    predictions, synthetic = _with_unrecorded(predictions, (g, g2), configs, s, notes)
+    predictions, synthetic = _synthetic_pools(predictions, (g, g2), configs, s, notes, snapshot)
     graph_objects = _graph_object_bytes(report)
     objects = _graph_objects(report, graph_objects, g, g2, dims)
 
@@ -758,6 +921,11 @@ def what_if(
         {**terms.model_dump(), "graph_pool_bytes": pool_from, "graph_pool_by_stage_bytes": {}}
     )
     kv_from, kv_to = full_init_kv_budget(terms_from), full_init_kv_budget(terms_to)
+    spec, spec_to = report.kv_cache, kv_spec_to(report, configs, s, notes)
+    tokens_from = kv_tokens(spec, kv_from) if spec is not None else None
+    tokens_to = kv_tokens(spec_to, kv_to) if spec_to is not None else None
+    _check_model_len(configs, dims, tokens_to)
+    len_from, len_to = configs[0].max_model_len, configs[1].max_model_len
     laws = {
         "graph_pool_bytes": "per-owner pool laws"
         + (" (allocator replay)" if snapshot is not None else "")
@@ -770,12 +938,11 @@ def what_if(
         laws["profile_peak_activation_bytes"] = activation_law
     if requested_to != terms.requested_bytes:
         laws["requested_bytes"] = "gpu_memory_utilization"
-    spec = report.kv_cache
     changes = {o: by_owner[o] - measured_by_owner[o] for o in by_owner}
-    dominant = max(changes, key=lambda o: abs(changes[o]), default=None)
+    dominant = _dominant(changes)
     return WhatIf(
-        grid_from=_describe(g),
-        grid_to=_describe(g2),
+        grid_from=describe_grid(g, len_from),
+        grid_to=describe_grid(g2, len_to),
         owners=[*predictions, objects],
         by_owner_bytes=by_owner,
         measured_by_owner_bytes=measured_by_owner,
@@ -783,8 +950,14 @@ def what_if(
         graph_pool_bytes_to=pool_to,
         kv_budget_bytes_from=kv_from,
         kv_budget_bytes_to=kv_to,
-        kv_tokens_from=kv_tokens(spec, kv_from) if spec is not None else None,
-        kv_tokens_to=kv_tokens(spec, kv_to) if spec is not None else None,
+        kv_tokens_from=tokens_from,
+        kv_tokens_to=tokens_to,
+        kv_bytes_per_token_from=kv_bytes_per_token(spec) if spec is not None else None,
+        kv_bytes_per_token_to=kv_bytes_per_token(spec_to) if spec_to is not None else None,
+        max_model_len_from=len_from or None,
+        max_model_len_to=len_to or None,
+        concurrency_from=concurrency_at(len_from, tokens_from),
+        concurrency_to=concurrency_at(len_to, tokens_to),
         terms_from=terms_from,
         terms_to=terms_to,
         term_laws=laws,

@@ -122,7 +122,7 @@ def drafter_activation(
     """The drafter's share of the profile pass at ``tokens`` tokens; None (noted) when its shape
     or the fitted factor is not known."""
     if s.drafter is None or factor is None:
-        missing = "its config.json (--drafter-config)" if s.drafter is None else "a calibration"
+        missing = "its config.json" if s.drafter is None else "a calibration"
         notes.append(
             f"the {method} drafter's activations in the profile pass are not modelled: the law "
             f"needs {missing}; the activation term holds only the target's"

@@ -32,7 +32,7 @@ from typing import Any
 
 from memest.errors import ConfigError
 from memest.estimate.activation import activation_bytes
-from memest.estimate.kv import kv_page_bytes, kv_tokens
+from memest.estimate.kv import kv_page_bytes, kv_tokens, layer_kv_bytes
 from memest.estimate.model_shape import ModelShape, model_shape
 from memest.estimate.phases import budget_bytes, full_init_kv_budget, non_kv_bytes
 from memest.estimate.runner_buffers import (
@@ -157,7 +157,7 @@ def setup(req: PreflightRequest) -> Setup:
 def kv_spec(s: Setup) -> KVCacheSpec:
     """The KV-cache spec of one rank: MHA/GQA K and V per head, or MLA's latent, per layer."""
     shapes = [s.target] + ([s.drafter] if s.drafter is not None else [])
-    per_token = sum(_layer_kv_bytes(m) * m.num_layers for m in shapes)
+    per_token = sum(layer_kv_bytes(m) * m.num_layers for m in shapes)
     layers = sum(m.num_layers for m in shapes)
     t = s.target
     extra: dict[str, Any] = {}
@@ -173,12 +173,6 @@ def kv_spec(s: Setup) -> KVCacheSpec:
         page_size_bytes=per_token * s.block_size,
         extra=extra,
     )
-
-
-def _layer_kv_bytes(m: ModelShape) -> int:
-    if m.family == "mla":
-        return m.kv * m.dtype_bytes
-    return 2 * m.kv_heads * m.head_dim * m.dtype_bytes
 
 
 def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:

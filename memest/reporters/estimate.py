@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memest.estimate.phases import TERM_FIELDS
+from memest.estimate.phases import TERM_FIELDS, TERM_LABELS
 from memest.schema import EstimateRecord, StartAccounting, WhatIf
 from memest.units import count_cell, gib_cell, ratio_cell
 
@@ -66,7 +66,7 @@ def render_accounting(acc: StartAccounting) -> str:
     if acc.terms is not None:
         out.append("\nFull-initialization terms (memest)\n\n")
         terms = acc.terms.model_dump(include=set(TERM_FIELDS))
-        rows = [[name.removesuffix("_bytes"), _gib(terms[name])] for name in TERM_FIELDS]
+        rows = [[TERM_LABELS[name], _gib(terms[name])] for name in TERM_FIELDS]
         out.append(_table(["term", "GiB"], rows))
     if acc.graph_pool_by_stage_bytes:
         out.append("\nGraph pool by stage (reservation)\n\n")
@@ -97,6 +97,12 @@ def render_what_if(what_if: WhatIf) -> str:
         f"KV budget: {_gib(what_if.kv_budget_bytes_from)} -> {_gib(what_if.kv_budget_bytes_to)} GiB"
         f" ({_int(what_if.kv_tokens_from)} -> {_int(what_if.kv_tokens_to)} tokens)\n"
     )
+    if what_if.concurrency_from is not None or what_if.concurrency_to is not None:
+        out.append(
+            f"Requests at max_model_len: {ratio_cell(what_if.concurrency_from)} at "
+            f"{_int(what_if.max_model_len_from)} -> {ratio_cell(what_if.concurrency_to)} at "
+            f"{_int(what_if.max_model_len_to)}\n"
+        )
     if what_if.dominant_owner is not None:
         out.append(
             f"Dominant change: {what_if.dominant_owner} "

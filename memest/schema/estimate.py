@@ -166,6 +166,23 @@ class WhatIf(MemestModel):
     kv_budget_bytes_to: NonNegativeBytes | None = None
     kv_tokens_from: int | None = Field(default=None, ge=0)
     kv_tokens_to: int | None = Field(default=None, ge=0)
+    kv_bytes_per_token_from: int | None = Field(
+        default=None, ge=0, description="KV bytes per token under G (the start's KV-cache spec)"
+    )
+    kv_bytes_per_token_to: int | None = Field(
+        default=None,
+        ge=0,
+        description="KV bytes per token under G' (G's layers, with an added drafter's KV layers "
+        "or without a dropped drafter's)",
+    )
+    max_model_len_from: int | None = Field(default=None, ge=1, description="max_model_len at G")
+    max_model_len_to: int | None = Field(default=None, ge=1, description="max_model_len at G'")
+    concurrency_from: float | None = Field(
+        default=None, ge=0, description="Requests of max_model_len the KV tokens at G hold"
+    )
+    concurrency_to: float | None = Field(
+        default=None, ge=0, description="Requests of G''s max_model_len the KV tokens at G' hold"
+    )
     terms_from: FullInitTerms | None = Field(
         default=None, description="Every full-initialization term under G (the measured run)"
     )

@@ -84,7 +84,8 @@ class RunEstimateRequest(BaseModel):
     drafter_dims: dict[str, Any] | None = Field(
         default=None,
         description="The drafter's config.json (overrides the run's recorded drafter_dims): "
-        "its weights when the grid adds the drafter",
+        "its weights, KV layers, graph pools and activations when the grid adds or drops the "
+        "drafter; without it an added or dropped drafter's weights are not moved (noted)",
     )
     rank: int | None = Field(default=None, ge=0, le=65535, description="Default: the lowest")
 
@@ -104,7 +105,7 @@ class RunEstimateResponse(BaseModel):
     terms: list[TermRow] = Field(description="Every full-initialization term at G and G'")
     kv_cache_memory_bytes_to: int | None = Field(description="vLLM's flag for G'")
     concurrency_from: float | None = Field(description="Requests of max_model_len at G")
-    concurrency_to: float | None = Field(description="Requests of max_model_len at G'")
+    concurrency_to: float | None = Field(description="Requests of G''s max_model_len at G'")
     inverse: dict[str, Any] | None = None
 
 
@@ -116,7 +117,7 @@ def run_estimate(report: RunReport, req: RunEstimateRequest) -> RunEstimateRespo
         MemestError: the estimator cannot use the report.
     """
     from memest.estimate import what_if as core_what_if
-    from memest.estimate.inverse import concurrency_at, inverse_answer, target_tokens
+    from memest.estimate.inverse import inverse_answer, target_tokens
     from memest.estimate.runner_buffers import ModelDims
     from memest.estimate.whatif import term_rows
     from memest.preflight.calibration import drafter_activation_factor
@@ -142,6 +143,9 @@ def run_estimate(report: RunReport, req: RunEstimateRequest) -> RunEstimateRespo
             tokens,
             grid,
             lambda r, g: core_what_if(r, g, dims=dims, drafter_activation_factor=factor),
+            ("concurrency", req.concurrency)
+            if req.concurrency is not None
+            else ("kv_tokens", tokens),
         )
     return RunEstimateResponse(
         run_id=report.run_id,
@@ -149,7 +153,7 @@ def run_estimate(report: RunReport, req: RunEstimateRequest) -> RunEstimateRespo
         what_if=result,
         terms=[TermRow(**row) for row in term_rows(result)],
         kv_cache_memory_bytes_to=result.kv_budget_bytes_to,
-        concurrency_from=concurrency_at(report, result.kv_tokens_from),
-        concurrency_to=concurrency_at(report, result.kv_tokens_to),
+        concurrency_from=result.concurrency_from,
+        concurrency_to=result.concurrency_to,
         inverse=inverse,
     )

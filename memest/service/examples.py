@@ -131,17 +131,27 @@ RUN_ESTIMATE = {
     "run_id": "S_llama8b_s128_t4096.apply.1796123281",
     "rank": 0,
     "what_if": {
-        "grid_from": "vllm-0.33.0 max_num_seqs=128 max_num_batched_tokens=4096: target.piecewise 35<= 256 tok, target.full 19<= 128 tok",
-        "grid_to": "vllm-0.33.0 max_num_seqs=32 max_num_batched_tokens=2048: target.piecewise 11<= 64 tok, target.full 7<= 32 tok",
+        "grid_from": "max_num_seqs 128, max_num_batched_tokens 4096, max_model_len 4096: "
+        "target PIECEWISE: 35 graphs up to 256 tokens; target FULL: 19 graphs up to 128 tokens",
+        "grid_to": "max_num_seqs 32, max_num_batched_tokens 2048, max_model_len 4096: "
+        "target PIECEWISE: 11 graphs up to 64 tokens; target FULL: 7 graphs up to 32 tokens",
         "graph_pool_bytes_from": 65011712,
-        "graph_pool_bytes_to": 16252928,
+        "graph_pool_bytes_to": 25165824,
         "kv_budget_bytes_from": 109614686208,
-        "kv_budget_bytes_to": 110200073899,
+        "kv_budget_bytes_to": 110191161003,
         "kv_tokens_from": 836288,
-        "kv_tokens_to": 840752,
+        "kv_tokens_to": 840688,
+        "kv_bytes_per_token_from": 131072,
+        "kv_bytes_per_token_to": 131072,
+        "max_model_len_from": 4096,
+        "max_model_len_to": 4096,
+        "concurrency_from": 204.171875,
+        "concurrency_to": 205.24609375,
         "term_laws": {
-            "graph_pool_bytes": "per-owner pool laws",
-            "outside_torch_bytes": "graph objects (graph profiling and capture) scale with the graph count",
+            "graph_pool_bytes": "per-owner pool laws; synthetic request trace: target.piecewise, "
+            "target.full",
+            "outside_torch_bytes": "graph objects (graph profiling and capture) scale with the "
+            "graph count x the layers each graph holds",
             "runner_buffer_bytes": "runner buffers f(G') - f(G): block_tables",
             "baseline_torch_bytes": "runner buffers f(G') - f(G): input_buffers, request_state",
             "weights_bytes": "runner buffers f(G') - f(G): penalties, structured_outputs",
@@ -178,13 +188,14 @@ RUN_ESTIMATE = {
             "term": "outside_torch_bytes",
             "bytes_from": 980221952,
             "bytes_to": 855790933,
-            "law": "graph objects (graph profiling and capture) scale with the graph count",
+            "law": "graph objects (graph profiling and capture) scale with the graph count x the "
+            "layers each graph holds",
         },
         {
             "term": "graph_pool_bytes",
             "bytes_from": 65011712,
-            "bytes_to": 16252928,
-            "law": "per-owner pool laws",
+            "bytes_to": 25165824,
+            "law": "per-owner pool laws; synthetic request trace: target.piecewise, target.full",
         },
         {
             "term": "runner_buffer_bytes",
@@ -200,13 +211,15 @@ RUN_ESTIMATE = {
         },
         {"term": "margin_bytes", "bytes_from": 0, "bytes_to": 0, "law": "constant"},
     ],
-    "kv_cache_memory_bytes_to": 110200073899,
+    "kv_cache_memory_bytes_to": 110191161003,
     "concurrency_from": 204.171875,
-    "concurrency_to": 205.26171875,
+    "concurrency_to": 205.24609375,
     "inverse": {
         "kv_tokens": 819200,
-        "gpu_memory_utilization": 0.8312,
-        "largest_max_num_seqs": 4364,
+        "gpu_memory_utilization": 0.8313,
+        "largest_max_num_seqs": 2048,
+        "max_num_seqs_ceiling": 2048,
+        "max_num_seqs_ceiling_by": "max_num_batched_tokens",
     },
 }
 

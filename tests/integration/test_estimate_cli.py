@@ -102,7 +102,7 @@ def test_grid_failing_plan_validation(tmp_path: Path, capsys: pytest.CaptureFixt
     grid = dict(PLAN_G2, total_graphs=3)
     args = ["--from", str(_write(tmp_path, report_dict())), "--grid", json.dumps(grid)]
     err = _refused(tmp_path, capsys, args)
-    assert "grid.total_graphs=3" in err
+    assert "--grid total_graphs=3" in err
 
 
 def test_startup_plan_needs_worker_inputs(
@@ -129,3 +129,45 @@ def test_startup_plan_folder_must_exist(tmp_path: Path, capsys: pytest.CaptureFi
     assert not missing.exists()
     assert main(["estimate", *args, "--create-dir"]) == 0
     assert len(list(missing.glob("startup_plan_*.json"))) == 1
+
+
+REAL = Path(__file__).resolve().parents[2] / "reports/vllm/raw"
+S = REAL / "call9.S_llama8b_s128_t4096.apply.report.rank0.json"
+
+
+def test_the_inverse_alone_prints_no_what_if(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--from", str(S), "--kv-tokens", "100000", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "what_if" not in out and "kv_cache_memory_bytes_to" not in out
+    assert out["inverse"]["kv_tokens"] == 100_000
+    assert 0 < out["inverse"]["gpu_memory_utilization"] < 1
+    assert main(["estimate", "--from", str(S), "--concurrency", "10"]) == 0
+    text = capsys.readouterr().out
+    assert "What-if" not in text and "Dominant change" not in text
+    assert "40,960 KV tokens need gpu_memory_utilization" in text
+
+
+def test_an_unchanged_grid_has_no_dominant_change(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--from", str(S), "--grid", "{}"]) == 0
+    text = capsys.readouterr().out
+    assert "What-if" in text and "Dominant change" not in text
+    # Full-initialization terms carry the labels the what-if table uses.
+    assert "activation headroom" in text and "profile_peak_activation" not in text
+
+
+def test_inverse_errors_name_the_flag_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _refused(tmp_path, capsys, ["--from", str(S), "--concurrency", "100000"])
+    assert err.startswith("memest estimate: invalid configuration: --concurrency=100000:")
+    err = _refused(tmp_path, capsys, ["--from", str(S), "--kv-tokens", "999999999"])
+    assert "--kv-tokens=999999999:" in err
+
+
+def test_max_model_len_in_the_grid(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--from", str(S), "--grid", '{"max_model_len": 8192}', "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)["what_if"]
+    assert w["max_model_len_to"] == 8192 and "max_model_len 8192" in w["grid_to"]
+    assert w["concurrency_to"] == w["kv_tokens_to"] / 8192
+    assert main(["estimate", "--from", str(S), "--grid", '{"max_model_len": 8192}']) == 0
+    assert "at 4,096 -> " in capsys.readouterr().out

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from memest.analysis.ranks import rank_check
@@ -22,6 +23,7 @@ from memest.service.deps import (
     ReadAuth,
     ResponseCacheDep,
     SessionDep,
+    SettingsDep,
     WriteAuth,
 )
 from memest.service.errors import BadRequest, NotFound
@@ -32,6 +34,7 @@ from memest.service.estimates import (
     estimate_available,
     run_estimate,
 )
+from memest.service.ingest import load_json, read_body
 from memest.service.models import Run
 from memest.service.schemas import (
     BreakdownResponse,
@@ -269,23 +272,51 @@ def delete_run(
         422: {"description": "A refused field (named), or a report the estimator cannot use"},
     },
     openapi_extra={
-        "requestBody": {"content": {"application/json": {"example": examples.RUN_ESTIMATE_REQUEST}}}
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": RunEstimateRequest.model_json_schema(),
+                    "example": examples.RUN_ESTIMATE_REQUEST,
+                }
+            },
+        }
     },
 )
-def estimate_run(
-    run_id: RunIdPath, body: RunEstimateRequest, session: SessionDep, cache: CacheDep
+async def estimate_run(
+    run_id: RunIdPath,
+    request: Request,
+    settings: SettingsDep,
+    factory: FactoryDep,
+    cache: CacheDep,
 ) -> RunEstimateResponse:
     """What-if on a stored run: memest's KV budget, tokens and concurrency under grid G' (the
     changes ``memest estimate --grid`` takes), each term at G and G' with its law, and the
-    inverse questions (kv_tokens / concurrency), by memest.estimate."""
-    rows = store.run_reports(session, run_id)
-    if not rows:
-        raise NotFound(f"no run {run_id!r}", field="run_id")
-    if body.rank is not None:
-        rows = [r for r in rows if r.rank == body.rank]
+    inverse questions (kv_tokens / concurrency), by memest.estimate. Every refusal is a 4xx
+    {"detail", "field"} naming the request field."""
+    parsed = load_json(await read_body(request, settings.max_report_bytes), field="body")
+    try:
+        body = RunEstimateRequest.model_validate(parsed)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        field = ".".join(str(p) for p in errors[0]["loc"]) if errors else "body"
+        msg = errors[0]["msg"] if errors else str(exc)
+        raise BadRequest(f"invalid estimate request: {field}: {msg}", field=field) from None
+    return await run_in_threadpool(_estimate_body, factory, cache, run_id, body)
+
+
+def _estimate_body(
+    factory: sessionmaker[Session], cache: ReportCache, run_id: str, body: RunEstimateRequest
+) -> RunEstimateResponse:
+    with factory() as session:
+        rows = store.run_reports(session, run_id)
         if not rows:
-            raise NotFound(f"run {run_id!r} has no rank {body.rank}", field="rank")
-    report = cache.get(rows[0])
+            raise NotFound(f"no run {run_id!r}", field="run_id")
+        if body.rank is not None:
+            rows = [r for r in rows if r.rank == body.rank]
+            if not rows:
+                raise NotFound(f"run {run_id!r} has no rank {body.rank}", field="rank")
+        report = cache.get(rows[0])
     try:
         return run_estimate(report, body)
     except ConfigError as exc:

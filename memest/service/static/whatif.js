@@ -60,6 +60,17 @@
     return { grid: grid };
   }
 
+  /* Empty every result cell and hide the result, so that an error shows no stale or empty tables. */
+  function clearResult(result) {
+    result.hidden = true;
+    result.querySelectorAll("td.num, #whatif-grids, #wi-flag").forEach(function (el) {
+      el.textContent = "";
+      el.removeAttribute("data-value");
+    });
+    document.querySelector("#whatif-terms tbody").textContent = "";
+    document.getElementById("whatif-notes").textContent = "";
+  }
+
   /* One readable line from an error response: the service's detail, or FastAPI's first error. */
   function errorLine(status, payload) {
     var detail = payload && payload.detail;
@@ -93,6 +104,8 @@
     setText("wi-kv-gib-to", gib(w.kv_budget_bytes_to), w.kv_budget_bytes_to);
     setText("wi-kv-tokens-from", count(w.kv_tokens_from), w.kv_tokens_from);
     setText("wi-kv-tokens-to", count(w.kv_tokens_to), w.kv_tokens_to);
+    setText("wi-max-model-len-from", count(w.max_model_len_from), w.max_model_len_from);
+    setText("wi-max-model-len-to", count(w.max_model_len_to), w.max_model_len_to);
     setText("wi-concurrency-from", ratio(result.concurrency_from), result.concurrency_from);
     setText("wi-concurrency-to", ratio(result.concurrency_to), result.concurrency_to);
     setText("wi-flag", result.kv_cache_memory_bytes_to === null ? "no KV budget" :
@@ -125,6 +138,7 @@
     var button = form.querySelector("#wi-submit");
     button.disabled = true;
     section.setAttribute("aria-busy", "true");
+    clearResult(result);
     fetch(section.getAttribute("data-endpoint"), {
       method: "POST",
       credentials: "same-origin",
@@ -143,7 +157,7 @@
     }).catch(function (e) {
       error.textContent = e.message;
       error.hidden = false;
-      result.hidden = true;
+      clearResult(result);
     }).then(function () {
       button.disabled = false;
       section.removeAttribute("aria-busy");

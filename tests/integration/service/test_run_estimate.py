@@ -81,3 +81,55 @@ def test_bad_fields_are_a_422_naming_them(client: TestClient) -> None:
     assert r.status_code == 404
     r = client.post(f"/api/v1/runs/{run_id}/estimate", json={"grid": {}, "bogus": 1})
     assert r.status_code == 422
+
+
+def test_every_refusal_is_one_detail_and_field(client: TestClient) -> None:
+    run_id = _store(client)
+    cases = [
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization"),
+        ({"kv_tokens": -1}, "kv_tokens"),
+        ({"extra": 1}, "extra"),
+        ({"grid": None}, "grid"),
+        ({"concurrency": 10**9}, "concurrency"),
+        ({"grid": {"max_model_len": 99999999999}}, "grid.max_model_len"),
+    ]
+    for body, field in cases:
+        r = client.post(f"/api/v1/runs/{run_id}/estimate", json=body)
+        assert r.status_code == 422, (body, r.text)
+        got = r.json()
+        assert set(got) == {"detail", "field"} and isinstance(got["detail"], str), got
+        assert got["field"] == field, (body, got)
+        assert "--" not in got["detail"], got  # API errors name API fields, not CLI flags
+    r = client.post(
+        f"/api/v1/runs/{run_id}/estimate",
+        content=b"{not json",
+        headers={"Content-Type": "application/json"},
+    )
+    assert r.status_code == 422 and set(r.json()) == {"detail", "field"}
+
+
+def test_max_model_len_moves_the_concurrency(client: TestClient) -> None:
+    run_id = _store(client)
+    r = client.post(f"/api/v1/runs/{run_id}/estimate", json={"grid": {"max_model_len": 8192}})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    w = got["what_if"]
+    assert (w["max_model_len_from"], w["max_model_len_to"]) == (4096, 8192)
+    assert "max_model_len 8192" in w["grid_to"]
+    assert got["concurrency_from"] == w["kv_tokens_from"] / 4096
+    assert got["concurrency_to"] == w["kv_tokens_to"] / 8192
+    # Twice as long requests: about half as many fit.
+    assert abs(got["concurrency_to"] * 2 - got["concurrency_from"]) < 1
+
+
+def test_the_inverse_never_passes_max_num_batched_tokens(client: TestClient) -> None:
+    run_id = _store(client)
+    r = client.post(
+        f"/api/v1/runs/{run_id}/estimate",
+        json={"grid": {"gpu_memory_utilization": 0.9}, "concurrency": 200},
+    )
+    assert r.status_code == 200, r.text
+    inverse = r.json()["inverse"]
+    # The start runs max_num_batched_tokens 4096; vLLM refuses max_num_seqs above it.
+    assert inverse["largest_max_num_seqs"] <= 4096
+    assert inverse["max_num_seqs_ceiling"] == 4096

@@ -112,4 +112,46 @@ def test_without_the_drafter_config_the_note_says_what_is_missing() -> None:
     result = what_if(s, EAGLE3, dims=dims)
     assert result.terms_to is not None and result.terms_from is not None
     assert result.terms_to.weights_bytes - result.terms_from.weights_bytes < 100 * MiB
-    assert any("drafter's weights are not modelled" in n for n in result.notes)
+    assert any(n.startswith("DRAFTER WEIGHTS NOT MOVED") for n in result.notes)
+    assert "NOT MOVED" in result.term_laws["weights_bytes"]
+
+
+def test_without_any_dimensions_an_added_or_dropped_drafter_is_said_loudly() -> None:
+    e = _real("call8.E_llama8b_eagle3k5_s96_t4096_u088.apply")
+    result = what_if(e, {"speculative_config": None})
+    assert result.terms_to is not None and result.terms_from is not None
+    assert result.terms_to.weights_bytes == result.terms_from.weights_bytes
+    assert result.term_laws["weights_bytes"].startswith("NOT MOVED")
+    assert any("drops the eagle3 drafter" in n and "too high" in n for n in result.notes)
+    # Notes name what is missing, never a command-line flag (the web form shows them).
+    assert not [n for n in result.notes if "--" in n]
+
+
+def _per_token(report: RunReport) -> int:
+    spec = report.kv_cache
+    assert spec is not None and spec.page_size_bytes is not None
+    return spec.page_size_bytes // spec.block_size
+
+
+@pytest.mark.parametrize("with_configs", [True, False])
+def test_adding_the_drafter_adds_its_kv_layer(with_configs: bool) -> None:
+    s = _real("call9.S_llama8b_s128_t4096.apply")
+    c = _real("call6.C_llama8b_eagle3k3_s64_t4096.apply")
+    assert c.kv_cache is not None and c.kv_cache.kv_tokens is not None
+    change = {"max_num_seqs": 64, **EAGLE3}
+    result = what_if(s, change, dims=_dims(s) if with_configs else None)
+    # vLLM 0.33.0 holds the drafter's layer in the same KV blocks: C's spec has one more layer.
+    assert result.kv_bytes_per_token_from == _per_token(s)
+    assert result.kv_bytes_per_token_to == _per_token(c)
+    assert result.kv_tokens_to is not None
+    if with_configs:  # C measured 802,432 tokens; G's bytes per token gave 829,552 (+3.4 %)
+        assert abs(result.kv_tokens_to - c.kv_cache.kv_tokens) < 0.002 * c.kv_cache.kv_tokens
+
+
+def test_dropping_the_drafter_drops_its_kv_layer() -> None:
+    e = _real("call8.E_llama8b_eagle3k5_s96_t4096_u088.apply")
+    s = _real("call9.S_llama8b_s128_t4096.apply")
+    result = what_if(e, {"speculative_config": None}, dims=_dims(e))
+    assert result.kv_bytes_per_token_to == _per_token(s)
+    assert result.kv_budget_bytes_to is not None and result.kv_tokens_to is not None
+    assert result.kv_tokens_to == result.kv_budget_bytes_to // (_per_token(s) * 16) * 16

@@ -113,7 +113,9 @@ def test_starts_yield_reports_memest_reads(engine: ModuleType, tmp_path: Path) -
     g2 = RunReport.model_validate(json.loads((raw / "start_G2_vllm.json").read_text())["report"])
     assert g.capture_plans[0].total_graphs == 149
     assert g2.capture_plans[0].total_graphs == 245
-    assert what_if(g, g2.capture_plans[0]).grid_to.startswith("vllm-0.33.0 max_num_seqs=512")
+    assert what_if(g, g2.capture_plans[0]).grid_to.startswith(
+        "max_num_seqs 512, max_num_batched_tokens 8192"
+    )
 
     summary = engine.summarize(raw, tmp_path / "lab", "cmd")
     assert {(r["configuration"], r["estimator"]) for r in summary["records"]} == {

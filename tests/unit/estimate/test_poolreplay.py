@@ -83,6 +83,10 @@ def test_what_if_by_replay_matches_the_other_start(g: str, g2: str) -> None:
         assert abs(predicted[stage] - measured) <= 0.05 * measured
     # Worked by hand from the segments: A 20+2+14+20+2+2+2 MiB, B 2+2+20 MiB.
     assert predicted["target.piecewise"] == {"B": 24 * MiB, "A": 62 * MiB}[g2]
+    # The factor column is the row's own G' / G (what the measured bytes were multiplied by).
+    for p in rows:
+        assert p.measured_bytes > 0
+        assert abs(p.factor * p.measured_bytes - p.predicted_bytes) <= 1
 
 
 def test_what_if_with_snapshot_keeps_the_kv_budget_path() -> None:

@@ -107,4 +107,4 @@ def test_without_dims_the_buffer_terms_are_kept_and_the_note_says_so() -> None:
     result = what_if(s, {"max_num_seqs": 32})
     assert result.terms_to is not None and result.terms_from is not None
     assert result.terms_to.weights_bytes == result.terms_from.weights_bytes
-    assert any("--model-config" in n for n in result.notes)
+    assert any("model's config.json" in n for n in result.notes)
