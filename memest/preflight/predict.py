@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memest.errors import ConfigError
-from memest.estimate.kv import kv_page_bytes, kv_tokens
+from memest.estimate.kv import kv_page_bytes, kv_tokens, require_fit, require_max_model_len
 from memest.estimate.phases import budget_bytes, full_init_kv_budget, non_kv_bytes
 from memest.estimate.runner_buffers import (
     BUFFER_TERMS,
@@ -43,7 +43,13 @@ from memest.plan.overlay import overlay_config, plan_input
 from memest.preflight.backends import kv_block_size
 from memest.preflight.calibration import Calibration, load_calibration
 from memest.preflight.graphs import pool_bytes
-from memest.preflight.shape import ModelShape, layer_token_bytes, model_shape, parameter_bytes
+from memest.preflight.shape import (
+    VLLM_DEFAULT_MAX_MODEL_LEN,
+    ModelShape,
+    layer_token_bytes,
+    model_shape,
+    parameter_bytes,
+)
 from memest.schema import CapturePlan, FullInitTerms, KVCacheSpec, RunConfig
 from memest.schema.preflight import PreflightRequest, PreflightResult, PreflightTerm
 
@@ -62,6 +68,7 @@ class Setup:
     gpu: str
     block_size: int
     attention_backend: str
+    notes: tuple[str, ...] = ()
 
     @property
     def mbt(self) -> int:
@@ -124,7 +131,7 @@ def setup(req: PreflightRequest) -> Setup:
         model=target.architecture,
         max_num_seqs=req.max_num_seqs or seqs,
         max_num_batched_tokens=req.max_num_batched_tokens or mbt,
-        max_model_len=req.max_model_len or target.max_position,
+        max_model_len=_max_model_len(req, cfg, target),
         gpu_memory_utilization=req.gpu_memory_utilization,
         tensor_parallel_size=req.tensor_parallel_size,
     )
@@ -147,7 +154,28 @@ def setup(req: PreflightRequest) -> Setup:
         backend=req.attention_backend,
         block_size=req.block_size,
     )
-    return Setup(target, drafter, config, plan, req.gpu.lower(), block, backend)
+    notes = () if "max_position_embeddings" in cfg else (
+        "config.json has no max_position_embeddings: max_model_len defaults to vLLM 0.33.0's "
+        f"{VLLM_DEFAULT_MAX_MODEL_LEN} (vLLM warns the same)",
+    )
+    return Setup(target, drafter, config, plan, req.gpu.lower(), block, backend, notes)
+
+
+def _max_model_len(req: PreflightRequest, cfg: Mapping[str, Any], target: ModelShape) -> int:
+    """--max-model-len, refused above the config's maximum as vLLM 0.33.0 refuses it."""
+    if req.max_model_len is None:
+        return target.max_position
+    limit = cfg.get("model_max_length")
+    if "max_position_embeddings" in cfg and req.max_model_len > target.max_position and not (
+        isinstance(limit, int) and req.max_model_len <= limit
+    ):
+        raise ConfigError(
+            "max_model_len",
+            req.max_model_len,
+            f"above the config's max_position_embeddings={target.max_position}; vLLM 0.33.0 "
+            "refuses that unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (positions past it break RoPE)",
+        )
+    return req.max_model_len
 
 
 def kv_spec(s: Setup) -> KVCacheSpec:
@@ -288,7 +316,7 @@ def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> 
         source=f"pre-flight ({cal.label})",
     )
     unc, notes = _uncertainties(s, cal, laws)
-    return _result(req, s, cal, terms, laws, unc, notes)
+    return _result(req, s, cal, terms, laws, unc, [*s.notes, *notes])
 
 
 def _result(
@@ -301,10 +329,12 @@ def _result(
     notes: list[str],
 ) -> PreflightResult:
     spec = kv_spec(s)
+    require_fit(non_kv_bytes(terms), terms.requested_bytes, value=req.gpu_memory_utilization)
     budget = full_init_kv_budget(terms)
+    length = s.config.max_model_len or 1
+    require_max_model_len(spec, budget, length)
     tokens = kv_tokens(spec, budget)
     spread = sum(unc.values())
-    length = s.config.max_model_len or 1
     details = [
         PreflightTerm(name=n, bytes=v, uncertainty_bytes=unc[n], law=law)
         for n, (v, law) in laws.items()
@@ -337,8 +367,16 @@ def _result(
         kv_bytes_per_token=kv_page_bytes(spec) // spec.block_size,
         max_concurrency=tokens / length,
         kv_cache=spec,
-        vllm_overshoot=cal.vllm_overshoot,
+        vllm_overshoot=cal.vllm_overshoot if _calibration_describes(s, cal) else None,
         notes=notes,
+    )
+
+
+def _calibration_describes(s: Setup, cal: Calibration) -> bool:
+    """Whether the calibration's starts measured this architecture at this TP size."""
+    return (
+        s.target.architecture in cal.measured_architectures
+        and s.config.tensor_parallel_size in cal.measured_tensor_parallel_sizes
     )
 
 
