@@ -247,4 +247,8 @@ def _json_kind(value: object) -> str:
         return "a string"
     if value is None:
         return "null"
-    return "a number" if isinstance(value, int | float) and not isinstance(value, bool) else "a boolean"
+    return (
+        "a number"
+        if isinstance(value, int | float) and not isinstance(value, bool)
+        else "a boolean"
+    )

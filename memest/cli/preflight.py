@@ -32,6 +32,7 @@ from memest.preflight.calibration import overshoot_line
 from memest.schema.preflight import PreflightResult
 from memest.units import concurrency_text, fmt_gib
 
+
 def _json_file(flag: str, path: str) -> dict[str, Any]:
     """A config.json given by path (never inline), refused in one line naming ``flag``."""
     return load_json_object(flag, path, error=CommandError, inline=False)

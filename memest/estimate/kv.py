@@ -103,9 +103,7 @@ def require_fit(
             field,
             value,
             f"does not fit: non-KV {fmt_gib(non_kv_bytes)} GiB > budget "
-            f"{fmt_gib(budget_bytes)} GiB ({field}"
-            + ("" if value is None else f"={value}")
-            + ")",
+            f"{fmt_gib(budget_bytes)} GiB ({field}" + ("" if value is None else f"={value}") + ")",
         )
 
 

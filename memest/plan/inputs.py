@@ -12,17 +12,17 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
 from memest.errors import ConfigError
-from memest.schema.preflight import (
-    MAX_MODEL_LEN_LIMIT,
-    MAX_NUM_BATCHED_TOKENS_LIMIT,
-    MAX_NUM_SEQS_LIMIT,
-)
 from memest.plan.vllm033 import (
     CUDAGRAPH_MODES,
     CudaGraphMode,
     DynamicSDSchedule,
     PerformanceMode,
     dynamic_sd_segments,
+)
+from memest.schema.preflight import (
+    MAX_MODEL_LEN_LIMIT,
+    MAX_NUM_BATCHED_TOKENS_LIMIT,
+    MAX_NUM_SEQS_LIMIT,
 )
 
 GpuPreset = Literal["gb200", "b200", "h100", "h200"]
@@ -180,7 +180,9 @@ def check_scheduler(
             greater than or equal to max_num_seqs").
     """
     seqs = _bounded_int("max_num_seqs", max_num_seqs, MAX_NUM_SEQS_LIMIT)
-    mbt = _bounded_int("max_num_batched_tokens", max_num_batched_tokens, MAX_NUM_BATCHED_TOKENS_LIMIT)
+    mbt = _bounded_int(
+        "max_num_batched_tokens", max_num_batched_tokens, MAX_NUM_BATCHED_TOKENS_LIMIT
+    )
     if max_model_len is not None:
         _bounded_int("max_model_len", max_model_len, MAX_MODEL_LEN_LIMIT)
     if seqs > mbt:

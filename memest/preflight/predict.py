@@ -154,9 +154,13 @@ def setup(req: PreflightRequest) -> Setup:
         backend=req.attention_backend,
         block_size=req.block_size,
     )
-    notes = () if "max_position_embeddings" in cfg else (
-        "config.json has no max_position_embeddings: max_model_len defaults to vLLM 0.33.0's "
-        f"{VLLM_DEFAULT_MAX_MODEL_LEN} (vLLM warns the same)",
+    notes = (
+        ()
+        if "max_position_embeddings" in cfg
+        else (
+            "config.json has no max_position_embeddings: max_model_len defaults to vLLM 0.33.0's "
+            f"{VLLM_DEFAULT_MAX_MODEL_LEN} (vLLM warns the same)",
+        )
     )
     return Setup(target, drafter, config, plan, req.gpu.lower(), block, backend, notes)
 
@@ -166,8 +170,10 @@ def _max_model_len(req: PreflightRequest, cfg: Mapping[str, Any], target: ModelS
     if req.max_model_len is None:
         return target.max_position
     limit = cfg.get("model_max_length")
-    if "max_position_embeddings" in cfg and req.max_model_len > target.max_position and not (
-        isinstance(limit, int) and req.max_model_len <= limit
+    if (
+        "max_position_embeddings" in cfg
+        and req.max_model_len > target.max_position
+        and not (isinstance(limit, int) and req.max_model_len <= limit)
     ):
         raise ConfigError(
             "max_model_len",

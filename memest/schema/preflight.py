@@ -15,6 +15,7 @@ MAX_NUM_SEQS_LIMIT = 1 << 16
 MAX_NUM_BATCHED_TOKENS_LIMIT = 1 << 22
 MAX_MODEL_LEN_LIMIT = 1 << 24
 
+
 class PreflightRequest(MemestModel):
     """A model (its config.json content) and the flags ``vllm serve`` would get."""
 
