@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         command.add_arguments(p)
-        p.set_defaults(_command=command)
+        p.set_defaults(_command=command, _parser=p)
     return parser
 
 
@@ -82,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run memest with ``argv`` (defaults to sys.argv[1:]); returns the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args, extra = parser.parse_known_args(list(argv) if argv is not None else None)
+        if extra:  # named by the command's parser, so the line says which command refused it
+            getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
         return int(exc.code or 0)
     command: Command | None = getattr(args, "_command", None)

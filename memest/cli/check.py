@@ -8,7 +8,7 @@ Every figure comes from the start's accounting (memest.estimate.account), as in 
 estimate`, the service and the dashboard. Estimator error is |usage minus budget| of one
 estimator's record (--estimator; "auto" takes the estimator that sized this start's KV cache, as
 the report says: vLLM's budget in an enable or lite start, memest's in an apply start; else the
-measured record). A limit the report has no figure for is an error (exit 2), never a silent pass. Exit codes: 0 every limit holds, 1 a limit is breached, 2 bad input.
+measured record, else vLLM's). A limit the report has no figure for is an error (exit 2), never a silent pass. Exit codes: 0 every limit holds, 1 a limit is breached, 2 bad input.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class CheckCommand:
             default="auto",
             choices=["auto", "memest", "vllm", "published", "memest-plan", "measured"],
             help="whose estimate --max-estimate-error checks (default auto: the estimator that "
-            "sized this start's KV cache, else the measured record)",
+            "sized this start's KV cache, else the measured record, else vllm)",
         )
         parser.add_argument(
             "--min-kv-tokens", type=_count, metavar="N", help="KV capacity floor (N >= 0)"
@@ -112,11 +112,13 @@ def _need(value: int | None, what: str, report: RunReport) -> int:
 
 
 def _auto_estimator(report: RunReport) -> str:
-    """The estimator whose budget this start ran with (kv_sized_by), else the measured record."""
+    """The estimator whose budget this start ran with (kv_sized_by), else the measured record,
+    else vLLM's (a report that does not say who sized it ran vLLM's own budget), else memest's."""
     sized = kv_sized_by(report)
-    if sized is not None and estimator_error(report, sized) is not None:
-        return sized
-    return "measured"
+    for name in (sized, "measured", "vllm", "memest"):
+        if name is not None and estimator_error(report, name) is not None:
+            return name
+    return sized or "measured"
 
 
 def _estimator_label(report: RunReport, name: str) -> str:
