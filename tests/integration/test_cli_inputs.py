@@ -221,3 +221,31 @@ def test_serve_refuses_a_port_in_use_before_its_banner(
     assert captured.out == ""  # no banner for a server that cannot start
     (line,) = captured.err.splitlines()
     assert f"cannot listen on 127.0.0.1:{port}" in line
+
+
+@pytest.mark.parametrize(
+    ("grid", "field"),
+    [
+        ({"max_num_seqs": 9999999}, "max_num_seqs"),
+        ({"max_num_seqs": 8192, "max_num_batched_tokens": 4096}, "max_num_seqs"),
+        ({"max_model_len": 99999999999}, "max_model_len"),
+        ({"compilation_config": {"foo": 1}}, "grid.compilation_config.foo"),
+    ],
+)
+def test_api_what_if_refuses_grids_vllm_refuses(
+    grid: dict[str, object], field: str, tmp_path: Path
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from memest.service.app import create_app
+    from memest.service.config import Settings
+
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'm.db'}", write_token="t"))
+    headers = {"Authorization": "Bearer t", "Content-Type": "application/json"}
+    with TestClient(app) as client:
+        r = client.post("/api/v1/reports", content=S_APPLY.read_bytes(), headers=headers)
+        assert r.status_code in (200, 201), r.text
+        run_id = json.loads(S_APPLY.read_text())["run_id"]
+        r = client.post(f"/api/v1/runs/{run_id}/estimate", json={"grid": grid})
+        assert r.status_code == 422, r.text
+        assert field in json.dumps(r.json())
