@@ -53,6 +53,8 @@ class OneLineParser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> NoReturn:
+        if message.endswith("expected one argument"):  # e.g. --margin -5GiB: read as a flag
+            message += "; a value starting with '-' is written --flag=VALUE"
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 

@@ -48,6 +48,15 @@ def test_a_bad_value_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--kv-tokens" in line and "'abc'" in line
 
 
+def test_a_value_read_as_a_flag_says_how_to_write_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["estimate", "--from", str(S_APPLY), "--margin", "-5GiB"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--margin" in line and "--flag=VALUE" in line
+    assert main(["estimate", "--from", str(S_APPLY), "--margin=-5GiB"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--margin" in line and "negative" in line
+
+
 def test_output_cut_short_by_its_reader_ends_quietly() -> None:
     # `memest plan --json | head -1`: the reader closes the pipe after one line
     proc = subprocess.Popen(
