@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,6 +81,24 @@ class PushOptions:
         return self.url.rstrip("/") + REPORTS_PATH
 
 
+def check_service_url(url: str) -> str:
+    """``url`` when it is an http(s) URL with a host, else a one-line error naming it.
+
+    Raises:
+        MemestError: another scheme, no host, or an unparsable port.
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError as exc:
+        raise MemestError(
+            f"--url {url!r}: not a URL ({exc}); expected http(s)://HOST[:PORT]"
+        ) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise MemestError(f"--url {url!r}: expected http(s)://HOST[:PORT] of a memest service")
+    return url
+
+
 def push_one(
     body: bytes,
     url: str,
@@ -110,7 +129,9 @@ def push_one(
             last = f"HTTP {exc.code}: {detail}"
             if exc.code < 500 and exc.code not in (408, 429):
                 return PushResult(False, exc.code, last, attempt)
-        except (OSError, ValueError) as exc:
+        except ValueError as exc:  # a malformed URL: another attempt cannot help
+            return PushResult(False, None, f"bad service URL {url!r}: {exc}", attempt)
+        except OSError as exc:
             last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
         if attempt <= retries:
             sleep(backoff_s * 2 ** (attempt - 1))

@@ -26,6 +26,20 @@ class ConfigError(MemestError, ValueError):
         super().__init__(f"{field}={value!r}: {reason}")
 
 
+class DoesNotFitError(ConfigError):
+    """A configuration leaves no room for the KV cache (its message starts "does not fit:").
+
+    A ConfigError, so surfaces that answer bad configurations (CLI exit 2, service 422) answer
+    it too; ``field`` names the setting that sizes the budget.
+    """
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        MemestError.__init__(self, reason)
+
+
 class SnapshotFormatError(MemestError, ValueError):
     """An allocator snapshot (pickle or JSON) is truncated, unsafe or not in a known format."""
 

@@ -70,10 +70,11 @@ def read_regular_file(
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise error(f"{p}: cannot read: {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # checked before fdopen, which refuses a folder by fd
+        os.close(fd)
+        raise error(f"{p}: not a regular file ({_kind(info.st_mode)})")
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise error(f"{p}: not a regular file ({_kind(info.st_mode)})")
         data = _read_at_most(handle, limit, expected=info.st_size)
     if data is None:
         raise error(f"{p}: larger than the {fmt_bytes(limit)} limit{_hint(limit)}")
@@ -210,3 +211,44 @@ def load_report(path: Path) -> RunReport:
         first = exc.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(p) for p in first["loc"])
         raise ReportFormatError(f"{path}: field {where}: {first['msg']}") from None
+
+
+def load_json_object(
+    flag: str, text: str, *, error: ErrorFactory = InputFileError, inline: bool = True
+) -> dict[str, Any]:
+    """A command-line JSON object: inline JSON, or (``inline`` or not) the path of a JSON file.
+
+    Text that starts like JSON (``{``, ``[``, a quote, a digit) is read inline; anything else is
+    a path. Either way the value must be an object; the one-line error names ``flag`` and says
+    whether the text was not JSON, not an object, or not a readable file.
+    """
+    stripped = text.strip()
+    looks_inline = inline and (
+        stripped[:1] in tuple('{["-0123456789') or stripped in ("true", "false", "null")
+    )
+    if looks_inline:
+        data = parse_json(
+            text.encode("utf-8", "surrogateescape"), source=f"{flag} (inline JSON)", error=error
+        )
+    elif inline and not Path(text).exists() and not Path(text).is_symlink():
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise error(f"{flag} {shown!r}: neither inline JSON (an object {{...}}) nor a file")
+    else:
+        data = load_json_file(text, error=lambda msg: error(f"{flag} {msg}"))
+    if not isinstance(data, dict):
+        raise error(f"{flag}: expected a JSON object {{...}}, got {_json_kind(data)}")
+    return data
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    return (
+        "a number"
+        if isinstance(value, int | float) and not isinstance(value, bool)
+        else "a boolean"
+    )

@@ -101,3 +101,8 @@ def count_cell(value: int | None) -> str:
 def ratio_cell(value: float | None) -> str:
     """A ratio such as ``1.25×``, or ``MISSING``."""
     return MISSING if value is None else f"{value:.2f}×"
+
+
+def concurrency_text(value: float | None, max_model_len: int | None) -> str:
+    """Max concurrency as every surface words it: ``204.11× at max_model_len 4,096``."""
+    return f"{ratio_cell(value)} at max_model_len {count_cell(max_model_len)}"

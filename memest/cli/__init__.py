@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from pydantic import ValidationError
 
 from memest._version import __version__
-from memest.errors import CommandError, ConfigError, MemestError
+from memest.errors import CommandError, ConfigError, DoesNotFitError, MemestError
 
 
 class Command(Protocol):
@@ -45,8 +46,20 @@ def _commands() -> list[Command]:
     return sorted(found, key=lambda c: c.name)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with usage errors as one line (``memest CMD: error: ...``) and exit 2.
+
+    Subcommand parsers are made by ``add_subparsers``, which uses this class too.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        if message.endswith("expected one argument"):  # e.g. --margin -5GiB: read as a flag
+            message += "; a value starting with '-' is written --flag=VALUE"
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="memest",
         description=(
             "Where vLLM startup memory goes, and how much KV cache the GPU really holds: "
@@ -63,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         command.add_arguments(p)
-        p.set_defaults(_command=command)
+        p.set_defaults(_command=command, _parser=p)
     return parser
 
 
@@ -71,7 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run memest with ``argv`` (defaults to sys.argv[1:]); returns the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args, extra = parser.parse_known_args(list(argv) if argv is not None else None)
+        if extra:  # named by the command's parser, so the line says which command refused it
+            getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # argparse exits 2 on usage errors and 0 on --help
         return int(exc.code or 0)
     command: Command | None = getattr(args, "_command", None)
@@ -80,9 +95,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return command.run(args)
+    except BrokenPipeError:  # the reader went away (`memest plan --json | head`): stop quietly
+        _silence_stdout()
+        return 0
     except CommandError as exc:
         print(f"memest {command.name}: {exc}", file=sys.stderr)
         return exc.exit_code
+    except DoesNotFitError as exc:  # a valid configuration that leaves no KV cache
+        print(f"memest {command.name}: {exc}", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(f"memest {command.name}: invalid configuration: {exc}", file=sys.stderr)
         return 2
@@ -101,6 +122,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush raises no second error."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout already closed or not a real file
+        pass
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -6,8 +6,9 @@
 
 Every figure comes from the start's accounting (memest.estimate.account), as in `memest
 estimate`, the service and the dashboard. Estimator error is |usage minus budget| of one
-estimator's record (--estimator; "auto" takes memest's record, else vLLM's). A limit the report has no figure for is an error (exit 2), never
-a silent pass. Exit codes: 0 every limit holds, 1 a limit is breached, 2 bad input.
+estimator's record (--estimator; "auto" takes the estimator that sized this start's KV cache, as
+the report says: vLLM's budget in an enable or lite start, memest's in an apply start; else the
+measured record, else vLLM's). A limit the report has no figure for is an error (exit 2), never a silent pass. Exit codes: 0 every limit holds, 1 a limit is breached, 2 bad input.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from memest.analysis.ranks import capture_stages
 from memest.cli._reports import load_report
 from memest.errors import CommandError
-from memest.reporters.views import estimator_error, run_facts
+from memest.reporters.views import estimator_error, kv_sized_by, run_facts
 from memest.schema import RunReport
 from memest.units import fmt_bytes, parse_bytes
 
@@ -69,9 +70,12 @@ class CheckCommand:
             "--estimator",
             default="auto",
             choices=["auto", "memest", "vllm", "published", "memest-plan", "measured"],
-            help="whose estimate --max-estimate-error checks (default auto: memest, else vllm)",
+            help="whose estimate --max-estimate-error checks (default auto: the estimator that "
+            "sized this start's KV cache, else the measured record, else vllm)",
         )
-        parser.add_argument("--min-kv-tokens", type=int, metavar="N", help="KV capacity floor")
+        parser.add_argument(
+            "--min-kv-tokens", type=_count, metavar="N", help="KV capacity floor (N >= 0)"
+        )
         parser.add_argument(
             "--max-stage",
             type=_stage_limit,
@@ -107,6 +111,30 @@ def _need(value: int | None, what: str, report: RunReport) -> int:
     return value
 
 
+def _auto_estimator(report: RunReport) -> str:
+    """The estimator whose budget this start ran with (kv_sized_by), else the measured record,
+    else vLLM's (a report that does not say who sized it ran vLLM's own budget), else memest's."""
+    sized = kv_sized_by(report)
+    for name in (sized, "measured", "vllm", "memest"):
+        if name is not None and estimator_error(report, name) is not None:
+            return name
+    return sized or "measured"
+
+
+def _estimator_label(report: RunReport, name: str) -> str:
+    return f"{name}, sized this start" if name == kv_sized_by(report) else name
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def evaluate(
     report: RunReport, baseline: RunReport | None, args: argparse.Namespace
 ) -> list[Outcome]:
@@ -127,20 +155,12 @@ def evaluate(
         )
     if args.max_estimate_error:
         limit = parse_bytes(args.max_estimate_error, field="--max-estimate-error")
-        name = args.estimator
-        err = None
-        if name == "auto":
-            for candidate in ("memest", "vllm"):
-                err = estimator_error(report, candidate)
-                if err is not None:
-                    name = candidate
-                    break
-        else:
-            err = estimator_error(report, name)
-        v = _need(err, f"usage-minus-budget figure for estimator {args.estimator!r}", report)
+        name = _auto_estimator(report) if args.estimator == "auto" else args.estimator
+        err = estimator_error(report, name)
+        v = _need(err, f"usage-minus-budget figure for estimator {name!r}", report)
         out.append(
             Outcome(
-                f"estimate error ({name})",
+                f"estimate error ({_estimator_label(report, name)})",
                 abs(v) <= limit,
                 f"usage minus budget {fmt_bytes(v)} (limit ±{fmt_bytes(limit)})",
             )

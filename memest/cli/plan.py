@@ -6,19 +6,25 @@ memest plan [--gpu gb200|b200|h100|h200] [--max-num-seqs N] [--max-num-batched-t
             [--prefill-batches DIST] [--decode-batches DIST] [--json]
 
 Prints one row per runner (per dynamic-SD tier): graph count, widest shape (requests × q =
-tokens) and the sum of captured tokens, for the seed's sizing and for vLLM 0.33.0 ("main").
-Defaults follow `vllm serve`: gb200/b200 (SM100) 1024 sequences / 16384 batched tokens;
-h100/h200 1024 / 8192.
+tokens) and the sum of captured tokens, for two sizings: "seed" (the seed's proposal: five
+capture fields) and "main" (vLLM 0.33.0 as released, what a start runs today; its --json key is
+"vllm-0.33.0"). Defaults follow `vllm serve`: gb200/b200 (SM100) 1024 sequences / 16384 batched
+tokens; h100/h200 1024 / 8192. max_num_seqs above max_num_batched_tokens is refused, as vLLM
+0.33.0 refuses it.
 
---compilation-config takes the same JSON as vLLM's flag: cudagraph_mode,
-cudagraph_capture_sizes, max_cudagraph_capture_size and the five fields
+--compilation-config takes the same JSON as vLLM's flag: cudagraph_mode (both sizings),
+cudagraph_capture_sizes and max_cudagraph_capture_size (main), the five fields
 max_prefill_cudagraph_capture_tokens, prefill_cudagraph_capture_token_sizes,
 max_decode_cudagraph_capture_requests, decode_cudagraph_capture_request_sizes,
-max_decode_cudagraph_capture_tokens.
+max_decode_cudagraph_capture_tokens (seed), and vLLM 0.33.0's other CompilationConfig fields
+(read by neither: they change no capture size); any other key is refused. A line above the table
+names each key given, the sizing that reads it and whether it changed that plan.
 --dynamic-sd takes "1-16:7,17-256:3,257-1024:1" or JSON [[1, 16, 7], ...] (start, end, K).
 --prefill-batches (tokens per mixed step) and --decode-batches (requests per uniform decode)
 take "uniform:LOW-HIGH" or a JSON histogram {"size": weight}; the expected padded tokens per
-step are then printed for target PIECEWISE and target FULL, both sizings.
+step are then printed for both sizings: --prefill-batches on target PIECEWISE, --decode-batches
+on target FULL. "padding" is over the steps a graph covers; "of all tokens" also counts the
+steps wider than the grid, which run unpadded.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from memest.files import parse_json
 from memest.plan import (
     GPU_PRESETS,
     SERVE_DEFAULTS,
+    SIZING_LEGEND,
+    SIZING_NAMES,
     SPEC_METHODS,
     expected_padding,
     gpu_preset,
@@ -40,6 +48,7 @@ from memest.plan import (
     resolve_both,
     uniform_histogram,
 )
+from memest.plan.inputs import LEGACY_FIELDS, SEED_FIELDS, PlanInput
 from memest.plan.vllm033 import dynamic_sd_lookup
 from memest.reporters.plan_table import PlanTable
 from memest.schema.plan import CapturePlan
@@ -144,6 +153,7 @@ def _padding(
                     "mean_padded_tokens": cost.mean_padded_tokens,
                     "mean_padding_tokens": cost.mean_padding_tokens,
                     "padding_ratio": cost.padding_ratio,
+                    "overall_padding_ratio": cost.overall_padding_ratio,
                     "eager_fraction": cost.eager_fraction,
                 }
             )
@@ -173,23 +183,7 @@ class PlanCommand:
         parser.add_argument("--json", action="store_true", help="print both plans as JSON")
 
     def run(self, args: argparse.Namespace) -> int:
-        sm100 = gpu_preset(args.gpu)
-        seqs_default, mnbt_default = SERVE_DEFAULTS[sm100]
-        dynamic = None if args.dynamic_sd is None else parse_dynamic_sd(args.dynamic_sd)
-        inp = plan_input_from_compilation_config(
-            args.compilation_config,
-            sm100=sm100,
-            max_num_seqs=args.max_num_seqs if args.max_num_seqs is not None else seqs_default,
-            max_num_batched_tokens=args.max_num_batched_tokens
-            if args.max_num_batched_tokens is not None
-            else mnbt_default,
-            spec_method=args.spec_method,
-            num_speculative_tokens=args.num_spec_tokens,
-            dynamic_sd=dynamic,
-            adaptive_verification=args.adaptive_verification,
-            performance_mode="interactivity" if args.interactivity else "balanced",
-            gpu=args.gpu.lower(),
-        )
+        inp = _plan_input(args, args.compilation_config)
         plans = resolve_both(inp)
         prefill = (
             None
@@ -212,17 +206,67 @@ class PlanCommand:
             json.dump(doc, sys.stdout, indent=2)
             sys.stdout.write("\n")
             return 0
+        if args.compilation_config is not None:
+            sys.stdout.write(_override_line(args, plans))
         sys.stdout.write(PlanTable.from_plans(*plans).render())
         if padding:
-            sys.stdout.write("\nExpected padding per step (tokens)\n")
+            sys.stdout.write(f"\nExpected padding per step, in tokens ({SIZING_LEGEND})\n")
             for p in padding:
                 tier = "" if p["tier_k"] is None else f" (K={p['tier_k']})"
                 sys.stdout.write(
-                    f"  {p['sizing']:<12} {p['runner']}{tier}: real {p['mean_real_tokens']:.1f}"
-                    f", padded {p['mean_padded_tokens']:.1f}, padding {p['padding_ratio']:.2%}"
-                    f", beyond the grid {p['eager_fraction']:.1%}\n"
+                    f"  {SIZING_NAMES[p['sizing']]:<5} {p['runner']}{tier}: "
+                    f"real {p['mean_real_tokens']:.1f}, padded {p['mean_padded_tokens']:.1f}, "
+                    f"padding {p['padding_ratio']:.2%} of graphed steps' tokens "
+                    f"({p['overall_padding_ratio']:.2%} of all tokens), "
+                    f"beyond the grid {p['eager_fraction']:.1%} of steps\n"
                 )
         return 0
+
+
+def _plan_input(args: argparse.Namespace, compilation_config: str | None) -> PlanInput:
+    sm100 = gpu_preset(args.gpu)
+    seqs_default, mnbt_default = SERVE_DEFAULTS[sm100]
+    dynamic = None if args.dynamic_sd is None else parse_dynamic_sd(args.dynamic_sd)
+    return plan_input_from_compilation_config(
+        compilation_config,
+        sm100=sm100,
+        max_num_seqs=args.max_num_seqs if args.max_num_seqs is not None else seqs_default,
+        max_num_batched_tokens=args.max_num_batched_tokens
+        if args.max_num_batched_tokens is not None
+        else mnbt_default,
+        spec_method=args.spec_method,
+        num_speculative_tokens=args.num_spec_tokens,
+        dynamic_sd=dynamic,
+        adaptive_verification=args.adaptive_verification,
+        performance_mode="interactivity" if args.interactivity else "balanced",
+        gpu=args.gpu.lower(),
+    )
+
+
+def _reader(key: str) -> str:
+    if key in SEED_FIELDS:
+        return "seed"
+    if key in LEGACY_FIELDS:
+        return "main"
+    return "both" if key == "cudagraph_mode" else "neither"
+
+
+def _override_line(args: argparse.Namespace, plans: tuple[CapturePlan, CapturePlan]) -> str:
+    """Which sizing reads each --compilation-config key, and whether the plan moved."""
+    given = _inline_json("--compilation-config", args.compilation_config)
+    without = resolve_both(_plan_input(args, None))
+    moved = [
+        SIZING_NAMES[p.sizing]
+        for p, q in zip(plans, without, strict=True)
+        if p.runners != q.runners
+    ]
+    keys = ", ".join(f"{k}={json.dumps(v)} (read by {_reader(k)})" for k, v in given.items())
+    effect = (
+        f"changes the {' and '.join(moved)} plan"
+        if moved
+        else "changes neither plan (same as without it)"
+    )
+    return f"--compilation-config: {keys or 'no field'}; {effect}\n"
 
 
 COMMAND = PlanCommand()

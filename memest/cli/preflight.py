@@ -26,34 +26,20 @@ from typing import Any
 
 from memest.errors import CommandError
 from memest.estimate.phases import TERM_LABELS
-from memest.files import parse_json, read_regular_file
+from memest.files import load_json_object
 from memest.preflight import preflight, request_from
 from memest.preflight.calibration import overshoot_line
 from memest.schema.preflight import PreflightResult
-from memest.units import fmt_gib
-
-#: Largest config.json read (a real one is a few KiB).
-CONFIG_LIMIT = 16 << 20
+from memest.units import concurrency_text, fmt_gib
 
 
 def _json_file(flag: str, path: str) -> dict[str, Any]:
-    data = parse_json(
-        read_regular_file(path, limit=CONFIG_LIMIT, error=CommandError),
-        source=path,
-        error=CommandError,
-    )
-    if not isinstance(data, dict):
-        raise CommandError(f"{flag} {path}: expected a JSON object (a config.json)")
-    return data
+    """A config.json given by path (never inline), refused in one line naming ``flag``."""
+    return load_json_object(flag, path, error=CommandError, inline=False)
 
 
 def _inline(flag: str, text: str | None) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    data = parse_json(text.encode("utf-8", "surrogateescape"), source=flag, error=CommandError)
-    if not isinstance(data, dict):
-        raise CommandError(f"{flag}: expected a JSON object")
-    return data
+    return None if text is None else load_json_object(flag, text, error=CommandError)
 
 
 class _Preflight:
@@ -134,7 +120,7 @@ def render(r: PreflightResult) -> str:
         f"KV cache per rank: {fmt_gib(r.kv_cache_bytes)} GiB ± "
         f"{fmt_gib(r.kv_cache_uncertainty_bytes)}: {r.kv_tokens:,} tokens "
         f"({r.kv_tokens_low:,} to {r.kv_tokens_high:,}), {r.kv_bytes_per_token:,} B per token, "
-        f"max concurrency {r.max_concurrency:.2f} at {r.max_model_len} tokens",
+        f"max concurrency {concurrency_text(r.max_concurrency, r.max_model_len)}",
     ]
     if r.vllm_overshoot is not None:
         lines.append(overshoot_line(r.vllm_overshoot))

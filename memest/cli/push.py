@@ -7,10 +7,11 @@
 The token comes from --token or MEMEST_WRITE_TOKEN; the URL from --url or MEMEST_SERVICE_URL.
 Folders are searched for *.json files. Connection errors, 5xx, 408 and 429 are retried with
 exponential backoff; any other 4xx is final (the service names the field at fault). A file that
-is not a valid report is skipped and named; the others are still sent. --spool DIR sends the
+is not a valid report (or does not exist) is skipped and named; the others are still sent. --spool DIR sends the
 reports the vLLM plugin spooled when the service was unreachable and removes each one the service
 then holds. Prints one line per file, then: sent, already stored, skipped, failed. Exit 0 when
-nothing failed, 1 when a report was not stored, 2 on bad arguments.
+nothing failed, 1 when a report was not stored or a named file does not exist (the others are
+still sent), 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import argparse
 import os
 from pathlib import Path
 
-from memest.delivery import FileResult, PushOptions, push_files, report_files
+from memest.delivery import (
+    FileResult,
+    PushOptions,
+    check_service_url,
+    push_files,
+    report_files,
+)
 from memest.delivery import push_one as push_one  # re-exported: the retry loop's home
 from memest.errors import CommandError
 
@@ -57,6 +64,7 @@ class PushCommand:
     def run(self, args: argparse.Namespace) -> int:
         if not args.url:
             raise CommandError("no service URL: pass --url or set MEMEST_SERVICE_URL")
+        check_service_url(args.url)
         if args.retries < 0:
             raise CommandError("--retries must be >= 0")
         if args.timeout <= 0 or args.backoff < 0:
@@ -73,7 +81,8 @@ class PushCommand:
             files, options, remove_delivered=args.spool is not None, on_result=_print_result
         )
         print(result.summary())
-        return 1 if result.count("failed") else 0
+        missing = any(not p.exists() and not p.is_symlink() for p in args.reports or ())
+        return 1 if result.count("failed") or missing else 0
 
     def _files(self, args: argparse.Namespace) -> list[Path]:
         if args.spool is not None:
@@ -84,10 +93,7 @@ class PushCommand:
             return report_files([args.spool])
         if not args.reports:
             raise CommandError("give REPORT files or folders, or --spool DIR")
-        missing = [p for p in args.reports if not p.exists() and not p.is_symlink()]
-        if missing:
-            raise CommandError(f"{missing[0]}: no such file or folder")
-        files = report_files(list(args.reports))
+        files = report_files(list(args.reports))  # a missing file is tried, and named skipped
         if not files:
             raise CommandError("no report files found")
         return files

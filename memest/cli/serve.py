@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import socket
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from memest.errors import CommandError
 
@@ -27,7 +29,7 @@ class ServeCommand:
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-        parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+        parser.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
         parser.add_argument(
             "--database-url",
             help="SQLAlchemy URL (default MEMEST_DATABASE_URL or sqlite:///./memest.db)",
@@ -62,9 +64,10 @@ class ServeCommand:
         if settings.write_token is None:
             generated = new_write_token()
             settings = settings.model_copy(update={"write_token": generated})
-        app = create_app(settings)
+        app = _app(create_app, settings)
         if args.exit_after_load:
             return _load_only(app)
+        _check_listen(args.host, args.port)
         url = f"http://{'127.0.0.1' if args.host in ('0.0.0.0', '::') else args.host}:{args.port}/"
         print(f"memest service: {url}  (API docs {url}docs, metrics {url}metrics)", flush=True)
         print(f"database: {_safe_url(settings.database_url)}", flush=True)
@@ -80,6 +83,57 @@ class ServeCommand:
         return 0
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 1-65535")
+    return port
+
+
+def _app(create_app: Callable[[Any], FastAPI], settings: Any) -> FastAPI:
+    """The service app; a database URL SQLAlchemy cannot use is one line, not a traceback."""
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    try:
+        return create_app(settings)
+    except ArgumentError as exc:  # unknown dialect or driver, malformed URL
+        raise CommandError(
+            f"--database-url {_shown_url(settings.database_url)}: {exc} "
+            "(expected e.g. sqlite:///./memest.db or postgresql+psycopg://USER@HOST/DB)"
+        ) from None
+    except (SQLAlchemyError, ImportError) as exc:
+        raise CommandError(
+            f"--database-url {_shown_url(settings.database_url)}: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _shown_url(url: str) -> str:
+    try:
+        return _safe_url(url)
+    except Exception:  # an unparsable URL: show its scheme only (it may hold a password)
+        return url.split("://", 1)[0] + "://..."
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Refuse, before the banner, a host/port the server could not listen on (in use, denied)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise CommandError(f"--host {host}: cannot resolve ({exc})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise CommandError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} (try another --port)"
+            ) from None
+
+
 def new_write_token() -> str:
     # Hex, so the token never starts with "-": `--token <value>` would read such a value as an option.
     return secrets.token_hex(20)
@@ -92,10 +146,17 @@ def _safe_url(url: str) -> str:
 
 
 def _load_only(app: FastAPI) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
     from memest.service import db, store
     from memest.service.app import load_demo
 
-    db.upgrade(app.state.engine)
+    try:
+        db.upgrade(app.state.engine)
+    except SQLAlchemyError as exc:  # unreachable server, refused login, missing database
+        url = _shown_url(app.state.settings.database_url)
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise CommandError(f"--database-url {url}: {type(exc).__name__}: {reason}") from None
     if app.state.settings.demo:
         load_demo(app)
     with app.state.sessionmaker() as session:

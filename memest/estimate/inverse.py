@@ -96,7 +96,10 @@ def largest_max_num_seqs(
     base = dict(changes or {})
 
     def holds(seqs: int) -> bool:
-        result = what_if(report, {**base, "max_num_seqs": seqs})
+        try:
+            result = what_if(report, {**base, "max_num_seqs": seqs})
+        except ConfigError:  # a grid vLLM refuses (max_num_seqs above max_num_batched_tokens)
+            return False
         return bool(result.kv_tokens_to is not None and result.kv_tokens_to >= tokens)
 
     if not holds(1):

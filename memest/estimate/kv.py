@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from memest.errors import ConfigError
+from memest.errors import ConfigError, DoesNotFitError
 from memest.estimate.model_shape import ModelShape
 from memest.schema import KVCacheSpec
+from memest.units import fmt_gib
 
 # Keys of KVCacheSpec.extra read here. MLA stores one latent vector per token and layer
 # (kv_lora_rank + qk_rope_head_dim values) instead of K and V per head; a sparse-attention
@@ -90,3 +91,44 @@ def kv_tokens(spec: KVCacheSpec, kv_bytes: int) -> int:
     if kv_bytes < 0:
         raise ConfigError("kv_bytes", kv_bytes, "must not be negative")
     return (kv_bytes // kv_page_bytes(spec)) * spec.block_size
+
+
+def require_fit(
+    non_kv_bytes: int,
+    budget_bytes: int,
+    *,
+    field: str = "gpu_memory_utilization",
+    value: object = None,
+) -> None:
+    """Refuse a configuration whose non-KV memory fills its whole budget.
+
+    vLLM 0.33.0 refuses to start when no KV block fits; a figure of 0 KV tokens would hide that.
+
+    Raises:
+        DoesNotFitError: "does not fit: non-KV X GiB > budget Y GiB".
+    """
+    if non_kv_bytes >= budget_bytes:
+        raise DoesNotFitError(
+            field,
+            value,
+            f"does not fit: non-KV {fmt_gib(non_kv_bytes)} GiB > budget "
+            f"{fmt_gib(budget_bytes)} GiB ({field}" + ("" if value is None else f"={value}") + ")",
+        )
+
+
+def require_max_model_len(spec: KVCacheSpec, kv_bytes: int, max_model_len: int) -> None:
+    """Refuse a KV cache that cannot hold one request of ``max_model_len`` tokens.
+
+    vLLM 0.33.0 refuses such a start ("max seq len ... larger than the available KV cache").
+
+    Raises:
+        DoesNotFitError: naming the KV bytes one request needs and what the budget leaves.
+    """
+    needed = -(-max_model_len // spec.block_size) * kv_page_bytes(spec)
+    if kv_bytes < needed:
+        raise DoesNotFitError(
+            "max_model_len",
+            max_model_len,
+            f"does not fit: one request of max_model_len {max_model_len:,} tokens needs "
+            f"{fmt_gib(needed)} GiB of KV cache, the budget leaves {fmt_gib(kv_bytes)} GiB",
+        )

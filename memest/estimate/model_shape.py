@@ -28,6 +28,9 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 #: head_dim weights each, replicated under TP); config.json has no field that says so.
 QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
+#: vLLM 0.33.0's max_model_len when config.json names no maximum length (it warns and uses 2048).
+VLLM_DEFAULT_MAX_MODEL_LEN = 2048
+
 
 def _int(cfg: Mapping[str, Any], key: str, default: int | None = None, *, minimum: int = 1) -> int:
     value = cfg.get(key, default)
@@ -197,7 +200,7 @@ def model_shape(cfg: Mapping[str, Any], *, tp: int = 1, dtype: str = "auto") -> 
         if dense_inter
         else 0,
         tied=bool(cfg.get("tie_word_embeddings", False)),
-        max_position=_int(cfg, "max_position_embeddings", 4096),
+        max_position=_int(cfg, "max_position_embeddings", VLLM_DEFAULT_MAX_MODEL_LEN),
         extra_input_hidden=hidden if "eagle3" in str(archs[0]).lower() else 0,
         qk_norm=str(archs[0]) in QK_NORM_ARCHITECTURES,
         **moe,

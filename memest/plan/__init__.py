@@ -26,7 +26,7 @@ from memest.plan.inputs import (
     plan_input_from_compilation_config,
 )
 from memest.plan.padding import PaddingCost, expected_padding, uniform_histogram
-from memest.plan.resolve import SIZINGS, resolve, resolve_both
+from memest.plan.resolve import SIZING_LEGEND, SIZING_NAMES, SIZINGS, resolve, resolve_both
 from memest.plan.seed import SeedSizes, resolve_seed
 from memest.plan.vllm033 import MainSizes, capture_sizes, manager_descriptors
 
@@ -47,6 +47,8 @@ __all__ = [
     "GPU_PRESETS",
     "SERVE_DEFAULTS",
     "SIZINGS",
+    "SIZING_LEGEND",
+    "SIZING_NAMES",
     "SPEC_METHODS",
     "MainSizes",
     "PaddingCost",

@@ -19,6 +19,11 @@ from memest.plan.vllm033 import (
     PerformanceMode,
     dynamic_sd_segments,
 )
+from memest.schema.preflight import (
+    MAX_MODEL_LEN_LIMIT,
+    MAX_NUM_BATCHED_TOKENS_LIMIT,
+    MAX_NUM_SEQS_LIMIT,
+)
 
 GpuPreset = Literal["gb200", "b200", "h100", "h200"]
 #: Compute-capability family 100 (Blackwell data-center parts) or not.
@@ -88,6 +93,64 @@ SEED_FIELDS = (
     "decode_cudagraph_capture_request_sizes",
     "max_decode_cudagraph_capture_tokens",
 )
+#: vLLM 0.33.0's CompilationConfig fields (vllm.config.compilation): accepted in a
+#: --compilation-config; only the capture-size ones (and SEED_FIELDS) change a capture plan.
+VLLM_COMPILATION_FIELDS = (
+    "backend",
+    "cache_dir",
+    "compilation_time",
+    "compile_cache_save_format",
+    "compile_mm_encoder",
+    "compile_ranges_endpoints",
+    "compile_sizes",
+    "cudagraph_capture_sizes",
+    "cudagraph_copy_inputs",
+    "cudagraph_decoder_replay",
+    "cudagraph_mm_encoder",
+    "cudagraph_mode",
+    "cudagraph_num_of_warmups",
+    "cudagraph_specialize_lora",
+    "custom_ops",
+    "debug_dump_path",
+    "decoder_replay_cudagraph_capture_sizes",
+    "decoder_replay_trim_threshold",
+    "disabled_custom_ops",
+    "dynamic_shapes_config",
+    "enabled_custom_ops",
+    "encoder_compilation_time",
+    "encoder_cudagraph_max_frames_per_batch",
+    "encoder_cudagraph_max_vision_items_per_batch",
+    "encoder_cudagraph_token_budgets",
+    "fast_moe_cold_start",
+    "inductor_compile_config",
+    "inductor_passes",
+    "ir_enable_torch_wrap",
+    "local_cache_dir",
+    "max_cudagraph_capture_size",
+    "mode",
+    "pass_config",
+    "splitting_ops",
+    "static_all_moe_layers",
+    "static_forward_context",
+    "traced_files",
+    "use_inductor_graph_partition",
+)
+
+
+def check_compilation_fields(config: Mapping[str, Any], field: str = "compilation_config") -> None:
+    """Refuse a key that is neither vLLM 0.33.0's CompilationConfig field nor a seed field.
+
+    Raises:
+        ConfigError: naming the first unknown key.
+    """
+    known = set(VLLM_COMPILATION_FIELDS) | set(SEED_FIELDS)
+    unknown = sorted(str(k) for k in config if k not in known)
+    if unknown:
+        raise ConfigError(
+            f"{field}.{unknown[0]}",
+            config[unknown[0]],
+            "not a field of vLLM 0.33.0's CompilationConfig nor of the seed's five",
+        )
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -96,6 +159,39 @@ def _positive_int(name: str, value: object) -> int:
     if value <= 0:
         raise ConfigError(name, value, "must be > 0")
     return value
+
+
+def _bounded_int(name: str, value: object, limit: int) -> int:
+    _positive_int(name, value)
+    assert isinstance(value, int)
+    if value > limit:
+        raise ConfigError(name, value, f"above {limit:,}, the largest memest accepts")
+    return value
+
+
+def check_scheduler(
+    max_num_seqs: object, max_num_batched_tokens: object, max_model_len: object = None
+) -> None:
+    """Refuse scheduler values vLLM 0.33.0 refuses (SchedulerConfig) or no figure survives.
+
+    Raises:
+        ConfigError: a value that is not a positive integer, is above memest's limit, or
+            max_num_seqs above max_num_batched_tokens (vLLM: "max_num_batched_tokens must be
+            greater than or equal to max_num_seqs").
+    """
+    seqs = _bounded_int("max_num_seqs", max_num_seqs, MAX_NUM_SEQS_LIMIT)
+    mbt = _bounded_int(
+        "max_num_batched_tokens", max_num_batched_tokens, MAX_NUM_BATCHED_TOKENS_LIMIT
+    )
+    if max_model_len is not None:
+        _bounded_int("max_model_len", max_model_len, MAX_MODEL_LEN_LIMIT)
+    if seqs > mbt:
+        raise ConfigError(
+            "max_num_seqs",
+            seqs,
+            f"above max_num_batched_tokens={mbt:,}; vLLM 0.33.0 refuses that "
+            "(max_num_batched_tokens must be >= max_num_seqs)",
+        )
 
 
 def _size_list(name: str, value: object, *, allow_empty: bool) -> tuple[int, ...]:
@@ -178,8 +274,7 @@ class PlanInput:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
-        _positive_int("max_num_seqs", self.max_num_seqs)
-        _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        check_scheduler(self.max_num_seqs, self.max_num_batched_tokens)
         k = self.num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ConfigError("num_speculative_tokens", k, "must be an integer >= 0")
@@ -318,11 +413,12 @@ def plan_input_from_compilation_config(
     """Build a PlanInput from a vLLM-style ``--compilation-config`` dict (or its JSON text).
 
     Understood keys: ``cudagraph_mode`` (name or CUDAGraphMode), ``cudagraph_capture_sizes``,
-    ``max_cudagraph_capture_size`` and the seed's five fields. Other keys (compile settings)
-    do not change capture sizes and are ignored.
+    ``max_cudagraph_capture_size`` and the seed's five fields. vLLM 0.33.0's other
+    CompilationConfig fields (compile settings) do not change capture sizes and are ignored;
+    any other key is refused.
 
     Raises:
-        ConfigError: bad JSON, a non-object, or a bad value (named).
+        ConfigError: bad JSON, a non-object, an unknown key or a bad value (named).
     """
     config: Mapping[str, Any]
     if compilation_config is None:
@@ -339,6 +435,7 @@ def plan_input_from_compilation_config(
         config = loaded
     else:
         config = compilation_config
+    check_compilation_fields(config)
     mode_value = config.get("cudagraph_mode", "FULL_AND_PIECEWISE")
     mode_name = getattr(mode_value, "name", mode_value)
     if isinstance(mode_name, str):

@@ -14,7 +14,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from memest.errors import ConfigError
-from memest.plan.inputs import PlanInput, plan_input_from_compilation_config
+from memest.plan.inputs import (
+    PlanInput,
+    check_compilation_fields,
+    check_scheduler,
+    plan_input_from_compilation_config,
+)
 from memest.schema import GpuInfo, RunConfig
 
 # The compilation_config keys that decide capture sizes; other keys do not change the plan.
@@ -89,6 +94,7 @@ def _capture_settings(changes: Mapping[str, Any], config: RunConfig) -> dict[str
     if config.cudagraph_mode:
         settings["cudagraph_mode"] = config.cudagraph_mode
     given = _json_object("compilation_config", changes.get("compilation_config")) or {}
+    check_compilation_fields(given, "grid.compilation_config")
     for key, value in given.items():
         if key in CAPTURE_KEYS:
             settings[key] = value
@@ -123,12 +129,15 @@ def overlay_config(config: RunConfig, changes: Mapping[str, Any]) -> RunConfig:
         update["gpu_memory_utilization"] = changes["gpu_memory_utilization"]
     merged = {**config.model_dump(), **update}
     try:
-        return RunConfig.model_validate(merged)
+        out = RunConfig.model_validate(merged)
     except Exception as exc:  # pydantic's ValidationError, named by its first field
         errors = getattr(exc, "errors", None)
         first = errors()[0] if callable(errors) else {"loc": ("grid",), "msg": str(exc)}
         loc = ".".join(str(x) for x in first.get("loc", ())) or "grid"
         raise ConfigError(f"grid.{loc}", first.get("input"), str(first.get("msg"))) from None
+    if out.max_num_seqs is not None and out.max_num_batched_tokens is not None:
+        check_scheduler(out.max_num_seqs, out.max_num_batched_tokens, out.max_model_len)
+    return out
 
 
 def is_sm100(gpu: GpuInfo | None) -> bool:

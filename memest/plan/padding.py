@@ -22,7 +22,9 @@ class PaddingCost:
         mean_real_tokens: expected real tokens per step (all batches).
         mean_padded_tokens: expected tokens per step after padding (eager batches unpadded).
         mean_padding_tokens: mean_padded_tokens − mean_real_tokens.
-        padding_ratio: mean_padding_tokens / mean_real_tokens over graph-covered batches.
+        padding_ratio: padding over the real tokens of graph-covered batches only.
+        overall_padding_ratio: mean_padding_tokens / mean_real_tokens over every batch (a batch
+            beyond the grid runs unpadded, so this is at most padding_ratio).
         eager_fraction: probability that a batch is wider than the grid.
     """
 
@@ -31,6 +33,7 @@ class PaddingCost:
     mean_padding_tokens: float
     padding_ratio: float
     eager_fraction: float
+    overall_padding_ratio: float = 0.0
 
 
 def uniform_histogram(low: int, high: int) -> dict[int, float]:
@@ -85,4 +88,5 @@ def expected_padding(
         mean_padding_tokens=padded - real,
         padding_ratio=covered_pad / covered_real if covered_real else 0.0,
         eager_fraction=eager,
+        overall_padding_ratio=(padded - real) / real if real else 0.0,
     )

@@ -18,6 +18,10 @@ from memest.plan.vllm033 import (
 from memest.schema.plan import CapturePlan, GraphMode, RunnerRow, Sizing
 
 SIZINGS: tuple[Sizing, ...] = ("seed", "vllm-0.33.0")
+#: How human output names each sizing (JSON keeps the SIZINGS keys): the seed's proposal of five
+#: capture fields, and vLLM 0.33.0 as released (the sizing a start on main runs).
+SIZING_NAMES: dict[str, str] = {"seed": "seed", "vllm-0.33.0": "main"}
+SIZING_LEGEND = "seed = the five capture fields (the seed's proposal); main = vLLM 0.33.0"
 
 _LABELS = {
     "target.piecewise": "Target PIECEWISE: prefill, mixed, decode fallback",

@@ -32,8 +32,14 @@ from typing import Any
 
 from memest.errors import ConfigError
 from memest.estimate.activation import activation_bytes
-from memest.estimate.kv import kv_page_bytes, kv_tokens, layer_kv_bytes
-from memest.estimate.model_shape import ModelShape, model_shape
+from memest.estimate.kv import (
+    kv_page_bytes,
+    kv_tokens,
+    layer_kv_bytes,
+    require_fit,
+    require_max_model_len,
+)
+from memest.estimate.model_shape import VLLM_DEFAULT_MAX_MODEL_LEN, ModelShape, model_shape
 from memest.estimate.phases import budget_bytes, full_init_kv_budget, non_kv_bytes
 from memest.estimate.runner_buffers import (
     BUFFER_TERMS,
@@ -66,6 +72,7 @@ class Setup:
     gpu: str
     block_size: int
     attention_backend: str
+    notes: tuple[str, ...] = ()
 
     @property
     def mbt(self) -> int:
@@ -128,7 +135,7 @@ def setup(req: PreflightRequest) -> Setup:
         model=target.architecture,
         max_num_seqs=req.max_num_seqs or seqs,
         max_num_batched_tokens=req.max_num_batched_tokens or mbt,
-        max_model_len=req.max_model_len or target.max_position,
+        max_model_len=_max_model_len(req, cfg, target),
         gpu_memory_utilization=req.gpu_memory_utilization,
         tensor_parallel_size=req.tensor_parallel_size,
     )
@@ -151,7 +158,34 @@ def setup(req: PreflightRequest) -> Setup:
         backend=req.attention_backend,
         block_size=req.block_size,
     )
-    return Setup(target, drafter, config, plan, req.gpu.lower(), block, backend)
+    notes = (
+        ()
+        if "max_position_embeddings" in cfg
+        else (
+            "config.json has no max_position_embeddings: max_model_len defaults to vLLM 0.33.0's "
+            f"{VLLM_DEFAULT_MAX_MODEL_LEN} (vLLM warns the same)",
+        )
+    )
+    return Setup(target, drafter, config, plan, req.gpu.lower(), block, backend, notes)
+
+
+def _max_model_len(req: PreflightRequest, cfg: Mapping[str, Any], target: ModelShape) -> int:
+    """--max-model-len, refused above the config's maximum as vLLM 0.33.0 refuses it."""
+    if req.max_model_len is None:
+        return target.max_position
+    limit = cfg.get("model_max_length")
+    if (
+        "max_position_embeddings" in cfg
+        and req.max_model_len > target.max_position
+        and not (isinstance(limit, int) and req.max_model_len <= limit)
+    ):
+        raise ConfigError(
+            "max_model_len",
+            req.max_model_len,
+            f"above the config's max_position_embeddings={target.max_position}; vLLM 0.33.0 "
+            "refuses that unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (positions past it break RoPE)",
+        )
+    return req.max_model_len
 
 
 def kv_spec(s: Setup) -> KVCacheSpec:
@@ -287,7 +321,7 @@ def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> 
         source=f"pre-flight ({cal.label})",
     )
     unc, notes = _uncertainties(s, cal, laws)
-    return _result(req, s, cal, terms, laws, unc, notes)
+    return _result(req, s, cal, terms, laws, unc, [*s.notes, *notes])
 
 
 def _result(
@@ -300,10 +334,12 @@ def _result(
     notes: list[str],
 ) -> PreflightResult:
     spec = kv_spec(s)
+    require_fit(non_kv_bytes(terms), terms.requested_bytes, value=req.gpu_memory_utilization)
     budget = full_init_kv_budget(terms)
+    length = s.config.max_model_len or 1
+    require_max_model_len(spec, budget, length)
     tokens = kv_tokens(spec, budget)
     spread = sum(unc.values())
-    length = s.config.max_model_len or 1
     details = [
         PreflightTerm(name=n, bytes=v, uncertainty_bytes=unc[n], law=law)
         for n, (v, law) in laws.items()
@@ -336,8 +372,16 @@ def _result(
         kv_bytes_per_token=kv_page_bytes(spec) // spec.block_size,
         max_concurrency=tokens / length,
         kv_cache=spec,
-        vllm_overshoot=cal.vllm_overshoot,
+        vllm_overshoot=cal.vllm_overshoot if _calibration_describes(s, cal) else None,
         notes=notes,
+    )
+
+
+def _calibration_describes(s: Setup, cal: Calibration) -> bool:
+    """Whether the calibration's starts measured this architecture at this TP size."""
+    return (
+        s.target.architecture in cal.measured_architectures
+        and s.config.tensor_parallel_size in cal.measured_tensor_parallel_sizes
     )
 
 

@@ -9,6 +9,12 @@ from memest.schema._base import Bytes, Field, MemestModel, NonNegativeBytes
 from memest.schema.estimate import FullInitTerms
 from memest.schema.report import KVCacheSpec
 
+#: Largest scheduler values memest accepts in a grid (plan, preflight, what-if): far above any
+#: real deployment, small enough that every figure derived from them stays finite.
+MAX_NUM_SEQS_LIMIT = 1 << 16
+MAX_NUM_BATCHED_TOKENS_LIMIT = 1 << 22
+MAX_MODEL_LEN_LIMIT = 1 << 24
+
 
 class PreflightRequest(MemestModel):
     """A model (its config.json content) and the flags ``vllm serve`` would get."""
@@ -23,9 +29,9 @@ class PreflightRequest(MemestModel):
     )
     gpu: str = Field(default="h200", max_length=64, description="GPU kind of the calibration")
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
-    max_num_seqs: int | None = Field(default=None, ge=1, le=1 << 16)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=1 << 22)
-    max_model_len: int | None = Field(default=None, ge=1, le=1 << 24)
+    max_num_seqs: int | None = Field(default=None, ge=1, le=MAX_NUM_SEQS_LIMIT)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=MAX_NUM_BATCHED_TOKENS_LIMIT)
+    max_model_len: int | None = Field(default=None, ge=1, le=MAX_MODEL_LEN_LIMIT)
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     speculative_config: dict[str, Any] | None = Field(
         default=None, description="vLLM's --speculative-config: method, num_speculative_tokens"
@@ -110,6 +116,7 @@ class PreflightResult(MemestModel):
     vllm_overshoot: VllmOvershoot | None = Field(
         default=None,
         description="How far vLLM's own estimate exceeded the exact budget on the calibration's "
-        "starts that vLLM sized itself, for comparison",
+        "starts that vLLM sized itself, for comparison; null when those starts do not describe "
+        "this model's architecture or tensor_parallel_size",
     )
     notes: list[str] = Field(default_factory=list)

@@ -106,7 +106,6 @@ def test_push_spool_keeps_reports_the_service_refused(
     ("args", "named"),
     [
         (["push", "--spool", "/nonexistent-spool"], "not a folder"),
-        (["push", "/nonexistent.json"], "no such file"),
         (["push"], "--spool DIR"),
     ],
 )
@@ -116,3 +115,29 @@ def test_push_bad_arguments(
     assert main([*args, "--url", "http://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and named in err
+
+
+def test_push_missing_file_is_named_and_the_others_still_sent(
+    tmp_path: Path, live_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = _reports(tmp_path / "given")
+    missing = tmp_path / "missing.json"
+    args = ["push", str(missing), *map(str, reports), "--url", live_server, "--token", TOKEN]
+    code = main(args)
+    lines = _lines(capsys)
+    assert code == 1  # a named file is missing, though every real one was tried
+    assert any(line.startswith(f"{missing}: skipped") and "No such file" in line for line in lines)
+    stored = [x for x in lines if ": created (" in x or ": exists (" in x]
+    assert len(stored) == len(reports)
+    assert lines[-1].endswith("1 skipped, 0 failed")
+
+
+@pytest.mark.parametrize("url", ["notaurl", "ftp://host/", "http://:80", "http://h:99999"])
+def test_push_refuses_a_url_that_is_not_http_in_one_line(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reports = _reports(tmp_path)
+    assert main(["push", str(reports[0]), "--url", url, "--retries", "5"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing was tried
+    assert captured.err.count("\n") == 1 and "http(s)://HOST" in captured.err

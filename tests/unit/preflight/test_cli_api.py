@@ -121,3 +121,104 @@ def test_api_answers_as_the_cli(capsys: pytest.CaptureFixture[str], tmp_path: Pa
         assert r.status_code == 422 and "a100" in r.text
         r = client.post("/api/v1/preflight", json={**body, "max_num_seqs": 0})
         assert r.status_code == 422 and "max_num_seqs" in r.text
+
+
+def test_settings_that_leave_no_kv_cache_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(capsys, "--model-config", str(LLAMA), "--gpu-memory-utilization", "0.05")
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert "does not fit: non-KV " in line and "> budget " in line
+    # the figures are the result's own: a utilization that fits gives the same non-KV figure
+    _, ok, _ = _run(capsys, "--model-config", str(LLAMA), "--json")
+    non_kv_gib = json.loads(ok)["non_kv_bytes"] / (1 << 30)
+    said = float(line.split("non-KV ")[1].split(" GiB")[0])
+    assert non_kv_gib > said * 0.9  # the weights alone (16 GB of bf16) exceed 5 % of an H200
+    budget = float(line.split("budget ")[1].split(" GiB")[0])
+    assert budget < said and abs(budget - 0.05 * 143771 / 1024) < 0.1  # H200: 143,771 MiB
+
+
+def test_a_kv_cache_shorter_than_one_request_does_not_fit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 8192 tokens x 128 KiB per token = 1 GiB: a budget leaving less refuses max_model_len
+    code, _, err = _run(capsys, "--model-config", str(LLAMA), "--gpu-memory-utilization", "0.13")
+    assert code == 2 and "does not fit: one request of max_model_len 8,192 tokens" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--max-num-seqs", "512", "--max-num-batched-tokens", "256"], "max_num_batched_tokens"),
+        (["--max-model-len", "16384"], "max_position_embeddings=8192"),
+        (["--compilation-config", '{"foo": 1}'], "compilation_config.foo"),
+        (["--speculative-config", "[1, 2]"], "expected a JSON object"),
+        (["--speculative-config", "notjson"], "neither inline JSON"),
+        (["--max-num-seqs", "99999999999999999999999"], "max_num_seqs"),
+    ],
+)
+def test_settings_vllm_refuses_are_refused(
+    capsys: pytest.CaptureFixture[str], args: list[str], needle: str
+) -> None:
+    code, _, err = _run(capsys, "--model-config", str(LLAMA), *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_folder_as_config_is_named_without_a_descriptor(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, _, err = _run(capsys, "--model-config", str(tmp_path))
+    assert (
+        code == 2
+        and err.strip()
+        == f"memest preflight: --model-config {tmp_path}: not a regular file (a folder)"
+    )
+
+
+def test_config_without_max_position_embeddings_is_noted(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    cfg = json.loads(LLAMA.read_text())
+    del cfg["max_position_embeddings"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    code, out, _ = _run(capsys, "--model-config", str(path), "--json")
+    got = json.loads(out)
+    assert code == 0 and got["max_model_len"] == 2048  # vLLM 0.33.0's default in that case
+    assert any("no max_position_embeddings" in n for n in got["notes"])
+
+
+def test_overshoot_and_concurrency_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = _run(capsys, "--model-config", str(LLAMA), *GRID)
+    assert "calibration starts whose KV cache vLLM sized" in out
+    conc = next(line for line in out.splitlines() if "max concurrency" in line)
+    tokens = int(conc.split(": ")[2].split(" tokens")[0].replace(",", ""))
+    assert f"max concurrency {tokens / 4096:.2f}× at max_model_len 4,096" in conc
+    _, out, _ = _run(capsys, "--model-config", str(LLAMA), *GRID, "--tensor-parallel-size", "2")
+    assert "calibration starts" not in out  # no calibration start ran TP 2
+    _, out, _ = _run(capsys, "--model-config", str(DSV2), "--json")
+    assert json.loads(out)["vllm_overshoot"] is None  # nor an MLA model
+
+
+def test_api_does_not_fit_is_422(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from memest.service.app import create_app
+    from memest.service.config import Settings
+
+    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'm.db'}", write_token="t"))
+    body = {"model_config": json.loads(LLAMA.read_text()), "gpu_memory_utilization": 0.05}
+    with TestClient(app) as client:
+        r = client.post("/api/v1/preflight", json=body)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"].startswith("does not fit: non-KV ")
+        assert r.json()["field"] == "gpu_memory_utilization"
+        r = client.post(
+            "/api/v1/preflight",
+            json={
+                **body,
+                "gpu_memory_utilization": 0.9,
+                "max_num_seqs": 9999,
+                "max_num_batched_tokens": 4096,
+            },
+        )
+        assert r.status_code == 422 and r.json()["field"] == "max_num_seqs"
