@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from memest.cli._reports import load_report
-from memest.errors import CommandError, ConfigError
+from memest.errors import CommandError, ConfigError, DoesNotFitError
 from memest.estimate import (
     account,
     compare,
@@ -71,7 +71,7 @@ from memest.estimate import (
 )
 from memest.estimate.runner_buffers import ModelDims
 from memest.estimate.whatif import term_rows
-from memest.files import load_json_file, parse_json
+from memest.files import load_json_file, load_json_object
 from memest.preflight.calibration import drafter_activation_factor
 from memest.reporters.estimate import render_accounting, render_what_if
 from memest.schema import EstimateComparison, WhatIf
@@ -81,13 +81,7 @@ from memest.units import gib_cell, parse_bytes
 
 def load_grid(text: str) -> dict[str, Any]:
     """The --grid value: inline JSON (starting with '{') or a path to a JSON file."""
-    if text.lstrip().startswith("{"):
-        grid = parse_json(text.encode("utf-8", "surrogateescape"), source="--grid")
-    else:
-        grid = load_json_file(Path(text), error=lambda msg: CommandError(f"--grid {msg}"))
-    if not isinstance(grid, dict):
-        raise ConfigError("--grid", text, "expected a JSON object")
-    return grid
+    return load_json_object("--grid", text, error=CommandError)
 
 
 def _check_plan_dir(directory: Path | None, *, create: bool) -> None:
@@ -228,6 +222,8 @@ def _cli_errors(fn: Any, *args: Any) -> Any:
     """``fn(*args)`` with a refused field renamed to the CLI flag that gave it."""
     try:
         return fn(*args)
+    except DoesNotFitError:  # its message names the setting already
+        raise
     except ConfigError as exc:
         raise ConfigError(_flag(exc.field), exc.value, exc.reason) from None
 

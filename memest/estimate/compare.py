@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from memest.analysis.tags import DEFAULT_POOL
-from memest.estimate.kv import kv_page_bytes, kv_tokens
+from memest.estimate.kv import kv_page_bytes, kv_tokens, require_fit
 from memest.estimate.phases import (
     device_used,
     final_reading,
@@ -131,6 +131,8 @@ def compare(report: RunReport, *, margin_bytes: int = 0) -> EstimateComparison:
     kv_measured = measured_kv_bytes(report)
     retained_non_kv = usage_end - kv_measured
 
+    if margin_bytes:  # a real start fits its own budget; a margin can make it not
+        require_fit(non_kv_bytes(terms), requested, field="margin", value=margin_bytes)
     memest_kv = full_init_kv_budget(terms)
     memest = EstimateRecord(
         estimator="memest",

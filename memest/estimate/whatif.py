@@ -33,11 +33,12 @@ from pydantic import ValidationError
 
 from memest.errors import ConfigError, ReportFormatError
 from memest.estimate.inverse import concurrency_at
-from memest.estimate.kv import kv_bytes_per_token, kv_tokens, layer_kv_bytes
+from memest.estimate.kv import kv_bytes_per_token, kv_tokens, layer_kv_bytes, require_fit
 from memest.estimate.phases import (
     budget_bytes,
     full_init_kv_budget,
     full_init_terms,
+    non_kv_bytes,
     phase,
     total_bytes,
 )
@@ -819,6 +820,17 @@ def _dominant(changes: Mapping[str, int]) -> str | None:
     return max(moving, key=lambda o: abs(moving[o]), default=None)
 
 
+def _kv_budget_to(terms_to: FullInitTerms, utilization: float | None) -> int:
+    """G's KV budget, refused when G's non-KV memory fills its whole budget."""
+    require_fit(
+        non_kv_bytes(terms_to),
+        terms_to.requested_bytes,
+        field="grid.gpu_memory_utilization",
+        value=utilization,
+    )
+    return full_init_kv_budget(terms_to)
+
+
 def what_if(
     report: RunReport,
     grid: CapturePlan | Mapping[str, Any],
@@ -920,7 +932,7 @@ def what_if(
     terms_from = FullInitTerms.model_validate(
         {**terms.model_dump(), "graph_pool_bytes": pool_from, "graph_pool_by_stage_bytes": {}}
     )
-    kv_from, kv_to = full_init_kv_budget(terms_from), full_init_kv_budget(terms_to)
+    kv_from, kv_to = full_init_kv_budget(terms_from), _kv_budget_to(terms_to, util_to)
     spec, spec_to = report.kv_cache, kv_spec_to(report, configs, s, notes)
     tokens_from = kv_tokens(spec, kv_from) if spec is not None else None
     tokens_to = kv_tokens(spec_to, kv_to) if spec_to is not None else None

@@ -63,7 +63,8 @@ def test_json_with_grid_and_startup_plan(
 
 
 def test_inline_grid_of_plan_inputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    grid = '{"sm100": false, "max_num_seqs": 512, "max_num_batched_tokens": 8192}'
+    # (512 seqs off SM100 would need 168 GiB of non-KV memory on this 90 GiB budget: refused)
+    grid = '{"sm100": false, "max_num_seqs": 128, "max_num_batched_tokens": 4096}'
     assert main(["estimate", "--from", str(_write(tmp_path, report_dict())), "--grid", grid]) == 0
     assert "Dominant change" in capsys.readouterr().out
 
@@ -171,3 +172,28 @@ def test_max_model_len_in_the_grid(capsys: pytest.CaptureFixture[str]) -> None:
     assert w["concurrency_to"] == w["kv_tokens_to"] / 8192
     assert main(["estimate", "--from", str(S), "--grid", '{"max_model_len": 8192}']) == 0
     assert "at 4,096 -> " in capsys.readouterr().out
+
+
+E_REPORT = (
+    Path(__file__).resolve().parents[2]
+    / "reports/vllm/raw/call8.E_llama8b_eagle3k5_s96_t4096_u088.apply.report.rank0.json"
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--grid", '{"gpu_memory_utilization": 0.01}'], "does not fit: non-KV 17.911 GiB"),
+        (["--margin", "200GiB"], "does not fit: non-KV 217.911 GiB > budget 123.025 GiB"),
+        (["--grid", "notjson"], "--grid 'notjson': neither inline JSON"),
+        (["--grid", "[1, 2]"], "--grid: expected a JSON object"),
+    ],
+)
+def test_a_what_if_that_cannot_hold_a_kv_cache_or_a_bad_grid_is_one_line(
+    args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # E's non-KV memory is 17.911 GiB (its full-initialization terms) of a 123.025 GiB budget.
+    assert main(["estimate", "--from", str(E_REPORT), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err
+    assert len(err.splitlines()) == 1

@@ -5,8 +5,9 @@ from typing import Any
 
 import pytest
 
-from memest.errors import ConfigError, ReportFormatError
+from memest.errors import ConfigError, DoesNotFitError, ReportFormatError
 from memest.estimate import full_init_kv_budget, full_init_terms, law_for, what_if
+from memest.estimate.whatif import pool_predictions
 from memest.schema import RunReport
 from memest.units import GiB, MiB
 
@@ -65,8 +66,10 @@ def test_grid_from_memest_plan_inputs(make_report: Factory) -> None:
         "num_speculative_tokens": 3,
         "max_cudagraph_capture_size": 1024,
     }
-    result = what_if(report, grid)
-    aux = next(p for p in result.owners if p.owner == "aux_hidden_states")
+    # The pool rows alone: at this grid the synthetic start's non-KV memory (651 GiB) would not
+    # fit its 90 GiB budget, which what_if refuses.
+    owners, _ = pool_predictions(report, grid)
+    aux = next(p for p in owners if p.owner == "aux_hidden_states")
     # memest.plan: 83 PIECEWISE sizes up to 1024 summing to 35,335 tokens; G sums to 15.
     assert aux.factor == pytest.approx(35_335 / 15)
 
@@ -129,3 +132,11 @@ def test_activation_headroom_scales_with_max_num_batched_tokens(make_report: Fac
     assert wider.kv_budget_bytes_to == same.kv_budget_bytes_to - 3 * GiB
     assert any("max_num_batched_tokens 8192 -> 16384" in n for n in wider.notes)
     assert not any("max_num_batched_tokens" in n for n in same.notes)
+
+
+def test_a_grid_whose_non_kv_memory_fills_the_budget_is_refused(make_report: Factory) -> None:
+    report = RunReport.model_validate(make_report())
+    grid = {"sizing": "vllm-0.33.0", "sm100": False, "max_num_seqs": 512}
+    grid |= {"max_num_batched_tokens": 8192, "spec_method": "dspark", "num_speculative_tokens": 3}
+    with pytest.raises(DoesNotFitError, match=r"does not fit: non-KV .* GiB > budget 90.000 GiB"):
+        what_if(report, {**grid, "max_cudagraph_capture_size": 1024})
