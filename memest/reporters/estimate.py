@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from memest.estimate.phases import TERM_FIELDS, TERM_LABELS
 from memest.schema import EstimateRecord, StartAccounting, WhatIf
-from memest.units import count_cell, gib_cell, ratio_cell
+from memest.units import concurrency_text, count_cell, gib_cell, ratio_cell
 
 
 def _gib(value: int | None, *, signed: bool = False) -> str:
@@ -30,7 +30,7 @@ def _summary(acc: StartAccounting) -> str:
         f"Usage ({usage}): {_gib(acc.usage_bytes)} GiB, "
         f"usage - budget {_gib(acc.usage_minus_budget_bytes, signed=True)} GiB",
         f"KV cache: {_gib(acc.kv_cache_bytes)} GiB, {_int(acc.kv_tokens)} tokens, "
-        f"max concurrency {ratio_cell(acc.max_concurrency)} at max_model_len {_int(acc.max_model_len)}",
+        f"max concurrency {concurrency_text(acc.max_concurrency, acc.max_model_len)}",
         f"Non-KV: {_gib(acc.non_kv_bytes)} GiB; graph pool {_gib(acc.graph_pool_bytes)} GiB",
     ]
     if acc.definition == "stored":
