@@ -195,7 +195,11 @@ def overlay_grid(report: RunReport, changes: Mapping[str, Any]) -> tuple[Capture
     from memest.plan import resolve
     from memest.plan.overlay import is_sm100, overlay_config, plan_input
 
-    config = overlay_config(report.config, changes)
+    try:
+        config = overlay_config(report.config, changes)
+    except ConfigError as exc:  # every refusal named as the grid field it came from
+        field = exc.field if exc.field.startswith("grid") else f"grid.{exc.field}"
+        raise ConfigError(field, exc.value, exc.reason) from None
     gpu = report.gpu.name if report.gpu is not None else ""
     plan = resolve(plan_input(config, sm100=is_sm100(report.gpu), gpu=gpu), "vllm-0.33.0")
     return check_plan(plan), config
@@ -657,9 +661,20 @@ def _with_unrecorded(
             + (" and the drafter's" if drafts else "")
         )
         return predictions, []
+    return _replace_stages(predictions, stages, plans, configs, s), stages
+
+
+def _replace_stages(
+    predictions: list[OwnerPrediction],
+    stages: list[str],
+    plans: tuple[CapturePlan, CapturePlan],
+    configs: tuple[RunConfig, RunConfig],
+    s: Shapes,
+) -> list[OwnerPrediction]:
+    """``predictions`` with the rows of ``stages`` replaced by the synthetic trace's."""
     measured = {(p.stage, p.owner): p.measured_bytes for p in predictions if p.stage in stages}
     kept = [p for p in predictions if p.stage not in stages]
-    return [*kept, *synthetic_rows(stages, measured, plans, configs, s)], stages
+    return [*kept, *synthetic_rows(stages, measured, plans, configs, s)]
 
 
 def _with_synthetic_captured(
@@ -685,9 +700,7 @@ def _with_synthetic_captured(
     ]
     if s.target is None or not stages:
         return predictions, []
-    measured = {(p.stage, p.owner): p.measured_bytes for p in predictions if p.stage in stages}
-    kept = [p for p in predictions if p.stage not in stages]
-    return [*kept, *synthetic_rows(stages, measured, plans, configs, s)], stages
+    return _replace_stages(predictions, stages, plans, configs, s), stages
 
 
 def _synthetic_pools(

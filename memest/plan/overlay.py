@@ -136,10 +136,7 @@ def overlay_config(config: RunConfig, changes: Mapping[str, Any]) -> RunConfig:
         loc = ".".join(str(x) for x in first.get("loc", ())) or "grid"
         raise ConfigError(f"grid.{loc}", first.get("input"), str(first.get("msg"))) from None
     if out.max_num_seqs is not None and out.max_num_batched_tokens is not None:
-        try:
-            check_scheduler(out.max_num_seqs, out.max_num_batched_tokens, out.max_model_len)
-        except ConfigError as exc:  # named as the what-if's caller gave it: a grid field
-            raise ConfigError(f"grid.{exc.field}", exc.value, exc.reason) from None
+        check_scheduler(out.max_num_seqs, out.max_num_batched_tokens, out.max_model_len)
     return out
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memest.estimate.accounting import account
-from memest.estimate.phases import phase
+from memest.estimate.phases import TERM_FIELDS, phase
 from memest.preflight.calibration import Calibration, Coefficients
 from memest.preflight.predict import Setup, preflight, setup
 from memest.preflight.shape import layer_token_bytes, parameter_bytes
@@ -195,15 +195,7 @@ def fit_coefficients(starts: Sequence[Start]) -> Coefficients:
 
 
 #: The predicted terms, compared one by one with the measured ones.
-TERMS = (
-    "baseline_torch_bytes",
-    "weights_bytes",
-    "profile_peak_activation_bytes",
-    "outside_torch_bytes",
-    "graph_pool_bytes",
-    "runner_buffer_bytes",
-    "profiling_residue_bytes",
-)
+TERMS = tuple(t for t in TERM_FIELDS if t != "margin_bytes")
 
 
 @dataclass(frozen=True, slots=True)
