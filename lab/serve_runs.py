@@ -50,8 +50,17 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "util": 0.85,
         "tp": 1,
     },
+    # tensor parallelism: needs the two-GPU kind (NCCL_NVLS_ENABLE=0, custom all-reduce off)
+    "T2_llama8b_s128_t4096_tp2": {
+        "model": "llama8b",
+        "max_num_seqs": 128,
+        "mbt": 4096,
+        "util": 0.85,
+        "tp": 2,
+    },
 }
 S = "S_llama8b_s128_t4096"
+T2 = "T2_llama8b_s128_t4096_tp2"
 GROUPS: dict[str, list[tuple[str, str]]] = {
     # the matrix, then alternating warm starts for the overhead (alone / enable / lite)
     "serve1": [
@@ -63,6 +72,7 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         (S, "alone"),
         (S, "enable"),
     ],
+    "tp2": [(T2, "apply"), (T2, "alone"), (T2, "plan")],
 }
 INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)")
 
