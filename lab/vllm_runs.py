@@ -84,6 +84,24 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "spec": EAGLE3,
     },
     "D_llama8b_s128_t4096_u070": {"model": LLAMA, "max_num_seqs": 128, "mbt": 4096, "util": 0.70},
+    # The what-if's four grids from A (128 seqs / 4,096 tokens): max_num_seqs 4x fewer,
+    # max_num_batched_tokens 2x, EAGLE3 K=3 added, capture sizes capped at 64.
+    "W1_llama8b_s32_t4096": {"model": LLAMA, "max_num_seqs": 32, "mbt": 4096, "util": 0.85},
+    "W2_llama8b_s128_t8192": {"model": LLAMA, "max_num_seqs": 128, "mbt": 8192, "util": 0.85},
+    "W3_llama8b_eagle3k3_s128_t4096": {
+        "model": LLAMA,
+        "max_num_seqs": 128,
+        "mbt": 4096,
+        "util": 0.85,
+        "spec": EAGLE3,
+    },
+    "W4_llama8b_s128_t4096_cap64": {
+        "model": LLAMA,
+        "max_num_seqs": 128,
+        "mbt": 4096,
+        "util": 0.85,
+        "compilation": {"max_cudagraph_capture_size": 64},
+    },
     # Qwen3-30B-A3B with 8 of its 48 layers: 128 experts, top-8, Triton fused MoE
     "M_qwen3moe8l_s64_t2048": {
         "model": str(LAB_MODELS / "qwen3moe_8l"),
@@ -175,6 +193,15 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("A_llama8b_s128_t4096", "enable"),
         ("C_llama8b_eagle3k3_s64_t4096", "enable"),
         ("M_qwen3moe8l_s64_t2048", "enable"),
+    ],
+    # What-if from one start (A, history kept for the replay) to four real grids, each sized by
+    # memest apply; then python lab/whatif_real.py (see its docstring).
+    "whatif": [
+        ("A_llama8b_s128_t4096", "enable"),
+        ("W1_llama8b_s32_t4096", "apply"),
+        ("W2_llama8b_s128_t8192", "apply"),
+        ("W3_llama8b_eagle3k3_s128_t4096", "apply"),
+        ("W4_llama8b_s128_t4096_cap64", "apply"),
     ],
     # MoE, then MLA + MoE: alone first (a failed first start ends the group), apply, plan.
     "moe": [
@@ -343,7 +370,7 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         max_num_seqs=cfg["max_num_seqs"],
         max_num_batched_tokens=cfg["mbt"],
         seed=0,
-        compilation_config={"custom_ops": ["none"]},
+        compilation_config={"custom_ops": ["none"], **cfg.get("compilation", {})},
         kernel_config={
             "ir_op_priority": {
                 "rms_norm": native,
