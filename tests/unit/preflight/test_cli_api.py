@@ -1,4 +1,4 @@
-"""memest preflight and POST /api/v1/preflight: the same result, bad input named in one line."""
+"""memest preflight: the result, bad input named in one line (the API: tests/integration/service/test_preflight_api.py)."""
 
 from __future__ import annotations
 
@@ -94,35 +94,6 @@ def test_bad_input_is_one_line_and_exit_2(
     assert needle in err and len(err.strip().splitlines()) == 1
 
 
-def test_api_answers_as_the_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from fastapi.testclient import TestClient
-
-    from memest.service.app import create_app
-    from memest.service.config import Settings
-
-    _, out, _ = _run(capsys, "--model-config", str(LLAMA), *GRID, "--json")
-    cli = json.loads(out)
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'm.db'}", write_token="t"))
-    body = {
-        "model_config": json.loads(LLAMA.read_text()),
-        "max_num_seqs": 128,
-        "max_num_batched_tokens": 4096,
-        "max_model_len": 4096,
-        "gpu_memory_utilization": 0.85,
-    }
-    with TestClient(app) as client:
-        r = client.post("/api/v1/preflight", json=body)
-        assert r.status_code == 200, r.text
-        assert r.json() == cli
-        bad = {**body, "model_config": {"num_attention_heads": 8}}
-        r = client.post("/api/v1/preflight", json=bad)
-        assert r.status_code == 422 and "hidden_size" in r.text
-        r = client.post("/api/v1/preflight", json={**body, "gpu": "a100"})
-        assert r.status_code == 422 and "a100" in r.text
-        r = client.post("/api/v1/preflight", json={**body, "max_num_seqs": 0})
-        assert r.status_code == 422 and "max_num_seqs" in r.text
-
-
 def test_settings_that_leave_no_kv_cache_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _run(capsys, "--model-config", str(LLAMA), "--gpu-memory-utilization", "0.05")
     assert code == 2 and out == ""
@@ -197,28 +168,3 @@ def test_overshoot_and_concurrency_lines(capsys: pytest.CaptureFixture[str]) -> 
     assert "calibration starts" not in out  # no calibration start ran TP 2
     _, out, _ = _run(capsys, "--model-config", str(DSV2), "--json")
     assert json.loads(out)["vllm_overshoot"] is None  # nor an MLA model
-
-
-def test_api_does_not_fit_is_422(tmp_path: Path) -> None:
-    from fastapi.testclient import TestClient
-
-    from memest.service.app import create_app
-    from memest.service.config import Settings
-
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'm.db'}", write_token="t"))
-    body = {"model_config": json.loads(LLAMA.read_text()), "gpu_memory_utilization": 0.05}
-    with TestClient(app) as client:
-        r = client.post("/api/v1/preflight", json=body)
-        assert r.status_code == 422, r.text
-        assert r.json()["detail"].startswith("does not fit: non-KV ")
-        assert r.json()["field"] == "gpu_memory_utilization"
-        r = client.post(
-            "/api/v1/preflight",
-            json={
-                **body,
-                "gpu_memory_utilization": 0.9,
-                "max_num_seqs": 9999,
-                "max_num_batched_tokens": 4096,
-            },
-        )
-        assert r.status_code == 422 and r.json()["field"] == "max_num_seqs"
