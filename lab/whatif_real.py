@@ -28,6 +28,7 @@ from typing import Any
 from memest.analysis.replay import analyze
 from memest.estimate.poolreplay import pool_trace, replay
 from memest.estimate.whatif import measured_plan, pool_predictions
+from memest.plan.overlay import grid_changes
 from memest.schema import Breakdown, RunReport
 from memest.snapshot import Snapshot, load_snapshot
 
@@ -149,7 +150,11 @@ def _budget_records() -> list[dict[str, Any]]:
             starts[rec["config"]] = rec
     out = []
     for g, g2 in (("B", "D"), ("D", "B")):
-        result = what_if(reports[g], grid_changes(reports[g2]), dims=model_dims(reports[g]))
+        result = what_if(
+            reports[g],
+            grid_changes(reports[g2].config, capture_sizes=True),
+            dims=model_dims(reports[g]),
+        )
         assert result.terms_to is not None and result.kv_budget_bytes_to is not None
         predicted = result.terms_to.requested_bytes - result.kv_budget_bytes_to
         start = starts[BUDGET_RUNS[g2]]
@@ -187,24 +192,6 @@ def model_dims(report: RunReport) -> Any:
     target = json.loads((EXAMPLES / "llama8b.config.json").read_text())
     drafter = json.loads((EXAMPLES / "eagle3_8b.config.json").read_text())
     return ModelDims.from_report(report, target, drafter=drafter)
-
-
-def grid_changes(other: RunReport) -> dict[str, Any]:
-    """Another start's grid as the changes --grid takes (vLLM's flag names)."""
-    c = other.config
-    spec = None
-    if c.speculative_method:
-        spec = {"method": c.speculative_method, "num_speculative_tokens": c.num_speculative_tokens}
-    return {
-        "max_num_seqs": c.max_num_seqs,
-        "max_num_batched_tokens": c.max_num_batched_tokens,
-        "max_model_len": c.max_model_len,
-        "gpu_memory_utilization": c.gpu_memory_utilization,
-        "speculative_config": spec,
-        "compilation_config": {"cudagraph_capture_sizes": c.cudagraph_capture_sizes}
-        if c.cudagraph_capture_sizes
-        else {},
-    }
 
 
 def _fidelity(name: str, report: RunReport, snapshot: Snapshot) -> dict[str, Any]:

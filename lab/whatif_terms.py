@@ -24,6 +24,7 @@ from memest.cli._reports import load_report  # noqa: E402
 from memest.estimate import full_init_kv_budget, full_init_terms, what_if  # noqa: E402
 from memest.estimate.phases import TERM_FIELDS  # noqa: E402
 from memest.estimate.runner_buffers import ModelDims  # noqa: E402
+from memest.plan.overlay import grid_changes  # noqa: E402
 from memest.preflight.calibration import drafter_activation_factor  # noqa: E402
 from memest.schema import RunReport  # noqa: E402
 
@@ -39,26 +40,9 @@ DRAFTER = ROOT / "examples" / "eagle3_8b.config.json"
 MiB = 1 << 20
 
 
-def overlay(config: Any) -> dict[str, Any]:
-    """G' as the changes --grid takes: every grid field of the other start."""
-    spec = None
-    if config.speculative_method:
-        spec = {
-            "method": config.speculative_method,
-            "num_speculative_tokens": config.num_speculative_tokens,
-        }
-    return {
-        "max_num_seqs": config.max_num_seqs,
-        "max_num_batched_tokens": config.max_num_batched_tokens,
-        "max_model_len": config.max_model_len,
-        "gpu_memory_utilization": config.gpu_memory_utilization,
-        "speculative_config": spec,
-    }
-
-
 def pair(a: RunReport, b: RunReport, dims: ModelDims | None) -> dict[str, Any]:
     factor = drafter_activation_factor(a)
-    result = what_if(a, overlay(b.config), dims=dims, drafter_activation_factor=factor)
+    result = what_if(a, grid_changes(b.config), dims=dims, drafter_activation_factor=factor)
     measured = full_init_terms(b)
     assert result.terms_to is not None and result.terms_from is not None
     rows = {}

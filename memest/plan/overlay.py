@@ -140,6 +140,29 @@ def overlay_config(config: RunConfig, changes: Mapping[str, Any]) -> RunConfig:
     return out
 
 
+def grid_changes(config: RunConfig, *, capture_sizes: bool = False) -> dict[str, Any]:
+    """A start's grid as the changes ``--grid`` takes (vLLM's flag names): overlaid on another
+    start's configuration, it asks the what-if for this one. ``capture_sizes`` adds the start's
+    explicit capture sizes (else G's sizing rule picks them for the new grid)."""
+    spec = None
+    if config.speculative_method:
+        spec = {
+            "method": config.speculative_method,
+            "num_speculative_tokens": config.num_speculative_tokens,
+        }
+    changes: dict[str, Any] = {
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "max_model_len": config.max_model_len,
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "speculative_config": spec,
+    }
+    if capture_sizes:
+        sizes = config.cudagraph_capture_sizes
+        changes["compilation_config"] = {"cudagraph_capture_sizes": sizes} if sizes else {}
+    return changes
+
+
 def is_sm100(gpu: GpuInfo | None) -> bool:
     """Compute capability 10.x (GB200, B200): vLLM's larger capture ceiling and the seed's."""
     return bool(gpu and gpu.compute_capability and gpu.compute_capability.startswith("10."))

@@ -14,8 +14,9 @@ import memest.estimate.synthetic_trace as estimate_trace
 import memest.preflight.graphs as preflight_graphs
 from memest.estimate import account, full_init_kv_budget, full_init_terms, what_if
 from memest.estimate.runner_buffers import ModelDims
+from memest.plan.overlay import grid_changes
 from memest.preflight.calibration import drafter_activation_factor, load_calibration
-from memest.schema import RunConfig, RunReport
+from memest.schema import RunReport
 from memest.units import GiB, MiB
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -31,27 +32,10 @@ def _real(name: str) -> RunReport:
     return RunReport.model_validate_json((RAW / f"{name}.report.rank0.json").read_text())
 
 
-def _grid(config: RunConfig) -> dict[str, Any]:
-    """G' as --grid takes it: every grid field of the other start."""
-    spec = None
-    if config.speculative_method:
-        spec = {
-            "method": config.speculative_method,
-            "num_speculative_tokens": config.num_speculative_tokens,
-        }
-    return {
-        "max_num_seqs": config.max_num_seqs,
-        "max_num_batched_tokens": config.max_num_batched_tokens,
-        "max_model_len": config.max_model_len,
-        "gpu_memory_utilization": config.gpu_memory_utilization,
-        "speculative_config": spec,
-    }
-
-
 def _predict(g: RunReport, g2: RunReport, *, drafter: bool = True, factor: bool = True) -> Any:
     dims = ModelDims.from_report(g, MODEL, drafter=DRAFTER if drafter else None)
     f = drafter_activation_factor(g) if factor else None
-    return what_if(g, _grid(g2.config), dims=dims, drafter_activation_factor=f)
+    return what_if(g, grid_changes(g2.config), dims=dims, drafter_activation_factor=f)
 
 
 def test_preflight_and_what_if_share_one_trace() -> None:
