@@ -110,6 +110,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "util": 0.85,
         "standins": True,
     },
+    # Qwen3-8B with 12 of its 36 layers: a dense architecture outside the Llama family
+    # (q/k norms), for the pre-flight's unseen-architecture check
+    "Q_qwen3_8b12l_s64_t2048": {
+        "model": str(LAB_MODELS / "qwen3_8b_12l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": 0.85,
+    },
     # DeepSeek-V2-Lite with 8 of its 27 layers: MLA (kv_lora_rank 512), 64 experts, top-6
     "L_dsv2lite8l_s64_t2048": {
         "model": str(LAB_MODELS / "dsv2lite_8l"),
@@ -197,13 +205,13 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     # What-if from one start (A, history kept for the replay) to four real grids, each sized by
     # memest apply; then python lab/whatif_real.py (see its docstring).
     "whatif": [
-        ("A_llama8b_s128_t4096", "enable"),
+        ("A_llama8b_s128_t4096", "enable-cold"),
         ("W1_llama8b_s32_t4096", "apply"),
         ("W2_llama8b_s128_t8192", "apply"),
         ("W3_llama8b_eagle3k3_s128_t4096", "apply"),
         ("W4_llama8b_s128_t4096_cap64", "apply"),
     ],
-    # MoE, then MLA + MoE: alone first (a failed first start ends the group), apply, plan.
+    # MoE, then MLA + MoE: alone first (a failed start skips the rest of its configuration).
     "moe": [
         ("M_qwen3moe8l_s64_t2048", "alone"),
         ("M_qwen3moe8l_s64_t2048", "apply"),
@@ -213,6 +221,31 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("L_dsv2lite8l_s64_t2048", "alone"),
         ("L_dsv2lite8l_s64_t2048", "apply"),
         ("L_dsv2lite8l_s64_t2048", "plan"),
+    ],
+    # Reach: MoE, MLA + MoE and a dense Qwen3, each vLLM alone then memest apply with the
+    # allocator history kept (owners of MoE workspaces and MLA caches); plans last. A failed
+    # start skips the rest of its configuration only.
+    "reach": [
+        ("M_qwen3moe8l_s64_t2048", "alone"),
+        ("M_qwen3moe8l_s64_t2048", "apply-hist"),
+        ("L_dsv2lite8l_s64_t2048", "alone"),
+        ("L_dsv2lite8l_s64_t2048", "apply-hist"),
+        ("Q_qwen3_8b12l_s64_t2048", "alone"),
+        ("Q_qwen3_8b12l_s64_t2048", "apply-hist"),
+        ("M_qwen3moe8l_s64_t2048", "plan"),
+        ("L_dsv2lite8l_s64_t2048", "plan"),
+    ],
+    # Owners warm (after the what-if group's cold enable start of A: cold = warm), EAGLE3 K=3,
+    # then alternating warm starts for the plugin's default overhead.
+    "owners2": [
+        ("A_llama8b_s128_t4096", "enable"),
+        ("C_llama8b_eagle3k3_s64_t4096", "enable"),
+        ("A_llama8b_s128_t4096", "alone"),
+        ("A_llama8b_s128_t4096", "default"),
+        ("A_llama8b_s128_t4096", "alone"),
+        ("A_llama8b_s128_t4096", "default"),
+        ("A_llama8b_s128_t4096", "alone"),
+        ("A_llama8b_s128_t4096", "default"),
     ],
     # The reported stall (cold apply start, EAGLE3 K=5): the earlier tree, then this one.
     # Startup overhead of the plugin's defaults: alternating warm starts (the first compiles).
@@ -457,7 +490,11 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
     (OUT / "starts").mkdir(exist_ok=True)
     site = plugin_site()
     t_begin = time.monotonic()
+    failed: set[str] = set()
     for cfg_name, mode_spec in GROUPS[group]:
+        if cfg_name in failed:
+            print(f"SKIP {cfg_name}/{mode_spec}: an earlier start of it failed", flush=True)
+            continue
         mode, *flags = mode_spec.split("-")
         tree = OLD_TREE if "old" in flags else ROOT
         pypath = os.pathsep.join(
@@ -481,7 +518,7 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         if mode in ("enable", "apply", "fault", "plandiag"):
             env["MEMEST_ENABLE"] = "1"
             env["MEMEST_ESTIMATE"] = "apply" if mode == "apply" else "plan"
-        if mode in ("enable", "plandiag"):
+        if mode in ("enable", "plandiag") or "hist" in flags:
             env["MEMEST_KEEP_SNAPSHOT"] = "1"
         if mode == "plandiag":
             env["MEMEST_ESTIMATE"] = "off"
@@ -534,11 +571,9 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         else:
             rec["log_tail"] = log_path.read_text()[-3000:]
             rec["slow_snapshots"] = _slow_snapshots(log_path)
-            if (cfg_name, mode_spec) == GROUPS[group][0] and "old" not in flags:
-                with open(OUT / "results.jsonl", "a") as fh:
-                    fh.write(json.dumps(rec) + "\n")
-                print(f"FIRST START FAILED: {rec['log_tail']}", flush=True)
-                return
+            if "old" not in flags:
+                failed.add(cfg_name)
+                print(f"START FAILED {cfg_name}/{mode_spec}: {rec['log_tail']}", flush=True)
         with open(OUT / "results.jsonl", "a") as fh:
             fh.write(json.dumps(rec) + "\n")
         print(
