@@ -1,0 +1,173 @@
+"""lab/preflight_check.py on committed start records (reports/vllm/raw/results.call*.jsonl).
+
+The expectations come from the raw records read here and from ``memest preflight`` run through
+its CLI with the configuration's flags, never from the script's own arithmetic.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from memest.cli import main as memest_main
+from memest.preflight.calibration import load_calibration
+
+ROOT = Path(__file__).resolve().parents[3]
+RAW = ROOT / "reports/vllm/raw"
+CALL8 = RAW / "results.call8.jsonl"  # E (EAGLE3 K=5): apply and vLLM alone, step figures
+CALL6 = RAW / "results.call6.jsonl"  # B, C, D: apply and plan, step figures
+CALL4 = RAW / "results.call4.jsonl"  # B, C: no step figure (end of init)
+CALL7 = RAW / "results.call7.jsonl"  # two starts that crashed (rc -11)
+
+
+@pytest.fixture(scope="module")
+def pc() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "preflight_check", ROOT / "lab/preflight_check.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["preflight_check"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _cli_budget(pc: ModuleType, name: str, capsys: pytest.CaptureFixture[str]) -> int:
+    """kv_budget_bytes of `memest preflight --json` with the flags vllm_runs.py starts with."""
+    cfg = pc.CONFIGS[name]
+    model = Path(cfg["model"]).name
+    args = [
+        "preflight",
+        "--json",
+        "--model-config",
+        str(ROOT / "tests/data/configs" / f"{model}.json"),
+        "--max-num-seqs",
+        str(cfg["max_num_seqs"]),
+        "--max-num-batched-tokens",
+        str(cfg["mbt"]),
+        "--max-model-len",
+        "4096",
+        "--gpu-memory-utilization",
+        str(cfg["util"]),
+        "--attention-backend",
+        "TRITON_ATTN",
+    ]
+    if cfg.get("spec"):
+        spec = json.loads(cfg["spec"])
+        draft = ROOT / "tests/data/configs" / f"{Path(spec['model']).name}.json"
+        args += ["--speculative-config", cfg["spec"], "--draft-model-config", str(draft)]
+    capsys.readouterr()
+    assert memest_main(args) == 0
+    return int(json.loads(capsys.readouterr().out)["kv_budget_bytes"])
+
+
+def test_truth_and_errors_follow_the_records(
+    pc: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    c = pc.check([CALL8, CALL6])
+    raw = {("results.call8.jsonl", n): r for n, r in enumerate(_records(CALL8), 1)}
+    raw |= {("results.call6.jsonl", n): r for n, r in enumerate(_records(CALL6), 1)}
+    assert len(c.rows) == len(raw)  # every record of these calls has kv_bytes and a step figure
+    budgets = {name: _cli_budget(pc, name, capsys) for name in {r.config for r in c.rows}}
+    for row in c.rows:
+        rec = raw[(row.source, row.line)]
+        assert (row.config, row.mode) == (rec["config"], rec["mode"])
+        assert row.truth_from == "step"
+        assert row.truth_kv_bytes == rec["kv_bytes"] - rec["step_usage_minus_budget_bytes"]
+        assert row.predicted_kv_bytes == budgets[row.config]
+        assert row.error_bytes == row.predicted_kv_bytes - row.truth_kv_bytes
+        assert row.budget_matches and rec["budget_bytes"] > 0
+        if rec["mode"] == "alone":
+            assert row.vllm_kv_bytes == rec["kv_bytes"]
+            assert row.vllm_error_bytes == rec["step_usage_minus_budget_bytes"]
+        else:
+            assert row.vllm_kv_bytes is None and row.vllm_error_bytes is None
+    assert any(r.mode == "alone" for r in c.rows)
+
+
+def test_end_of_init_fallback_is_named(pc: ModuleType) -> None:
+    c = pc.check([CALL4])
+    recs = _records(CALL4)
+    assert all(r.get("step_usage_minus_budget_bytes") is None for r in recs)
+    for row in c.rows:
+        rec = recs[row.line - 1]
+        assert row.truth_from == "end"
+        assert row.truth_kv_bytes == rec["kv_bytes"] - rec["usage_minus_budget_bytes"]
+
+
+def test_failed_starts_are_skipped_not_compared(pc: ModuleType) -> None:
+    c = pc.check([CALL7])
+    recs = _records(CALL7)
+    failed = [n for n, r in enumerate(recs, 1) if r.get("kv_bytes") is None]
+    assert failed and sorted(r.line for r in c.rows) == [
+        n for n in range(1, len(recs) + 1) if n not in failed
+    ]
+    assert len(c.skipped) == len(failed)
+
+
+def test_unseen_flag_is_the_calibrations_architectures(pc: ModuleType) -> None:
+    shipped = load_calibration("h200")
+    c = pc.check([CALL8])
+    for row in c.rows:
+        assert row.architecture_in_calibration == (
+            row.architecture in shipped.measured_architectures
+        )
+    none_measured = shipped.model_copy(update={"measured_architectures": []})
+    u = pc.check([CALL8], none_measured)
+    assert all(not r.architecture_in_calibration for r in u.rows)
+    # the flag widens the range, never moves the point prediction
+    assert [r.predicted_kv_bytes for r in u.rows] == [r.predicted_kv_bytes for r in c.rows]
+    assert all(
+        a.predicted_uncertainty_bytes > b.predicted_uncertainty_bytes
+        for a, b in zip(u.rows, c.rows, strict=True)
+    )
+    s = pc.summary(u.rows)
+    assert s["unseen_architectures"] == sorted({r.architecture for r in u.rows})
+    within = all(abs(r.error_bytes) <= 1 << 28 for r in u.rows)
+    assert s["unseen_architectures_within_tolerance"] == (s["unseen_architectures"] * within)
+
+
+def test_grid_in_calibration_from_its_starts(pc: ModuleType, tmp_path: Path) -> None:
+    """E's starts (call8) are calibration starts; W4 is A's grid with capture sizes capped at 64,
+    a grid no calibration start ran."""
+    cal = load_calibration("h200")
+    e_report = json.loads(
+        (RAW / "call8.E_llama8b_eagle3k5_s96_t4096_u088.apply.report.rank0.json").read_text()
+    )
+    assert e_report["report_id"] in cal.starts
+    assert all(r.grid_in_calibration for r in pc.check([CALL8]).rows)
+    rec = dict(_records(CALL6)[0], config="W4_llama8b_s128_t4096_cap64")
+    path = tmp_path / "w4.jsonl"
+    path.write_text(json.dumps(rec) + "\n")
+    (row,) = pc.check([path]).rows
+    assert row.architecture_in_calibration and not row.grid_in_calibration
+
+
+def test_bad_input_is_one_line_and_exit_2(
+    pc: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = {
+        "not_json.jsonl": "nope\n",
+        "no_config.jsonl": '{"mode": "alone"}\n',
+        "bad_kv.jsonl": '{"config": "A_llama8b_s128_t4096", "mode": "alone", "kv_bytes": "x"}\n',
+        "empty.jsonl": "",
+    }
+    for name, text in cases.items():
+        p = tmp_path / name
+        p.write_text(text)
+        capsys.readouterr()
+        assert pc.main([str(p)]) == 2, name
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("preflight_check: "), err
+    assert pc.main([str(tmp_path / "missing.jsonl")]) == 2
+    assert pc.main([str(RAW / "results.call9.jsonl")]) == 2  # only configurations not in CONFIGS
