@@ -38,6 +38,7 @@ from memest.schema import RunReport  # noqa: E402
 
 REPORTS = sorted((ROOT / "reports/vllm/raw").glob("*.report.rank0.json"))
 CONFIGS = ROOT / "tests/data/configs"
+LAB_MODELS = ROOT / "lab/models"
 DATA = ROOT / "memest/preflight/data"
 OUT = ROOT / "reports/preflight"
 COMMAND = "python lab/preflight_fit.py --write"
@@ -47,7 +48,10 @@ MIB = 1 << 20
 
 def _configs(report: RunReport) -> tuple[dict[str, object], dict[str, object] | None]:
     name = Path(report.config.model).name
-    cfg = json.loads((CONFIGS / f"{name}.json").read_text())
+    path = CONFIGS / f"{name}.json"
+    if not path.exists():  # the lab's own shapes (MoE, MLA, Qwen3) keep theirs in lab/models
+        path = LAB_MODELS / name / "config.json"
+    cfg = json.loads(path.read_text())
     draft = None
     if report.config.speculative_method == "eagle3":
         draft = json.loads((CONFIGS / "eagle3_8b.json").read_text())

@@ -66,6 +66,7 @@ MLA_ATTENTION = {"attention_backend": "TRITON_MLA", "mla_prefill_backend": "CPU"
 # A copy of an earlier memest tree (git archive), for before/after starts in one call.
 OLD_TREE = ROOT / ".memest_old"
 CACHE = SHARED_TMP / "vllm_h200_cache"
+MAX_MODEL_LEN = 4096
 CONFIGS: dict[str, dict[str, Any]] = {
     "E_llama8b_eagle3k5_s96_t4096_u088": {
         "model": LLAMA,
@@ -247,6 +248,12 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("A_llama8b_s128_t4096", "alone"),
         ("A_llama8b_s128_t4096", "default"),
     ],
+    # W2 again with its step filled to 8,191 tokens (two prompts), then the MoE shape compiled
+    # with memest on (map of generated code recorded) and the step's allocator history kept.
+    "redo": [
+        ("W2_llama8b_s128_t8192", "apply-cold"),
+        ("M_qwen3moe8l_s64_t2048", "apply-hist-cold-stephist"),
+    ],
     # The reported stall (cold apply start, EAGLE3 K=5): the earlier tree, then this one.
     # Startup overhead of the plugin's defaults: alternating warm starts (the first compiles).
     "overhead": [
@@ -341,16 +348,21 @@ def _time_allocator_snapshots(torch: Any) -> None:
 
 
 def _first_full_step(llm: Any, cfg: dict[str, Any], used_end: int) -> dict[str, Any]:
-    """Serve one request of max_num_batched_tokens prompt tokens and read the device peak.
+    """Serve max_num_batched_tokens - 1 prompt tokens in one step and read the device peak.
 
     That prefill is serving's first full-size step: the memory it needs beyond the end of init
     is the reservation the allocator adds (its cached free blocks are reused first) plus any
-    memory outside PyTorch it adds. usage = in use at the end of init + that growth.
+    memory outside PyTorch it adds. usage = in use at the end of init + that growth. A prompt
+    holds at most max_model_len - 1 tokens, so a wider step is split into several prompts,
+    which the scheduler batches into the one step. STEP_HISTORY=1 keeps the allocator history
+    of the step beside the start's record.
     """
     import torch
     from vllm import SamplingParams
 
-    n = min(int(cfg["mbt"]), 4096 - 1)
+    n = int(cfg["mbt"]) - 1
+    per_prompt = MAX_MODEL_LEN - 1
+    lengths = [min(per_prompt, n - i) for i in range(0, n, per_prompt)]
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     reserved0 = torch.cuda.memory_reserved()
@@ -358,7 +370,16 @@ def _first_full_step(llm: Any, cfg: dict[str, Any], used_end: int) -> dict[str, 
     outside0 = (total - free0) - reserved0
     try:
         sp = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
-        llm.generate([{"prompt_token_ids": [(7 * i) % 30000 + 10 for i in range(n)]}], sp)
+        if os.environ.get("STEP_HISTORY") == "1":
+            torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
+        prompts = [
+            {"prompt_token_ids": [(7 * i + 13 * j) % 30000 + 10 for i in range(m)]}
+            for j, m in enumerate(lengths)
+        ]
+        llm.generate(prompts, sp)
+        if os.environ.get("STEP_HISTORY") == "1":
+            torch.cuda.memory._dump_snapshot(os.environ["STEP_HISTORY_PATH"])
+            torch.cuda.memory._record_memory_history(enabled=None)
     except Exception as exc:  # the figure is optional; the start's record is not
         return {"step_error": f"{type(exc).__name__}: {exc}"[:300]}
     torch.cuda.synchronize()
@@ -368,6 +389,7 @@ def _first_full_step(llm: Any, cfg: dict[str, Any], used_end: int) -> dict[str, 
     outside = max(int((total - free1) - reserved1 - outside0), 0)
     return {
         "step_tokens": n,
+        "step_prompts": len(lengths),
         "step_reserved_growth_bytes": growth,
         "step_outside_growth_bytes": outside,
         "step_usage_bytes": used_end + growth + outside,
@@ -399,7 +421,7 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         gpu_memory_utilization=cfg["util"],
         enforce_eager=False,
         attention_backend=cfg.get("attention_backend", "TRITON_ATTN"),
-        max_model_len=4096,
+        max_model_len=MAX_MODEL_LEN,
         max_num_seqs=cfg["max_num_seqs"],
         max_num_batched_tokens=cfg["mbt"],
         seed=0,
@@ -531,6 +553,9 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
             env["MEMEST_ESTIMATE"] = "off"
         if mode == "plan":
             env["VLLM_ENABLE_STARTUP_PLAN"] = "1"
+        if "stephist" in flags:
+            env["STEP_HISTORY"] = "1"
+            env["STEP_HISTORY_PATH"] = str(OUT / "starts" / f"{cfg_name}.{mode_spec}.step.pickle")
         res_path = OUT / "starts" / f"{cfg_name}.{mode_spec}.json"
         log_path = OUT / "starts" / f"{cfg_name}.{mode_spec}.log"
         cmd = [sys.executable, __file__, "--child", cfg_name, mode, str(res_path)]
