@@ -14,7 +14,7 @@ Owners are charged from the snapshots with today's owner rules on both sides (th
 report predates the compiled_piece rule), so the linear law's measured rows are the same as the
 replay's.
 
-    PYTHONPATH=. .venv/bin/python lab/whatif_real.py    # writes reports/vllm/whatif.json
+    PYTHONPATH=. .venv/bin/python lab/whatif_real.py    # writes reports/vllm/whatif_pools.json
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def main() -> None:
         "replay_seconds": timings,
         "non_kv_records": budget,
     }
-    (HERE / "whatif.json").write_text(json.dumps(out, indent=2) + "\n")
+    (HERE / "whatif_pools.json").write_text(json.dumps(out, indent=2) + "\n")
     _print(records, fidelity)
     print(  # noqa: T201
         "\nnon-KV memory under G' (what-if from G's apply start, call 6) vs the G' start's own"

@@ -31,6 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from memest.analysis.owners import COMPILED_PIECE
 from memest.errors import ConfigError, ReportFormatError
 from memest.estimate.inverse import concurrency_at
 from memest.estimate.kv import kv_bytes_per_token, kv_tokens, layer_kv_bytes, require_fit
@@ -549,7 +550,8 @@ def _drafter_workspaces(report: RunReport) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     rows = [] if report.breakdown is None else report.breakdown.retained
     for r in rows:
-        if r.owner != "compiled_piece" or r.phase not in ("graph_profiling", "capture"):
+        unnamed = r.owner == COMPILED_PIECE or r.owner.startswith(f"{COMPILED_PIECE}:")
+        if not unnamed or r.phase not in ("graph_profiling", "capture"):
             continue
         prof, cap = out.get(r.stage, (0, 0))
         out[r.stage] = (
@@ -714,8 +716,15 @@ def _synthetic_pools(
     """Pool rows with what the synthetic trace writes: stages G did not record and, without a
     snapshot, stages both grids capture; returns the rows and the stages it wrote."""
     predictions, synthetic = _with_unrecorded(predictions, plans, configs, s, notes)
-    if snapshot is not None:
+    drafter_changed = bool(configs[0].speculative_method) != bool(configs[1].speculative_method)
+    if snapshot is not None and not drafter_changed:
         return predictions, synthetic
+    if snapshot is not None and s.target is not None:
+        notes.append(
+            "G' adds or drops the drafter, so the target's graphs gain or lose what the drafter "
+            "reads from them (EAGLE3's auxiliary hidden states), which G's snapshot holds no "
+            "requests of: the stages both grids capture follow the synthetic request trace"
+        )
     predictions, captured = _with_synthetic_captured(predictions, plans, configs, s, synthetic)
     return predictions, [*captured, *synthetic]
 

@@ -93,13 +93,22 @@ def synthetic_rows(
     configs: tuple[RunConfig, RunConfig],
     s: Shapes,
 ) -> list[OwnerPrediction]:
-    """Owner rows of ``stages``: measured at G + synthetic(G') - synthetic(G) (module docstring)."""
+    """Owner rows of ``stages``: measured at G + synthetic(G') - synthetic(G) (module docstring).
+
+    Per owner where G's owners carry the synthetic program's names; per stage where they do not
+    (a start whose compiled code was mapped names the blocks the program calls compiled_piece):
+    the stage's total moves by the program's difference and each owner keeps its share.
+    """
     g, g2 = plans
     at_g, at_to = _synthetic(g, configs[0], s), _synthetic(g2, configs[1], s)
     out: list[OwnerPrediction] = []
     for stage in stages:
-        keys = {k for k in (*measured, *at_to, *at_g) if k[0] == stage}
-        for key in sorted(keys):
+        owners = {k for k in measured if k[0] == stage and measured[k] > 0}
+        program = {k for k in (*at_to, *at_g) if k[0] == stage}
+        if owners and not owners <= program:
+            out.extend(_stage_rows(stage, measured, at_g, at_to))
+            continue
+        for key in sorted({k for k in (*measured, *program) if k[0] == stage}):
             was, before, after = measured.get(key, 0), at_g.get(key, 0), at_to.get(key, 0)
             predicted = max(was + after - before, 0)
             out.append(
@@ -113,6 +122,39 @@ def synthetic_rows(
                     note=f"synthetic request trace: {before} B at G, {after} B at G'",
                 )
             )
+    return out
+
+
+def _stage_rows(
+    stage: str,
+    measured: Mapping[tuple[str, str], int],
+    at_g: Mapping[tuple[str, str], int],
+    at_to: Mapping[tuple[str, str], int],
+) -> list[OwnerPrediction]:
+    """One stage moved as a whole by the synthetic program; owners keep G's shares."""
+    rows = sorted((k, b) for k, b in measured.items() if k[0] == stage and b > 0)
+    was = sum(b for _, b in rows)
+    before = sum(b for k, b in at_g.items() if k[0] == stage)
+    after = sum(b for k, b in at_to.items() if k[0] == stage)
+    total = max(was + after - before, 0)
+    factor = total / was
+    note = f"stage total by the synthetic request trace: {before} B at G, {after} B at G'"
+    out: list[OwnerPrediction] = []
+    left = total
+    for i, (key, b) in enumerate(rows):
+        share = left if i == len(rows) - 1 else round(b * factor)
+        left -= share
+        out.append(
+            OwnerPrediction(
+                stage=stage,
+                owner=key[1],
+                law="synthetic_trace",
+                measured_bytes=b,
+                factor=factor,
+                predicted_bytes=share,
+                note=note,
+            )
+        )
     return out
 
 

@@ -1,0 +1,88 @@
+"""The what-if against real vLLM starts: one H200 start of A predicts four grids, each started.
+
+A (Llama-8B shape, 128 seqs, 4,096 batched tokens) was started with memest on and its allocator
+history kept; each G' was then started on the same H200 with memest apply sizing its KV cache
+(reports/vllm/raw, calls 11 and 14; lab/whatif_grids.py writes reports/vllm/whatif.json). The
+truth comes from the G' starts' own measurements, never from the what-if: the KV that fills the
+budget exactly = measured KV bytes - measured usage minus budget at serving's first full-size
+step (the harness's record), and each capture stage's pool from G''s own report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memest.cli import main
+from memest.units import GiB
+
+ROOT = Path(__file__).resolve().parents[2]
+RAW = ROOT / "reports" / "vllm" / "raw"
+A = RAW / "call11.A_llama8b_s128_t4096.enable-cold"
+DRAFTER = ROOT / "examples" / "eagle3_8b.config.json"
+CASES = [
+    ({"max_num_seqs": 32}, "call11", "W1_llama8b_s32_t4096", "apply"),
+    ({"max_num_batched_tokens": 8192}, "call14", "W2_llama8b_s128_t8192", "apply-cold"),
+    (
+        {"speculative_config": {"method": "eagle3", "num_speculative_tokens": 3}},
+        "call11",
+        "W3_llama8b_eagle3k3_s128_t4096",
+        "apply",
+    ),
+    (
+        {"compilation_config": {"max_cudagraph_capture_size": 64}},
+        "call11",
+        "W4_llama8b_s128_t4096_cap64",
+        "apply",
+    ),
+]
+
+
+def _record(call: str, config: str, mode: str) -> dict[str, Any]:
+    for line in (RAW / f"results.{call}.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["config"] == config and rec["mode"] == mode:
+            return dict(rec)
+    raise AssertionError(f"no start {config}/{mode} in {call}")
+
+
+def _estimate(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main(["estimate", *args, "--json"]) == 0
+    return dict(json.loads(capsys.readouterr().out))
+
+
+@pytest.mark.parametrize("replay", [False, True], ids=["laws", "allocator-replay"])
+@pytest.mark.parametrize(("grid", "call", "config", "mode"), CASES, ids=[c[2] for c in CASES])
+def test_kv_budget_and_pools_of_the_real_grid(
+    grid: dict[str, Any],
+    call: str,
+    config: str,
+    mode: str,
+    replay: bool,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["--from", f"{A}.report.rank0.json", "--grid", json.dumps(grid)]
+    if "speculative_config" in grid:
+        args += ["--drafter-config", str(DRAFTER)]
+    if replay:
+        args += ["--snapshot", f"{A}.snapshot.rank0.json.gz"]
+    what_if = _estimate(capsys, *args)["what_if"]
+
+    rec = _record(call, config, mode)
+    # the truth needs a full-size step: max_num_batched_tokens - 1 prompt tokens in one step
+    assert rec["step_tokens"] == grid.get("max_num_batched_tokens", 4096) - 1
+    exact_kv = rec["kv_bytes"] - rec["step_usage_minus_budget_bytes"]
+    assert abs(what_if["kv_budget_bytes_to"] - exact_kv) <= 0.1 * GiB
+
+    real = RAW / f"{call}.{config}.{mode}.report.rank0.json"
+    measured = _estimate(capsys, "--from", str(real))["accounting"]["graph_pool_by_stage_bytes"]
+    predicted: dict[str, int] = {}
+    for row in what_if["owners"]:
+        if row["stage"] != "capture":  # graph objects live outside the pools
+            predicted[row["stage"]] = predicted.get(row["stage"], 0) + row["predicted_bytes"]
+    assert set(measured) <= set(predicted) | {s for s, b in measured.items() if b == 0}
+    for stage, b in measured.items():
+        assert abs(predicted.get(stage, 0) - b) <= 0.05 * b, stage
