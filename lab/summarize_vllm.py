@@ -30,7 +30,11 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_runs import CONFIGS  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1] / "reports" / "vllm"
 RAW = HERE / "raw"
@@ -48,6 +52,8 @@ ESTIMATOR = {
 VARIANT = {
     "cold": "cold: empty compile cache",
     "old": "the memest tree before the stall fix (git 1bf6c41)",
+    "hist": "allocator history kept (MEMEST_KEEP_SNAPSHOT=1)",
+    "stephist": "the first full-size step's allocator history kept",
 }
 # Calls whose apply starts ran before the outside-PyTorch term was corrected.
 REPLAYED_CALLS = ("call1", "call2")
@@ -62,7 +68,9 @@ def load() -> list[dict]:
         call = path.stem.split(".")[-1]
         for line in path.read_text().splitlines():
             if line.strip():
-                rows.append({**json.loads(line), "call": call})
+                rec = json.loads(line)
+                mbt = CONFIGS[rec["config"]]["mbt"] if rec["config"] in CONFIGS else None
+                rows.append({**rec, "call": call, "config_mbt": mbt})
     return rows
 
 
@@ -106,7 +114,7 @@ def main() -> None:
             "variant": "; ".join(VARIANT[f] for f in flags) or None,
             "launcher": "LLM",
             "tensor_parallel_size": 1,
-            "architecture": "LlamaForCausalLM",  # every LLM() start so far: Llama-3-8B shape
+            "architecture": architecture(r["config"]),
             "rank": 0,
             "usage_minus_budget_bytes": usage - budget,
             "usage_minus_budget_gib": round((usage - budget) / GiB, 3),
@@ -124,6 +132,12 @@ def main() -> None:
             if r["call"] not in DIAGNOSTIC_CALLS
             else "start (diagnostic: memest's profile_run hook was not installed)",
         }
+        short = r.get("step_tokens") is not None and r["step_tokens"] < r["config_mbt"] - 1
+        if short:
+            rec["kind"] = (
+                f"start (diagnostic: its step held {r['step_tokens']} of "
+                f"{r['config_mbt'] - 1} tokens, not a full-size step)"
+            )
         out.append(rec)
         if mode == "apply" and r["call"] in REPLAYED_CALLS:
             out.append(replay(r, rec))
@@ -134,6 +148,15 @@ def main() -> None:
             f"{rec['estimator']:22s} {rec['usage_minus_budget_gib']:+.3f} GiB  "
             f"kv_tokens {rec['kv_tokens'] or 0:,} {rec.get('variant') or ''}"
         )
+
+
+def architecture(config: str) -> str:
+    """The config's architectures[0]: the lab's own shapes keep their config.json in the repo;
+    the rest are the carried Llama-3-8B shape (and its EAGLE3 drafter)."""
+    model = Path(CONFIGS[config]["model"]) if config in CONFIGS else None
+    if model is not None and (model / "config.json").is_file():
+        return str(json.loads((model / "config.json").read_text())["architectures"][0])
+    return "LlamaForCausalLM"
 
 
 _KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
