@@ -124,6 +124,10 @@ def _after_determine(self: Any, args: Any, kwargs: Any, result: Any, record: Any
 
     collect.vllm_budget(self, result)
     st = state()
+    # The warm pass stays on in the default mode (MEMEST_ESTIMATE=plan): the startup plan written
+    # at the end of init, like apply's budget, takes its activation term from this pass (vLLM's
+    # own peak counts compile transients and misses the reservation), and a plan start skips
+    # vLLM's profiling, so no later start could measure it. MEMEST_ESTIMATE=off skips it.
     if st.settings.estimate != "off" and st.figures.profile_headroom_bytes is not None:
         if st.shedding:
             st.notes.append("warm profile pass skipped (work budget spent)")
