@@ -6,11 +6,33 @@ Usage::
     from memest.snapshot import load_snapshot
 
     breakdown = analyze(load_snapshot("snap.json"), phases, OwnerRules.default())
+
+Names are imported on first use, so importing one submodule (the vLLM plugin imports
+``memest.analysis.tags``) does not import the rest.
 """
 
-from memest.analysis.owners import OwnerRule, OwnerRules
-from memest.analysis.replay import NO_STAGE, analyze, summarize_owners
-from memest.analysis.tags import DEFAULT_POOL, StageTag, format_tag, parse_tag, pool_key
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memest.analysis.owners import OwnerRule, OwnerRules
+    from memest.analysis.replay import NO_STAGE, analyze, summarize_owners
+    from memest.analysis.tags import DEFAULT_POOL, StageTag, format_tag, parse_tag, pool_key
+
+_SOURCES: dict[str, str] = {
+    "OwnerRule": "memest.analysis.owners",
+    "OwnerRules": "memest.analysis.owners",
+    "NO_STAGE": "memest.analysis.replay",
+    "analyze": "memest.analysis.replay",
+    "summarize_owners": "memest.analysis.replay",
+    "DEFAULT_POOL": "memest.analysis.tags",
+    "StageTag": "memest.analysis.tags",
+    "format_tag": "memest.analysis.tags",
+    "parse_tag": "memest.analysis.tags",
+    "pool_key": "memest.analysis.tags",
+}
 
 __all__ = [
     "DEFAULT_POOL",
@@ -24,3 +46,16 @@ __all__ = [
     "pool_key",
     "summarize_owners",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The names above and the submodules, each imported on first use."""
+    module = _SOURCES.get(name)
+    if module is None:
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

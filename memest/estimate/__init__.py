@@ -1,28 +1,66 @@
 """Full-initialization KV budget, vLLM's own estimate beside it, startup plans and what-ifs.
 
 Pure Python: reads RunReports (memest.schema), never imports torch.
+
+Names are imported on first use, so importing one submodule (the vLLM plugin imports
+``memest.estimate.phases``) does not import the rest.
 """
 
-from memest.estimate.accounting import BudgetSplit, account, budget_splits, gpu_parts
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Imported now: ``compare`` is also the name of its submodule, which would shadow a lazy name.
 from memest.estimate.compare import compare, record, usage_bytes
-from memest.estimate.kv import kv_bytes_per_token, kv_page_bytes, kv_tokens
-from memest.estimate.phases import (
-    check_report,
-    full_init_kv_budget,
-    full_init_terms,
-    non_kv_bytes,
-    requested_bytes,
-)
-from memest.estimate.startup_plan import (
-    PLAN_SCHEMA_VERSION,
-    startup_plan_dir,
-    startup_plan_document,
-    startup_plan_filename,
-    write_startup_plan,
-)
-from memest.estimate.vllm_estimate import extrapolate_full_graph_memory, vllm_cudagraph_estimate
-from memest.estimate.whatif import law_for, pool_predictions, resolve_grid, what_if
-from memest.schema import FullInitTerms
+
+if TYPE_CHECKING:
+    from memest.estimate.accounting import BudgetSplit, account, budget_splits, gpu_parts
+    from memest.estimate.kv import kv_bytes_per_token, kv_page_bytes, kv_tokens
+    from memest.estimate.phases import (
+        check_report,
+        full_init_kv_budget,
+        full_init_terms,
+        non_kv_bytes,
+        requested_bytes,
+    )
+    from memest.estimate.startup_plan import (
+        PLAN_SCHEMA_VERSION,
+        startup_plan_dir,
+        startup_plan_document,
+        startup_plan_filename,
+        write_startup_plan,
+    )
+    from memest.estimate.vllm_estimate import extrapolate_full_graph_memory, vllm_cudagraph_estimate
+    from memest.estimate.whatif import law_for, pool_predictions, resolve_grid, what_if
+    from memest.schema import FullInitTerms
+
+_SOURCES: dict[str, str] = {
+    "BudgetSplit": "memest.estimate.accounting",
+    "account": "memest.estimate.accounting",
+    "budget_splits": "memest.estimate.accounting",
+    "gpu_parts": "memest.estimate.accounting",
+    "kv_bytes_per_token": "memest.estimate.kv",
+    "kv_page_bytes": "memest.estimate.kv",
+    "kv_tokens": "memest.estimate.kv",
+    "check_report": "memest.estimate.phases",
+    "full_init_kv_budget": "memest.estimate.phases",
+    "full_init_terms": "memest.estimate.phases",
+    "non_kv_bytes": "memest.estimate.phases",
+    "requested_bytes": "memest.estimate.phases",
+    "PLAN_SCHEMA_VERSION": "memest.estimate.startup_plan",
+    "startup_plan_dir": "memest.estimate.startup_plan",
+    "startup_plan_document": "memest.estimate.startup_plan",
+    "startup_plan_filename": "memest.estimate.startup_plan",
+    "write_startup_plan": "memest.estimate.startup_plan",
+    "extrapolate_full_graph_memory": "memest.estimate.vllm_estimate",
+    "vllm_cudagraph_estimate": "memest.estimate.vllm_estimate",
+    "law_for": "memest.estimate.whatif",
+    "pool_predictions": "memest.estimate.whatif",
+    "resolve_grid": "memest.estimate.whatif",
+    "what_if": "memest.estimate.whatif",
+    "FullInitTerms": "memest.schema",
+}
 
 __all__ = [
     "PLAN_SCHEMA_VERSION",
@@ -53,3 +91,16 @@ __all__ = [
     "what_if",
     "write_startup_plan",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The names above and the submodules, each imported on first use."""
+    module = _SOURCES.get(name)
+    if module is None:
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -4,15 +4,28 @@ Installed with memest, vLLM finds it through the entry point group ``vllm.genera
 (``memest = memest_instrumentation.vllm:register``) and calls ``register()`` in every process,
 sometimes twice. Set ``MEMEST_ENABLE=1`` to turn it on; every setting is a MEMEST_* variable
 (``memest_instrumentation.vllm.env.help_text()``).
+
+Loading the plugin is near-free: vLLM loads general plugins in processes that never start a
+worker (the API server, ``LLM()``'s own process, the model-inspection subprocess), so importing
+this package pulls in only the settings and the patch machinery, and ``register()`` installs
+each patch when vLLM imports the module it patches. The patch list, the report schema and the
+analysis are imported there, in the processes that start a worker.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 
 from memest_instrumentation.vllm.env import ENV_VARS, Settings, help_text
-from memest_instrumentation.vllm.patches import Patch, apply_patch, is_patched, remove_patch
-from memest_instrumentation.vllm.state import reset_state, state
+from memest_instrumentation.vllm.patches import (
+    ImportWatch,
+    Patch,
+    apply_patch,
+    is_patched,
+    remove_patch,
+)
+from memest_instrumentation.vllm.targets import MODULES
 
 logger = logging.getLogger("memest.vllm")
 
@@ -21,6 +34,7 @@ __all__ = [
     "Settings",
     "help_text",
     "instrument",
+    "instrument_on_import",
     "patches",
     "register",
     "uninstrument",
@@ -48,8 +62,43 @@ def instrument() -> list[str]:
     return problems
 
 
+def _patch_module(module: str) -> list[str]:
+    """Install the patches whose target lives in ``module`` (already imported)."""
+    problems: list[str] = []
+    for patch in patches():
+        if patch.module == module:
+            problem = apply_patch(patch)
+            if problem is not None:
+                problems.append(f"{patch.name}: {problem}")
+    return problems
+
+
+def _on_import(module: str) -> None:
+    """The import watch's call: runs inside vLLM's import, so it never raises."""
+    try:
+        for problem in _patch_module(module):
+            _fail("register", RuntimeError(problem))
+    except Exception as exc:
+        _fail("register", exc)
+
+
+_WATCH = ImportWatch(_on_import)
+
+
+def instrument_on_import() -> list[str]:
+    """Patch the modules vLLM has imported now, and each other one as soon as it is imported.
+
+    Returns:
+        The problems of the patches installed now (the others are recorded as they go in).
+    """
+    loaded = [m for m in MODULES if m in sys.modules]
+    _WATCH.start({m for m in MODULES if m not in loaded})
+    return [problem for module in loaded for problem in _patch_module(module)]
+
+
 def uninstrument() -> None:
     """Remove every memest patch, restoring vLLM's originals (idempotent)."""
+    _WATCH.stop()
     for patch in reversed(patches()):
         remove_patch(patch)
 
@@ -59,22 +108,24 @@ def instrumented() -> bool:
 
 
 def register() -> None:
-    """vLLM general-plugin entry point: instrument when MEMEST_ENABLE=1. Never raises."""
+    """vLLM general-plugin entry point: instrument when MEMEST_ENABLE=1. Never raises.
+
+    Patches go in when vLLM imports their modules (``instrument_on_import``); the per-process
+    state, and the run id, are made by the first hook that runs.
+    """
     try:
-        st = state()
-        if not st.settings.enabled:
+        if not Settings.from_env().enabled:
             return
-        if not st.run_id:
-            from memest_instrumentation.vllm.env import derive_run_id
-
-            st.run_id = derive_run_id()
-        for problem in instrument():
-            st.fail("register", RuntimeError(problem))
+        for problem in instrument_on_import():
+            _fail("register", RuntimeError(problem))
     except Exception as exc:  # fail open: vLLM does not guard plugin functions
-        try:
-            state().fail("register", exc)
-        except Exception:
-            logger.warning("memest plugin disabled: %s", exc)
+        _fail("register", exc)
 
 
-_ = reset_state  # re-exported for tests through memest_instrumentation.vllm.state
+def _fail(hook: str, exc: BaseException) -> None:
+    try:
+        from memest_instrumentation.vllm.state import state
+
+        state().fail(hook, exc)
+    except Exception:
+        logger.warning("memest plugin disabled: %s", exc)

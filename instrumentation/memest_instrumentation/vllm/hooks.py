@@ -20,6 +20,7 @@ from memest_instrumentation.vllm import measure
 from memest_instrumentation.vllm.detect import role_of, stage_of
 from memest_instrumentation.vllm.patches import Patch
 from memest_instrumentation.vllm.state import guarded, state
+from memest_instrumentation.vllm.targets import ADAPTORS, ATTN, AV, CG, W1, W2, WORKER
 from memest_instrumentation.vllm.windows import (
     begin_phase,
     close_stage,
@@ -27,11 +28,6 @@ from memest_instrumentation.vllm.windows import (
     enter_stage,
     phase_wrapper,
 )
-
-W2 = "vllm.v1.worker.gpu.model_runner"
-W1 = "vllm.v1.worker.gpu_model_runner"
-WORKER = "vllm.v1.worker.gpu_worker"
-CG = "vllm.v1.worker.gpu.cudagraph_utils"
 
 # Lifts the FULL-graph sample limit of vLLM's graph-memory profiling in apply mode.
 _ALL_GRAPHS = 1 << 30
@@ -128,6 +124,10 @@ def _after_determine(self: Any, args: Any, kwargs: Any, result: Any, record: Any
 
     collect.vllm_budget(self, result)
     st = state()
+    # The warm pass stays on in the default mode (MEMEST_ESTIMATE=plan): the startup plan written
+    # at the end of init, like apply's budget, takes its activation term from this pass (vLLM's
+    # own peak counts compile transients and misses the reservation), and a plan start skips
+    # vLLM's profiling, so no later start could measure it. MEMEST_ESTIMATE=off skips it.
     if st.settings.estimate != "off" and st.figures.profile_headroom_bytes is not None:
         if st.shedding:
             st.notes.append("warm profile pass skipped (work budget spent)")
@@ -364,15 +364,12 @@ def wrap_extrapolate(orig: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # --------------------------------------------------------------------------- patch list
-_ADAPTORS = "vllm.compilation.compiler_interface"
-
-
 def _adaptor_patches() -> tuple[Patch, ...]:
     """compile / load of vLLM's Inductor adaptors: the FX graph behind each generated module."""
     from memest_instrumentation.vllm.inductor import wrap_adaptor
 
     return tuple(
-        Patch("compiled_code", _ADAPTORS, cls, attr, params, wrap_adaptor)
+        Patch("compiled_code", ADAPTORS, cls, attr, params, wrap_adaptor)
         for cls in ("InductorStandaloneAdaptor", "InductorAdaptor")
         for attr, params in (
             ("compile", ("self", "graph", "example_inputs")),
@@ -487,7 +484,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         "av_profiling",
-        "vllm.v1.worker.gpu.spec_decode.adaptive_verification",
+        AV,
         "AdaptiveVerificationManager",
         "batches_to_profile",
         ("self", "capture_sizes"),
@@ -505,7 +502,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         "allocate_kv_cache",
-        "vllm.v1.worker.gpu.attn_utils",
+        ATTN,
         None,
         "allocate_kv_cache",
         ("kv_cache_config", "device"),

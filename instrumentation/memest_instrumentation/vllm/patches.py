@@ -3,13 +3,17 @@
 ``instrument()`` wraps every target that exists with the expected signature and skips (and
 reports) the others; ``uninstrument()`` puts every original back. Both are idempotent: a wrapped
 target carries ``__memest_original__`` and is never wrapped twice, even when vLLM loads the
-plugin again in the same process.
+plugin again in the same process. ``ImportWatch`` defers a patch until vLLM imports its module,
+so a process that never loads vLLM's workers never imports them for memest.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import inspect
+import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -121,3 +125,71 @@ def remove_patch(patch: Patch) -> None:
     if not hasattr(obj, ORIGINAL_ATTR):
         return
     setattr(_holder(patch), patch.attr, original(obj))
+
+
+# --------------------------------------------------------------------------- import watch
+class _ThenCall:
+    """A module's own loader, then ``done(name)`` once the module has run (a PEP 451 loader)."""
+
+    def __init__(self, loader: Any, done: Callable[[str], None]) -> None:
+        self.loader = loader
+        self.done = done
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        created: types.ModuleType | None = self.loader.create_module(spec)
+        return created
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        # The module keeps its own loader (inspect.getsource, importlib.resources read it).
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        module.__loader__ = self.loader
+        self.loader.exec_module(module)
+        self.done(module.__name__)
+
+
+class ImportWatch:
+    """Calls ``on_import(name)`` right after each watched module is first imported.
+
+    A ``sys.meta_path`` finder (PEP 451, without importlib.abc, whose import costs more than
+    the rest of the plugin's). The call runs before the import statement that loaded the module returns, so a wrapper
+    installed there is what every importer of the module sees. The watch leaves
+    ``sys.meta_path`` once every watched module has loaded; ``on_import`` must not raise.
+    """
+
+    def __init__(self, on_import: Callable[[str], None]) -> None:
+        self.pending: set[str] = set()
+        self.on_import = on_import
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.pending:
+            return None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
+            if spec is None:
+                continue
+            if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _ThenCall(spec.loader, self._loaded)  # type: ignore[assignment]
+            return spec
+        return None
+
+    def _loaded(self, name: str) -> None:
+        self.pending.discard(name)
+        if not self.pending:
+            self.stop()
+        self.on_import(name)
+
+    def start(self, modules: set[str]) -> None:
+        self.pending |= modules
+        if self.pending and self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def stop(self) -> None:
+        self.pending.clear()
+        while self in sys.meta_path:
+            sys.meta_path.remove(self)

@@ -9,20 +9,22 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from memest.schema import (
-    CompiledCode,
-    CompiledNode,
-    FullInitTerms,
-    KVCacheSpec,
-    MemoryReading,
-    PhaseRecord,
-    RunConfig,
-    StageGrowth,
-    VllmFigures,
-)
-from memest_instrumentation.vllm.env import Settings
+from memest_instrumentation.vllm.env import Settings, derive_run_id
+
+if TYPE_CHECKING:  # the schema is imported by the first hook that runs, not by register()
+    from memest.schema import (
+        CompiledCode,
+        CompiledNode,
+        FullInitTerms,
+        KVCacheSpec,
+        MemoryReading,
+        PhaseRecord,
+        RunConfig,
+        StageGrowth,
+        VllmFigures,
+    )
 
 logger = logging.getLogger("memest.vllm")
 
@@ -107,6 +109,12 @@ class PlanState:
     path: str | None = None
 
 
+def _vllm_figures() -> VllmFigures:
+    from memest.schema import VllmFigures
+
+    return VllmFigures()
+
+
 @dataclass
 class RunState:
     """Everything one worker process measured during its start."""
@@ -123,7 +131,7 @@ class RunState:
     error_counts: dict[str, int] = field(default_factory=dict)
     warned: set[str] = field(default_factory=set)
     notes: list[str] = field(default_factory=list)
-    vllm: VllmFigures = field(default_factory=VllmFigures)
+    vllm: VllmFigures = field(default_factory=_vllm_figures)
     figures: Measured = field(default_factory=Measured)
     config: RunConfig | None = None
     kv: KVState = field(default_factory=KVState)
@@ -196,6 +204,8 @@ def state() -> RunState:
     global _STATE
     if _STATE is None:
         _STATE = RunState(settings=Settings.from_env())
+        if _STATE.settings.enabled:
+            _STATE.run_id = derive_run_id()
         for problem in _STATE.settings.problems:
             _STATE.fail("settings", ValueError(problem))
     return _STATE

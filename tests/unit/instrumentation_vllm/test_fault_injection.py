@@ -151,6 +151,6 @@ def test_register_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom() -> list[str]:
         raise RuntimeError("vLLM moved")
 
-    monkeypatch.setattr(plugin, "instrument", boom)
+    monkeypatch.setattr(plugin, "instrument_on_import", boom)
     plugin.register()
     assert any("vLLM moved" in e for e in state().hook_errors)
