@@ -123,7 +123,7 @@ class Row:
     predicted_kv_bytes: int
     predicted_uncertainty_bytes: int
     truth_kv_bytes: int
-    truth_from: str  # "step" or "end"
+    truth_from: str  # "step", "step-partial" (fewer than max_num_batched_tokens - 1) or "end"
     error_bytes: int
     vllm_kv_bytes: int | None = None
     vllm_error_bytes: int | None = None
@@ -167,6 +167,15 @@ def read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
+def step_fills(rec: Mapping[str, Any], mbt: int, where: str) -> bool:
+    """Whether the record's full-size step really ran max_num_batched_tokens - 1 tokens or more
+    (a step of several prompts batched, or one prompt of that length); a record without
+    step_tokens is taken as full. A shorter step needs less activation memory than serving's
+    widest step: its truth overstates the KV that fits."""
+    tokens = _int(rec, "step_tokens", where)
+    return tokens is None or tokens >= mbt - 1
+
+
 def _row(
     path: Path, n: int, rec: Mapping[str, Any], result: PreflightResult, grid_seen: bool
 ) -> Row | str:
@@ -179,12 +188,14 @@ def _row(
         return f"{path.name}:{n} {rec['config']}/{rec['mode']}: no kv_bytes (rc={rec.get('rc')})"
     if step is None and end is None:
         return f"{path.name}:{n} {rec['config']}/{rec['mode']}: no usage minus budget"
+    cfg = CONFIGS[rec["config"]]
     over, source = (step, "step") if step is not None else (end, "end")
+    if step is not None and not step_fills(rec, cfg["mbt"], where):
+        source = "step-partial"
     assert over is not None
     truth = kv - over
     alone = rec["mode"] == "alone"
     budget = _int(rec, "budget_bytes", where)
-    cfg = CONFIGS[rec["config"]]
     return Row(
         source=path.name,
         line=n,
@@ -269,9 +280,13 @@ def table(rows: Sequence[Row]) -> list[str]:
 
 
 def _best(rows: Sequence[Row]) -> list[Row]:
-    """The rows of one configuration whose truth is the step figure, else all (end figure)."""
-    step = [r for r in rows if r.truth_from == "step"]
-    return step or list(rows)
+    """The rows of one configuration whose truth is a full-size step, else those of a partial
+    step, else all (end figure)."""
+    for source in ("step", "step-partial"):
+        best = [r for r in rows if r.truth_from == source]
+        if best:
+            return best
+    return list(rows)
 
 
 def summary(rows: Sequence[Row]) -> dict[str, Any]:
@@ -326,11 +341,14 @@ def render(c: Check, command: str) -> str:
         "(lab/vllm_runs.py CONFIGS, max_model_len 4096, TP 1); truth = kv_bytes − "
         "(usage − budget), usage at serving's first full-size step (step) or, where a record "
         "lacks it, at the end of init plus the profile pass's activation peak (end); error = "
-        "predicted − truth. vLLM's estimate = the KV a vLLM-alone start allocated.",
+        "predicted − truth. vLLM's estimate = the KV a vLLM-alone start allocated. "
+        "step-partial: the record's step ran fewer than max_num_batched_tokens − 1 tokens (its "
+        "truth overstates the KV that fits); such a row is left out of the summary when the "
+        "configuration has a full-size step.",
         "",
         *table(c.rows),
         "",
-        "Per configuration, over the starts whose truth is the step figure (where any has it):",
+        "Per configuration, over the starts whose truth is a full-size step (where any has it):",
         "",
         "| configuration | architecture | in calibration | starts compared (truth from) | "
         "predicted KV GiB | worst error GiB | worst vLLM error GiB | not asked |",

@@ -21,6 +21,8 @@ top-k/top-p buffer (sample/ops/         min(next_pow2(min(SMs, S)), SMs)   profi
 topk_topp_triton.py)                    x V x 4                            (the sampler's dummy run)
 block tables (gpu/block_table.py)       2 x S x ceil(L/block) x 4 + T x 8  runner buffers
                                                                            (kv_cache_alloc)
+fused-MoE workspace (fused_moe/modular_ T x top_k x (max(N/2,K)+max(N,K))  profiling residue
+kernel.py, v1/worker/workspace.py)      x dtype (memest.estimate.fused_moe) (the profile run)
 ======================================  ================================  ========================
 
 V is the vocabulary, SMs the GPU's multiprocessor count (132 on an H200). Every size is rounded
@@ -38,6 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memest.errors import ConfigError
+from memest.estimate.fused_moe import fused_moe_workspace_bytes
+from memest.estimate.model_shape import ModelShape, model_shape
 from memest.schema import RunConfig, RunReport
 
 #: PyTorch's caching allocator rounds every block up to this many bytes.
@@ -65,7 +69,11 @@ BUFFER_TERMS: dict[str, str] = {
     "structured_outputs": "weights_bytes",
     "topk_topp_buffer": "profiling_residue_bytes",
     "block_tables": "runner_buffer_bytes",
+    "fused_moe_workspace": "profiling_residue_bytes",
 }
+
+#: config.json keys that name routed experts (a MoE model: memest.estimate.model_shape).
+_EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,8 @@ class ModelDims:
     ``config.json``, which sizes its weights (memest.estimate.drafter_weights); ``config`` the
     model's (its text part, with the dtype resolved), from which the what-if reads the model's shape
     (memest.estimate.model_shape) for the synthetic graph trace and the activation law.
+    ``shape`` is the model's per-rank shape where the caller has it (the pre-flight); else the
+    fused-MoE workspace reads ``config``'s.
     """
 
     hidden_size: int
@@ -89,6 +99,7 @@ class ModelDims:
     drafter_layers: int | None = None
     drafter_config: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
     config: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+    shape: ModelShape | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "vocab_size", "dtype_bytes", "num_sms"):
@@ -210,6 +221,7 @@ class RunnerGrid:
     block_size: int = 16
     num_speculative_tokens: int = 0
     speculative_method: str | None = None
+    tensor_parallel_size: int = 1
 
     @classmethod
     def from_config(cls, config: RunConfig, *, block_size: int = 16) -> RunnerGrid:
@@ -236,6 +248,7 @@ class RunnerGrid:
             if config.speculative_method
             else 0,
             speculative_method=config.speculative_method,
+            tensor_parallel_size=config.tensor_parallel_size,
         )
 
     @classmethod
@@ -280,6 +293,16 @@ def _drafter(dims: ModelDims, grid: RunnerGrid) -> dict[str, int]:
     }
 
 
+def _moe_shape(dims: ModelDims, grid: RunnerGrid) -> ModelShape | None:
+    """The per-rank shape of a MoE model (None: not MoE, or no config to tell)."""
+    if dims.shape is not None:
+        return dims.shape if dims.shape.moe_layers else None
+    cfg = dims.config
+    if cfg is None or not any(cfg.get(k) for k in _EXPERT_KEYS):
+        return None
+    return model_shape(cfg, tp=grid.tensor_parallel_size)
+
+
 def runner_buffer_bytes(dims: ModelDims, grid: RunnerGrid) -> dict[str, int]:
     """Bytes of each grid-sized persistent buffer of vLLM 0.33.0 (names: ``BUFFER_TERMS``)."""
     s, t, v = grid.max_num_seqs, grid.max_num_batched_tokens, dims.vocab_size
@@ -297,6 +320,9 @@ def runner_buffer_bytes(dims: ModelDims, grid: RunnerGrid) -> dict[str, int]:
         "topk_topp_buffer": _blocks(topk_rows * v * 4),
         "block_tables": _blocks(s * blocks_per_req * 4, s * blocks_per_req * 4, t * 8),
     }
+    moe = _moe_shape(dims, grid)
+    if moe is not None:  # the profile run's forward of T tokens sizes it (the widest)
+        out["fused_moe_workspace"] = fused_moe_workspace_bytes(moe, t)
     return out
 
 

@@ -12,8 +12,9 @@ outside_torch_bytes            context constant + per graph and decoder layer (g
 graph_pool_bytes               synthetic per-graph request trace, allocator replay
                                (memest.estimate.synthetic_trace)
 runner_buffer_bytes            block tables + fitted constant (with or without a drafter)
-profiling_residue_bytes        the sampler's top-k/top-p buffer + fitted line in
-                               max_num_batched_tokens x hidden x dtype bytes (+ drafter)
+profiling_residue_bytes        the sampler's top-k/top-p buffer + the fused-MoE workspace (MoE
+                               models) + fitted line in max_num_batched_tokens x hidden x dtype
+                               bytes (+ drafter)
 =============================  =====================================================================
 
 The grid-sized buffers are vLLM 0.33.0's, computed by memest.estimate.runner_buffers (the what-if
@@ -90,6 +91,7 @@ class Setup:
             vocab_size=t.vocab,
             dtype_bytes=t.dtype_bytes,
             drafter_hidden_size=d.hidden if d is not None else None,
+            shape=t,
         )
         return dims, RunnerGrid.from_config(self.config, block_size=self.block_size)
 

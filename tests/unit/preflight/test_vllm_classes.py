@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from memest.estimate.fused_moe import fused_moe_workspace_bytes
 from memest.estimate.kv import kv_bytes_per_token
 from memest.preflight.backends import KERNEL_BLOCKS, kv_block_size, preferred, supports
 from memest.preflight.predict import kv_spec, setup
@@ -74,6 +75,20 @@ def test_weights_per_rank_are_what_vllms_model_class_allocates(
     cfg = json.loads(CONFIGS[name].read_text())
     # parameters plus the rotary cos/sin cache, to the byte
     assert parameter_bytes(model_shape(cfg, tp=tp)) == row["param_bytes"] + row["buffer_bytes"]
+
+
+@pytest.mark.parametrize("tp", TPS)
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_fused_moe_workspace_is_what_vllms_workspace_manager_holds(
+    vllm_meta: dict[str, Any], name: str, tp: int
+) -> None:
+    """TritonExperts' workspace shapes for the model class's own experts layer, requested from
+    vLLM's WorkspaceManager as the modular kernel requests them (vllm_meta.MOE_TOKENS tokens)."""
+    row = vllm_meta["models"][(str(CONFIGS[name]), tp)]
+    shape = model_shape(json.loads(CONFIGS[name].read_text()), tp=tp)
+    got = row["moe_workspace_bytes"]
+    assert fused_moe_workspace_bytes(shape, 2048) == (got if got is not None else 0)
+    assert (got is None) == (shape.moe_layers == 0)
 
 
 @pytest.mark.parametrize("tp", TPS)

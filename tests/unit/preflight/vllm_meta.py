@@ -86,6 +86,7 @@ def _measure(folder: str, tp: int) -> dict[str, Any]:
             buffers += b.numel() * b.element_size()
     return {
         "tp": tp,
+        "moe_workspace_bytes": _moe_workspace(model, MOE_TOKENS),
         "param_bytes": params,
         "buffer_bytes": buffers,
         "kv": [
@@ -99,6 +100,41 @@ def _measure(folder: str, tp: int) -> dict[str, Any]:
             for s in specs
         ],
     }
+
+
+#: Tokens of the forward whose fused-MoE workspace is measured (a profile run's batch).
+MOE_TOKENS = 2048
+
+
+def _moe_workspace(model: Any, tokens: int) -> int | None:
+    """Bytes vLLM's workspace manager holds after a fused-MoE forward of ``tokens`` tokens:
+    TritonExperts.workspace_shapes for the first RoutedExperts layer's w13 and top_k, requested as
+    FusedMoEKernel._allocate_buffers requests them (on the meta device). None without MoE."""
+    import math
+
+    import torch
+    import vllm.v1.worker.workspace as ws
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+    layer = next((m for m in model.modules() if isinstance(m, RoutedExperts)), None)
+    if layer is None:
+        return None
+    experts, n, k = layer.w13_weight.shape
+    experts_obj = object.__new__(TritonExperts)  # workspace_shapes reads no instance state
+    ws13, ws2, out = experts_obj.workspace_shapes(
+        tokens, n, k, layer.top_k, experts, experts, None, MoEActivation.SILU
+    )
+    dtype = layer.w13_weight.dtype
+    manager = ws.WorkspaceManager(torch.device("meta"))
+    empty_cache = torch.accelerator.empty_cache
+    torch.accelerator.empty_cache = lambda: None  # no accelerator on this CPU
+    try:
+        manager.get_simultaneous(((max(math.prod(ws13), math.prod(out)),), dtype), (ws2, dtype))
+    finally:
+        torch.accelerator.empty_cache = empty_cache
+    return manager._workspace_size_bytes(manager._current_workspaces[0])
 
 
 def backends(names: list[str]) -> dict[str, Any]:
