@@ -216,6 +216,9 @@ def _fill_block_experts(
     experts_ids.copy_(torch.where(used, owner, 0))
 
 
+MOE_SUM_CHUNK_BYTES = 4 << 20
+
+
 def moe_sum(
     input: torch.Tensor,
     output: torch.Tensor,
@@ -226,16 +229,23 @@ def moe_sum(
 
     With topk_ids and expert_map, slots whose expert is not on this rank (map -1) are skipped,
     as `TritonExperts.moe_sum` (fused_moe/experts/triton_moe.py) says. vLLM's tests compare the
-    kernel with torch.sum(input, dim=1); the sum is taken in float32.
+    kernel with torch.sum(input, dim=1); the sum is taken in float32. vLLM's kernel allocates
+    nothing, so the float32 copy is taken a chunk of tokens at a time (at most
+    MOE_SUM_CHUNK_BYTES): a whole-batch copy would put a transient into the device's memory
+    profile that real starts do not have (144 MiB per layer for Qwen3-MoE at 2,048 tokens).
     """
-    values = input.float()
-    if topk_ids is not None and expert_map is not None:
-        ids = topk_ids.long()
-        num_experts = expert_map.numel()
-        kept = (ids >= 0) & (ids < num_experts)
-        kept = kept & (expert_map.long()[ids.clamp(0, num_experts - 1)] >= 0)
-        values = torch.where(kept.unsqueeze(-1), values, 0.0)
-    output.copy_(values.sum(dim=1))
+    num_tokens, top_k, hidden = input.shape
+    chunk = max(1, MOE_SUM_CHUNK_BYTES // max(1, top_k * hidden * 4))
+    for start in range(0, num_tokens, chunk):
+        end = min(start + chunk, num_tokens)
+        values = input[start:end].float()
+        if topk_ids is not None and expert_map is not None:
+            ids = topk_ids[start:end].long()
+            num_experts = expert_map.numel()
+            kept = (ids >= 0) & (ids < num_experts)
+            kept = kept & (expert_map.long()[ids.clamp(0, num_experts - 1)] >= 0)
+            values = torch.where(kept.unsqueeze(-1), values, 0.0)
+        output[start:end].copy_(values.sum(dim=1))
 
 
 # --------------------------------------------------------------------------- MLA cache

@@ -389,3 +389,15 @@ def test_vllm_sum_and_cache_wrappers(vllm_ops: Any) -> None:
     )
     assert torch.equal(cache[1, 1], torch.cat([kv_c[0], k_pe[0, 0]]))
     assert int(torch.count_nonzero(cache.abs().sum(-1))) == 1
+
+
+def test_moe_sum_in_token_chunks_matches_one_sum(
+    standins: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The float32 copy is taken a few tokens at a time; every chunk lands in its rows."""
+    gen = torch.Generator().manual_seed(3)
+    values = torch.randn(10, 4, 16, generator=gen)
+    monkeypatch.setattr(standins, "MOE_SUM_CHUNK_BYTES", 3 * 4 * 16 * 4)  # 3 tokens a chunk
+    out = torch.empty(10, 16)
+    torch.ops._moe_C.moe_sum(values, out)
+    assert torch.allclose(out, values.sum(dim=1), atol=1e-5)
