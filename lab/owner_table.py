@@ -122,10 +122,13 @@ def breakdown_of(run: Path) -> tuple[RunReport, Breakdown]:
     return report, report.breakdown
 
 
-def widest_tokens(report: RunReport) -> dict[str, int]:
-    """Widest capture size in tokens of each stage (runner), from the start's capture plan."""
+def widest_tokens(report: RunReport, bd: Breakdown) -> dict[str, int]:
+    """Widest capture size in tokens of each stage (runner), from the start's capture plan;
+    a stage the plan does not list: the widest size its capture tags carry."""
     plans = [p for p in report.capture_plans if p.sizing == PLAN_SIZING] or report.capture_plans
-    return {r.runner: r.widest_tokens for p in plans[:1] for r in p.runners if r.widest_tokens}
+    out = {s.stage: max(s.capture_sizes) for s in bd.stages if s.capture_sizes}
+    out |= {r.runner: r.widest_tokens for p in plans[:1] for r in p.runners if r.widest_tokens}
+    return out
 
 
 def owner_table(bd: Breakdown) -> dict[str, int]:
@@ -141,7 +144,7 @@ def formula_rows(
     report: RunReport, bd: Breakdown, cfg: dict[str, Any], drafter: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """Each large owner's capture live peak beside its size formula (stage by stage)."""
-    widest = widest_tokens(report)
+    widest = widest_tokens(report, bd)
     laws = {"target": per_token_bytes(cfg) if cfg else {}}
     laws["draft"] = per_token_bytes(drafter) if drafter else laws["target"]
     rows = []
