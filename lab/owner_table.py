@@ -2,15 +2,17 @@
 """Owners under torch.compile: how much of a start's capture is named, and each owner's size law.
 
 For each start (a run folder of ``lab/vllm_runs.py --group owners``: report.rank0.json and
-snapshot.rank0.json.gz) it prints, in markdown:
+snapshot.rank0.json.gz, or a raw pair ``reports/vllm/raw/<run>`` naming
+``<run>.report.rank0.json`` and ``<run>.snapshot.rank0.json.gz``) it prints, in markdown:
 
 - the share of capture-phase pool growth (trigger rows) and of retained bytes charged to named
   owners (not ``compiled_piece*``, not ``unattributed:*``), re-analysing the kept history with the
   map of generated code it carries;
 - per owner and capture stage: the live peak beside a size formula from the model's config
-  (bytes per token x the stage's widest capture size), and their ratio (about the number of such
-  buffers alive at once: 1, 2, ... — a ratio far from an integer means the formula or the owner
-  is wrong);
+  (bytes per token x the stage's widest capture size in tokens, from the report's vLLM 0.33.0
+  capture plan; draft.* stages use the drafter's config; a fixed size where the owner has one),
+  and their ratio (about the number of such buffers alive at once: 1, 2, ... — a ratio far from
+  an integer means the formula or the owner is wrong);
 - with ``--same A B``: whether two starts of one configuration (cold compile and compile-cache
   hit) give the same owner table.
 
@@ -18,7 +20,7 @@ Usage (after a device run; nothing here needs a GPU):
     python lab/owner_table.py OUT/memest/A_llama8b_s128_t4096.enable-cold=CONFIG.json ... \
         [--same RUN_A RUN_B] > reports/vllm/owners/owners.md
 ``CONFIG.json`` is the model's Hugging Face config (lab/models/*/config.json, or the carried
-Llama-8B's). This script has not run on device data yet.
+Llama-8B's); ``RUN=TARGET.json,DRAFTER.json`` for a start with a drafter.
 """
 
 from __future__ import annotations
@@ -34,12 +36,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from memest.analysis import analyze  # noqa: E402
+from memest.reporters.owners import owner_label  # noqa: E402
 from memest.schema import Breakdown, RunReport  # noqa: E402
 from memest.snapshot import load_snapshot  # noqa: E402
 from memest.units import fmt_bytes as format_bytes  # noqa: E402
 
 UNNAMED = ("compiled_piece", "unattributed")
 BF16 = 2
+#: torch's default cuBLAS workspace on sm90 (CUBLAS_WORKSPACE_CONFIG ":4096:8": 8 x 4096 KiB).
+CUBLAS_WORKSPACE_SM90 = 8 * 4096 * 1024
+PLAN_SIZING = "vllm-0.33.0"
 
 
 def per_token_bytes(cfg: dict[str, Any]) -> dict[str, int]:
@@ -48,45 +54,81 @@ def per_token_bytes(cfg: dict[str, Any]) -> dict[str, int]:
     heads = int(cfg["num_attention_heads"])
     kv_heads = int(cfg.get("num_key_value_heads", heads))
     head_dim = int(cfg.get("head_dim") or hidden // heads)
-    inter = int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
-    if not cfg.get("num_experts"):
-        inter = int(cfg["intermediate_size"])
-    return {
+    inter = int(cfg.get("intermediate_size") or 0)
+    eagle3 = any("Eagle3" in a for a in cfg.get("architectures", []))
+    laws = {
         "qkv_proj": (heads + 2 * kv_heads) * head_dim * BF16,
         "qk_norm_rope": (heads + kv_heads) * head_dim * BF16,
         "attn_output": heads * head_dim * BF16,
         "o_proj": hidden * BF16,
-        "mlp_gate_up": 2 * inter * BF16,
-        "mlp_act": inter * BF16,
-        "mlp_down": hidden * BF16,
         "norm": hidden * BF16,
         "residual": hidden * BF16,
         "embedding": hidden * BF16,
         "aux_hidden_states": hidden * BF16,
+        "graph_output": hidden * BF16,
         "eagle3_fc": hidden * BF16,
+        # EAGLE3's first layer reads [norm(embeds), norm(hidden)]: twice the hidden size
+        "qkv_input": (2 if eagle3 else 1) * hidden * BF16,
         "logits": int(cfg["vocab_size"]) * BF16,
         "draft_logits": int(cfg["vocab_size"]) * BF16,
-        "moe_router_logits": int(cfg.get("num_experts") or 0) * BF16,
     }
+    if inter and not cfg.get("num_experts"):  # dense MLP (an MoE layer's experts are fused_moe)
+        laws |= {
+            "mlp_gate_up": 2 * inter * BF16,
+            "mlp_act": inter * BF16,
+            "mlp_down": hidden * BF16,
+        }
+    if cfg.get("num_experts"):
+        laws["moe_router_logits"] = int(cfg["num_experts"]) * BF16
+    return laws
+
+
+#: Owners whose size does not follow the token count: (bytes, where the figure comes from).
+FIXED = {"cublas_workspace": (CUBLAS_WORKSPACE_SM90, "torch sm90 default")}
 
 
 def named(owner: str) -> bool:
     return not owner.startswith(UNNAMED)
 
 
-def _share(rows: list[tuple[str, int]]) -> tuple[int, int]:
-    total = sum(b for _, b in rows)
-    return sum(b for o, b in rows if named(o)), total
+def shares(bd: Breakdown) -> dict[str, tuple[int, int]]:
+    """(named bytes, all bytes) of capture-phase pool growth and of retained bytes."""
+    out = {}
+    for view, rows in (
+        ("pool growth", [(t.owner, t.bytes) for t in bd.triggers if t.phase == "capture"]),
+        ("retained", [(r.owner, r.bytes) for r in bd.retained if r.phase == "capture"]),
+    ):
+        out[view] = (sum(b for o, b in rows if named(o)), sum(b for _, b in rows))
+    return out
+
+
+def run_files(spec: Path) -> tuple[Path, Path]:
+    """(report, snapshot) of a run folder, or of a raw pair ``reports/vllm/raw/<run>``."""
+    if spec.is_dir():
+        return spec / "report.rank0.json", spec / "snapshot.rank0.json.gz"
+    return (
+        spec.with_name(spec.name + ".report.rank0.json"),
+        spec.with_name(spec.name + ".snapshot.rank0.json.gz"),
+    )
 
 
 def breakdown_of(run: Path) -> tuple[RunReport, Breakdown]:
-    report = RunReport.model_validate_json((run / "report.rank0.json").read_text())
-    snap_path = run / "snapshot.rank0.json.gz"
+    report_path, snap_path = run_files(run)
+    report = RunReport.model_validate_json(report_path.read_text())
     if snap_path.is_file():
         return report, analyze(load_snapshot(snap_path))
     if report.breakdown is None:
         raise SystemExit(f"{run}: no breakdown and no kept history")
     return report, report.breakdown
+
+
+def widest_tokens(report: RunReport, bd: Breakdown) -> dict[str, int]:
+    """Widest capture size in tokens of each stage (runner), from the start's capture plan;
+    a stage the plan does not list: the widest size its capture tags carry."""
+    plans = [p for p in report.capture_plans if p.sizing == PLAN_SIZING] or report.capture_plans
+    out = {s.stage: max(s.capture_sizes) for s in bd.stages if s.capture_sizes}
+    out |= {r.runner: r.widest_tokens for p in plans[:1] for r in p.runners if r.widest_tokens}
+    return out
 
 
 def owner_table(bd: Breakdown) -> dict[str, int]:
@@ -98,45 +140,96 @@ def owner_table(bd: Breakdown) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def print_start(name: str, report: RunReport, bd: Breakdown, cfg: dict[str, Any]) -> None:
-    trig = [(t.owner, t.bytes) for t in bd.triggers if t.phase == "capture"]
-    ret = [(r.owner, r.bytes) for r in bd.retained if r.phase == "capture"]
-    (tn, tt), (rn, rt) = _share(trig), _share(ret)
-    print(f"\n## {name} ({report.model})\n")
-    print(
-        f"capture pool growth charged to named owners: {format_bytes(tn)} of "
-        f"{format_bytes(tt)} ({100 * tn / tt if tt else 0:.1f} %); retained: "
-        f"{format_bytes(rn)} of {format_bytes(rt)} ({100 * rn / rt if rt else 0:.1f} %)\n"
-    )
-    widest = {s.stage: max(s.capture_sizes) for s in bd.stages if s.capture_sizes}
-    laws = per_token_bytes(cfg)
-    print("| stage | owner | live peak | bytes/token | widest tokens | formula | peak/formula |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+def formula_rows(
+    report: RunReport, bd: Breakdown, cfg: dict[str, Any], drafter: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Each large owner's capture live peak beside its size formula (stage by stage)."""
+    widest = widest_tokens(report, bd)
+    laws = {"target": per_token_bytes(cfg) if cfg else {}}
+    laws["draft"] = per_token_bytes(drafter) if drafter else laws["target"]
+    rows = []
     for p in sorted(bd.live_peaks, key=lambda p: (p.stage, -p.peak_bytes)):
         if p.phase != "capture" or p.peak_bytes < (1 << 20):
             continue
-        per_tok, tokens = laws.get(p.owner), widest.get(p.stage)
-        formula = per_tok * tokens if per_tok and tokens else None
-        ratio = f"{p.peak_bytes / formula:.2f}" if formula else ""
-        print(
-            f"| {p.stage} | {p.owner} | {format_bytes(p.peak_bytes)} | {per_tok or ''} | "
-            f"{tokens or ''} | {format_bytes(formula) if formula else ''} | {ratio} |"
+        per_tok = laws.get(p.stage.split(".", 1)[0], {}).get(p.owner)
+        tokens = widest.get(p.stage)
+        formula, basis = None, ""
+        if per_tok and tokens:
+            formula, basis = per_tok * tokens, f"{per_tok} B x {tokens} tokens"
+        elif p.owner in FIXED:
+            formula, basis = FIXED[p.owner][0], FIXED[p.owner][1]
+        rows.append(
+            {
+                "stage": p.stage,
+                "owner": p.owner,
+                "peak": p.peak_bytes,
+                "formula": formula,
+                "basis": basis,
+                "ratio": p.peak_bytes / formula if formula else None,
+            }
         )
+    return rows
+
+
+def _pct(n: int, d: int) -> str:
+    return f"{100 * n / d:.1f} %" if d else "-"
+
+
+def print_start(
+    name: str, report: RunReport, bd: Breakdown, cfg: dict[str, Any], drafter: dict[str, Any]
+) -> None:
+    sh = shares(bd)
+    (tn, tt), (rn, rt) = sh["pool growth"], sh["retained"]
+    print(f"\n## {name} ({report.model})\n")
+    print(
+        f"capture pool growth charged to named owners: {format_bytes(tn)} of "
+        f"{format_bytes(tt)} ({_pct(tn, tt)}); retained: "
+        f"{format_bytes(rn)} of {format_bytes(rt)} ({_pct(rn, rt)})\n"
+    )
+    unnamed = sorted({t.owner for t in bd.triggers if t.phase == "capture" and not named(t.owner)})
+    unnamed += sorted(
+        {r.owner for r in bd.retained if r.phase == "capture" and not named(r.owner)} - set(unnamed)
+    )
+    for owner in unnamed:
+        print(f"- unnamed: `{owner}`: {owner_label(owner)}")
+    if unnamed:
+        print()
+    print("| stage | owner | live peak | formula | = | peak/formula |")
+    print("|---|---|---:|---|---:|---:|")
+    for r in formula_rows(report, bd, cfg, drafter):
+        formula = format_bytes(r["formula"]) if r["formula"] else ""
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else ""
+        print(
+            f"| {r['stage']} | {r['owner']} | {format_bytes(r['peak'])} | {r['basis']} | "
+            f"{formula} | {ratio} |"
+        )
+
+
+def _config(text: str) -> dict[str, Any]:
+    return json.loads(Path(text).read_text()) if text else {}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", help="RUN_DIR=MODEL_CONFIG.json")
+    ap.add_argument("runs", nargs="+", help="RUN=MODEL_CONFIG.json[,DRAFTER_CONFIG.json]")
     ap.add_argument("--same", nargs=2, metavar="RUN", help="two runs whose owner tables match")
     args = ap.parse_args(argv)
     tables: dict[str, dict[str, int]] = {}
+    starts = []
     for spec in args.runs:
         run_text, _, cfg_text = spec.partition("=")
+        target_cfg, _, drafter_cfg = cfg_text.partition(",")
         run = Path(run_text)
-        cfg = json.loads(Path(cfg_text).read_text()) if cfg_text else {}
         report, bd = breakdown_of(run)
         tables[run.name] = owner_table(bd)
-        print_start(run.name, report, bd, cfg)
+        starts.append((run.name, report, bd, _config(target_cfg), _config(drafter_cfg)))
+    print("| start | capture pool growth named | retained named |")
+    print("|---|---:|---:|")
+    for name, _, bd, _, _ in starts:
+        sh = shares(bd)
+        print(f"| {name} | {_pct(*sh['pool growth'])} | {_pct(*sh['retained'])} |")
+    for start in starts:
+        print_start(*start)
     if args.same:
         a, b = (Path(x).name for x in args.same)
         same = tables.get(a) == tables.get(b)

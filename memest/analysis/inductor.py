@@ -25,7 +25,13 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from memest.schema.report import CompiledCode, CompiledFile, CompiledNode, CompiledSite
+from memest.schema.report import (
+    CompiledCall,
+    CompiledCode,
+    CompiledFile,
+    CompiledNode,
+    CompiledSite,
+)
 
 GENERATED_FILE = re.compile(r"(?:^|/)([a-z0-9]{2}/c[a-z0-9]{40,}\.py)$")
 _SOURCE_NODES = re.compile(
@@ -100,6 +106,7 @@ class _Walk:
     lines: list[str]
     kernel_comments: dict[str, tuple[list[str], list[str]]]
     allocs: list[_Alloc] = field(default_factory=list)
+    calls: list[CompiledCall] = field(default_factory=list)
     root: dict[str, _Alloc] = field(default_factory=dict)
     pending: tuple[list[str], list[str]] | None = None
     last_line: int = 0
@@ -223,6 +230,8 @@ def _call(walk: _Walk, stmt: ast.stmt, target: str | None, value: ast.Call) -> N
         alloc = _Alloc(stmt.lineno, target, name, comment, written=True)
         walk.allocs.append(alloc)
         walk.root[target] = alloc
+    elif _extern(name):  # extern_kernels.mm(..., out=buf3): what it allocates is its own
+        walk.calls.append(CompiledCall(line=stmt.lineno, kernel=name))
     for arg in _names(value):
         written = walk.root.get(arg)
         if written is not None and not written.written:
@@ -239,19 +248,22 @@ def parse_generated(source: str, key: str) -> CompiledFile:
     lines = source.splitlines()
     kernels = _kernel_comments(tree, lines)
     sites: list[CompiledSite] = []
+    calls: list[CompiledCall] = []
     for fn in ast.walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         walk = _Walk(lines, kernels, last_line=fn.body[0].lineno - 1 if fn.body else fn.lineno)
         for stmt in _flat(fn.body):
             _statement(walk, stmt)
+        calls.extend(walk.calls)
         for a in walk.allocs:
             nodes, aten = a.comment or ([], [])
             sites.append(
                 CompiledSite(line=a.line, buffer=a.buffer, kernel=a.kernel, nodes=nodes, aten=aten)
             )
     sites.sort(key=lambda s: s.line)
-    return CompiledFile(key=key, sites=sites)
+    calls.sort(key=lambda c: c.line)
+    return CompiledFile(key=key, sites=sites, calls=calls)
 
 
 # --------------------------------------------------------------------------- owners
@@ -328,18 +340,79 @@ def site_nodes(file: CompiledFile, site: CompiledSite) -> list[tuple[str, Compil
     return [(name, file.nodes.get(name)) for name in producer_order(file, site)]
 
 
-def unnamed_reason(file: CompiledFile, site: CompiledSite | None) -> str:
+def call_at(file: CompiledFile, line: int) -> str | None:
+    """The extern op whose call is at ``line`` (an allocation there is the op's own).
+
+    A map recorded before memest kept call lines (``CompiledFile.calls`` empty) says only where
+    buffers are allocated; there the op is inferred: Inductor writes an extern op's output
+    allocation, its "Source Nodes" comment and the call on consecutive lines, so a line at most
+    ``_CALL_AFTER_ALLOC`` below an allocation site written by an ``extern_kernels`` op, with no
+    site between, is that op's call.
+    """
+    if file.calls:
+        return next((c.kernel for c in file.calls if c.line == line), None)
+    above = [s for s in file.sites if s.line < line]
+    if not above:
+        return None
+    prev = max(above, key=lambda s: s.line)
+    kernel = prev.kernel or ""
+    if kernel.startswith("extern_kernels.") and 0 < line - prev.line <= _CALL_AFTER_ALLOC:
+        return kernel
+    return None
+
+
+_CALL_AFTER_ALLOC = 2  # the allocation, its comment, the call
+
+
+def site_descriptor(file: CompiledFile, site: CompiledSite | None, line: int) -> str | None:
+    """What the generated code's structure says of an allocation no source node names.
+
+    - ``call <op>``: made inside an extern op's call, not at an allocation line (the op's own
+      memory: cuBLAS allocates its per-stream workspace on a stream's first GEMM);
+    - ``unwritten``: a buffer the generated function allocates and never writes, handed to its
+      caller (under vLLM's piecewise split: the output of the splitting op that follows);
+    - ``input of <module>``: a buffer written by a kernel whose comment lists no source node and
+      allocated right before an extern op whose listed nodes read nothing listed (the buffer is
+      that op's input; the op's producer node names the module).
+    """
+    if site is None:
+        kernel = call_at(file, line)
+        return f"call {kernel}" if kernel else None
+    if site.nodes:
+        return None
+    if site.kernel is None:
+        return "unwritten"
+    after = [s for s in file.sites if s.line > site.line]
+    nxt = min(after, key=lambda s: s.line) if after else None
+    if nxt is None or not (nxt.kernel or "").startswith("extern_kernels.") or not nxt.nodes:
+        return None
+    listed = set(nxt.nodes)
+    producer = file.nodes.get(producer_order(file, nxt)[0])
+    if producer is None or not producer.module or listed & set(producer.inputs):
+        return None
+    return f"input of {producer.module}"
+
+
+def unnamed_reason(file: CompiledFile, site: CompiledSite | None, line: int = -1) -> str:
     """Why a compiled allocation has no owner, in the owner label's words."""
+    described = site_descriptor(file, site, line)
+    if described is not None:
+        return f"no rule for {_LAYER_INDEX.sub('.*', described)}"
     if site is None:
         return "not an allocation site"
     if not site.nodes:
         return "no source node recorded"
     if not file.nodes:
-        return "no module map recorded"
+        return NO_MODULE_MAP
     modules = [n.module for _, n in site_nodes(file, site) if n is not None and n.module]
     if modules:
         return f"no rule for {_LAYER_INDEX.sub('.*', modules[0])}"
     return "no module recorded for " + producer_order(file, site)[0]
+
+
+#: The reason of compiled code whose FX graph memest did not see (compiled in an earlier start
+#: without memest, and no kept map in MEMEST_CODE_MAP_DIR).
+NO_MODULE_MAP = "no module map recorded"
 
 
 _LAYER_INDEX = re.compile(r"\.\d+(?=\.|$)")

@@ -35,6 +35,7 @@ from typing import Any
 from memest.analysis.inductor import (
     CompiledIndex,
     generated_key,
+    site_descriptor,
     site_nodes,
     unnamed_reason,
 )
@@ -52,7 +53,10 @@ class OwnerRule:
 
     ``module`` and ``code`` match compiled code's FX source nodes only (module path, source
     text of the node's stack frame); ``function`` and ``file`` match stack frames, the nodes'
-    own included.
+    own included. ``site`` matches what the generated code's structure says of an allocation no
+    source node names (memest.analysis.inductor.site_descriptor: ``call <op>``, ``unwritten``,
+    ``input of <module>``); a rule with ``site`` matches nothing else. ``line`` narrows a frame
+    rule to one line of its file (two allocations of one function with different owners).
     """
 
     owner: str
@@ -60,10 +64,12 @@ class OwnerRule:
     file: str | None = None
     module: str | None = None
     code: str | None = None
+    site: str | None = None
+    line: int | None = None
 
     @property
     def compiled_only(self) -> bool:
-        return self.module is not None or self.code is not None
+        return self.module is not None or self.code is not None or self.site is not None
 
 
 # vLLM 0.33.0 (shared hook map, section 4). Order matters within one frame only.
@@ -75,6 +81,13 @@ _VLLM_0_33_RULES: tuple[OwnerRule, ...] = (
     OwnerRule("indexer_logits_bf16", "_decode_rows", "*/specialized_decode/*"),
     OwnerRule("indexer_logits_bf16", "*", "*/sparse_indexer_scores.py"),
     OwnerRule("indexer_logits_bf16", "*", "*/qsa_indexer.py"),
+    # CudaGraphManager.store_capture_output: the hidden-states buffer FULL graphs write (line
+    # 653), then EAGLE3's aux hidden-state buffers (line 657)
+    OwnerRule(
+        "graph_output", "store_capture_output", "*/v1/worker/gpu/cudagraph_utils.py", line=653
+    ),
+    # torch's CUDAGraph.capture_begin: the capture's generator state (seed / offset, 8 B each)
+    OwnerRule("graph_capture_state", "capture_begin", "*torch/cuda/graphs.py"),
     OwnerRule("aux_hidden_states", "_maybe_add_hidden_state"),
     OwnerRule("aux_hidden_states", "_store_hidden_states", "*spec_decode/*"),
     OwnerRule("aux_hidden_states", "store_capture_output"),
@@ -139,6 +152,16 @@ _VLLM_0_33_COMPILED_RULES: tuple[OwnerRule, ...] = (
     OwnerRule("residual", module="*layers.[0-9]"),
     OwnerRule("residual", module="*layers.[0-9][0-9]"),
     OwnerRule("residual", module="*layers.[0-9][0-9][0-9]"),
+    # What the generated code's structure says when no source node names an allocation.
+    # torch's cuBLAS workspace: allocated on a stream's first GEMM (one per capture stream,
+    # kept for the stream's life; torch.backends.cuda.cublas_workspace_size).
+    OwnerRule("cublas_workspace", site="call extern_kernels.*mm"),
+    # vLLM splits the graph at its attention ops (CompilationConfig._attention_ops), whose output
+    # the piece before allocates (Attention.forward's torch.empty) and does not write.
+    OwnerRule("attn_output", site="unwritten"),
+    # EAGLE3's first drafter layer: [norm(embeds), norm(hidden)] concatenated by a kernel whose
+    # comment lists no source node, read by qkv_proj.
+    OwnerRule("qkv_input", site="input of *.qkv_proj"),
 )
 
 _DEFAULT_SKIP_FILES: tuple[str, ...] = (
@@ -159,7 +182,7 @@ def _compile(pattern: str | None) -> re.Pattern[str] | None:
     return re.compile(translate(pattern))
 
 
-_Compiled = tuple[str, re.Pattern[str] | None, re.Pattern[str] | None]
+_Compiled = tuple[str, re.Pattern[str] | None, re.Pattern[str] | None, int | None]
 
 
 @dataclass
@@ -176,6 +199,9 @@ class OwnerRules:
     _node_rules: list[tuple[str, OwnerRule, list[re.Pattern[str] | None]]] = field(
         default_factory=list, init=False, repr=False
     )
+    _site_rules: list[tuple[str, re.Pattern[str] | None]] = field(
+        default_factory=list, init=False, repr=False
+    )
     _skip: re.Pattern[str] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -183,14 +209,15 @@ class OwnerRules:
 
     def _recompile(self) -> None:
         self._compiled = [
-            (r.owner, _compile(r.function), _compile(r.file))
+            (r.owner, _compile(r.function), _compile(r.file), r.line)
             for r in self.rules
             if not r.compiled_only
         ]
         # Node rules: module/code rules first (in order), then the frame rules.
-        ordered = [r for r in self.rules if r.compiled_only] + [
+        ordered = [r for r in self.rules if r.compiled_only and r.site is None] + [
             r for r in self.rules if not r.compiled_only
         ]
+        self._site_rules = [(r.owner, _compile(r.site)) for r in self.rules if r.site is not None]
         self._node_rules = [
             (r.owner, r, [_compile(p) for p in (r.module, r.code, r.function, r.file)])
             for r in ordered
@@ -272,13 +299,18 @@ class OwnerRules:
     def match_frame(self, frame: Sequence[Any]) -> str | None:
         """Owner named by one frame, or None."""
         filename, name = str(frame[0]), str(frame[2])
-        for owner, fpat, filepat in self._compiled:
-            if (fpat is None or fpat.match(name)) and (filepat is None or filepat.match(filename)):
+        for owner, fpat, filepat, line in self._compiled:
+            if (
+                (fpat is None or fpat.match(name))
+                and (filepat is None or filepat.match(filename))
+                and (line is None or line == _line(frame))
+            ):
                 return owner
         return None
 
-    def match_site(self, file: CompiledFile, site: CompiledSite | None) -> str:
-        """Owner of an allocation site in generated code; ``compiled_piece:<why>`` if none."""
+    def match_site(self, file: CompiledFile, site: CompiledSite | None, line: int = -1) -> str:
+        """Owner of an allocation in generated code (at ``line``, an allocation site or not);
+        ``compiled_piece:<why>`` if none: source nodes first, then the site's structure."""
         if site is not None:
             nodes = [n for _, n in site_nodes(file, site) if n is not None]
             for compiled_first in (True, False):
@@ -286,7 +318,12 @@ class OwnerRules:
                     owner = self._match_node_pass(node, compiled_first)
                     if owner is not None:
                         return owner
-        return f"{COMPILED_PIECE}:{unnamed_reason(file, site)}"
+        described = site_descriptor(file, site, line)
+        if described is not None:
+            for owner, pat in self._site_rules:
+                if pat is None or pat.match(described):
+                    return owner
+        return f"{COMPILED_PIECE}:{unnamed_reason(file, site, line)}"
 
     def _match_node_pass(self, node: CompiledNode, compiled_first: bool) -> str | None:
         values = (node.module, node.code, node.function, node.file)
@@ -306,7 +343,7 @@ class OwnerRules:
         if self.compiled:
             found = self.compiled.site(filename, _line(frame))
             if found is not None:
-                owner = self.match_site(*found)
+                owner = self.match_site(*found, _line(frame))
                 if not owner.startswith(COMPILED_PIECE):
                     return owner, False
         return self.match_frame(frame), self.skipped(filename)
@@ -346,14 +383,14 @@ class OwnerRules:
         found = self.compiled.site(str(top[0]), _line(top)) if self.compiled else None
         if found is None:
             return COMPILED_PIECE
-        return self.match_site(*found)
+        return self.match_site(*found, _line(top))
 
 
-_RULE_KEYS = ("owner", "function", "file", "module", "code")
+_RULE_KEYS = ("owner", "function", "file", "module", "code", "site", "line")
 
 
-def _rule_values(r: OwnerRule) -> tuple[str | None, ...]:
-    return (r.owner, r.function, r.file, r.module, r.code)
+def _rule_values(r: OwnerRule) -> tuple[str | int | None, ...]:
+    return (r.owner, r.function, r.file, r.module, r.code, r.site, r.line)
 
 
 def _rule_from(item: object, where: str) -> OwnerRule:
@@ -362,23 +399,32 @@ def _rule_from(item: object, where: str) -> OwnerRule:
     unknown = set(item) - set(_RULE_KEYS)
     if unknown:
         raise ConfigError(
-            where, sorted(unknown), "unknown keys (owner, function, file, module, code)"
+            where, sorted(unknown), "unknown keys (owner, function, file, module, code, site, line)"
         )
     owner = item.get("owner")
     if not isinstance(owner, str) or not owner:
         raise ConfigError(f"{where}.owner", owner, "expected a non-empty string")
-    for name in _RULE_KEYS[1:]:
+    line = item.get("line")
+    if line is not None and (isinstance(line, bool) or not isinstance(line, int) or line < 1):
+        raise ConfigError(f"{where}.line", line, "expected a line number (an integer >= 1)")
+    for name in _RULE_KEYS[1:-1]:
         value = item.get(name)
         if value is not None and not isinstance(value, str):
             raise ConfigError(f"{where}.{name}", value, "expected a glob string")
-    if all(item.get(k) is None for k in _RULE_KEYS[1:]):
+    if all(item.get(k) is None for k in _RULE_KEYS[1:-1]):
         raise ConfigError(
             where,
             item,
-            "a rule needs 'function' or 'file' (or 'module' / 'code' for compiled code)",
+            "a rule needs 'function' or 'file' (or 'module' / 'code' / 'site' for compiled code)",
         )
     return OwnerRule(
-        owner, item.get("function"), item.get("file"), item.get("module"), item.get("code")
+        owner,
+        item.get("function"),
+        item.get("file"),
+        item.get("module"),
+        item.get("code"),
+        item.get("site"),
+        line,
     )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import PurePosixPath
 
-from memest.analysis.inductor import generated_key
+from memest.analysis.inductor import NO_MODULE_MAP, generated_key
 from memest.analysis.owners import COMPILED_PIECE, NO_STACK, UNATTRIBUTED
 from memest.analysis.stages import REMAINDER_OWNER
 
@@ -46,6 +46,10 @@ OWNER_LABELS = {
     "embedding": "token embeddings",
     "logits": "logits (lm_head)",
     "residual": "residual stream (layer output)",
+    "graph_output": "CUDA-graph output buffer (hidden states FULL graphs write)",
+    "graph_capture_state": "CUDA-graph capture state (torch generator seed / offset)",
+    "cublas_workspace": "cuBLAS workspace (torch, one per capture stream)",
+    "qkv_input": "QKV projection input (EAGLE3: both norms concatenated)",
     COMPILED_PIECE: "compiled code (Inductor call; owner not named)",
     "graph_pool_live_blocks": "graph-pool blocks live at the end of init",
     "default_pool_allocated_during_capture": "default-pool tensors kept from the capture",
@@ -77,6 +81,10 @@ OWNER_COLORS = {
     "embedding": "#8ca252",
     "logits": "#ad494a",
     "residual": "#7b4173",
+    "graph_output": "#6baed6",
+    "graph_capture_state": "#9c9ede",
+    "cublas_workspace": "#5254a3",
+    "qkv_input": "#8c6d31",
     COMPILED_PIECE: "#f0a202",
     "graph_pool_live_blocks": "#7f7f7f",
     "default_pool_allocated_during_capture": "#a1887f",
@@ -120,6 +128,12 @@ def owner_label(owner: str) -> str:
     key = owner_key(owner)
     if key in OWNER_LABELS:
         return OWNER_LABELS[key]
+    if key == f"{COMPILED_PIECE}:{NO_MODULE_MAP}":
+        return (
+            "compiled code — owner not named: this code was compiled in a start without memest, "
+            "so its module map was never recorded (start once with memest on and a cold compile "
+            "cache, or keep maps across starts in MEMEST_CODE_MAP_DIR)"
+        )
     if key.startswith(f"{COMPILED_PIECE}:"):
         return f"compiled code — owner not named: {key[len(COMPILED_PIECE) + 1 :]}"
     if not key.startswith(f"{UNATTRIBUTED}:"):

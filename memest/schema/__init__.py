@@ -25,6 +25,7 @@ from memest.schema.estimate import (
 from memest.schema.plan import CapturePlan, RunnerRow
 from memest.schema.report import (
     BuildInfo,
+    CompiledCall,
     CompiledCode,
     CompiledFile,
     CompiledNode,
@@ -45,6 +46,7 @@ __all__ = [
     "CompiledCode",
     "CompiledFile",
     "CompiledNode",
+    "CompiledCall",
     "CompiledSite",
     "EstimateComparison",
     "EstimateRecord",

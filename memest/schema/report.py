@@ -142,6 +142,15 @@ class CompiledSite(MemestModel):
     aten: list[str] = Field(default_factory=list, description="Original ATen ops of the kernel")
 
 
+class CompiledCall(MemestModel):
+    """One statement of Inductor's generated code that calls an op without allocating its
+    result there (``extern_kernels.mm(..., out=buf3)``): an allocation made at this line is the
+    op's own (a library workspace, for instance)."""
+
+    line: int = Field(ge=1)
+    kernel: str
+
+
 class CompiledFile(MemestModel):
     """Inductor's generated module: its allocation sites and its source nodes."""
 
@@ -150,6 +159,11 @@ class CompiledFile(MemestModel):
         "that runs the same generated code (compiled or loaded from a cache)"
     )
     sites: list[CompiledSite] = Field(default_factory=list)
+    calls: list[CompiledCall] = Field(
+        default_factory=list,
+        description="Op calls that write buffers allocated elsewhere (extern kernels, torch.ops); "
+        "empty in maps recorded before memest kept them",
+    )
     nodes: dict[str, CompiledNode] = Field(
         default_factory=dict,
         description="Source node name -> module and stack frame; empty when the graph behind "

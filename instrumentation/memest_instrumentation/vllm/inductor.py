@@ -255,7 +255,10 @@ def _file(key: str, path: str, notes: list[str]) -> CompiledFile | None:
     if nodes is None:
         nodes = guarded("compiled_code", _read_map, key) or {}
         if not nodes:
-            notes.append(f"{key}: no module map (compiled before memest recorded it)")
+            notes.append(
+                f"{key}: no module map (compiled in a start without memest; start once with "
+                "memest on and a cold compile cache, or keep maps in MEMEST_CODE_MAP_DIR)"
+            )
     listed = {name for site in parsed.sites for name in site.nodes}
     parsed.nodes = {
         name: node.model_copy(update={"inputs": listed_inputs(name, nodes, listed)})

@@ -85,5 +85,7 @@ def test_named_share_formula_ratio_and_cold_warm(
     out = capsys.readouterr().out
     # 6 MiB of 8 MiB pool growth is the named qkv projection; both allocations stay live
     assert "6.0 MiB of 8.0 MiB (75.0 %)" in out
-    assert "| target.piecewise | qkv_proj | 6.0 MiB | 12288 | 512 | 6.0 MiB | 1.00 |" in out
+    assert (
+        "| target.piecewise | qkv_proj | 6.0 MiB | 12288 B x 512 tokens | 6.0 MiB | 1.00 |" in out
+    )
     assert "owner tables identical" in out

@@ -94,7 +94,9 @@ def test_every_default_owner_has_a_readable_label() -> None:
         ),
         (
             f"{COMPILED_PIECE}:no module map recorded",
-            "compiled code — owner not named: no module map recorded",
+            "compiled code — owner not named: this code was compiled in a start without memest, "
+            "so its module map was never recorded (start once with memest on and a cold compile "
+            "cache, or keep maps across starts in MEMEST_CODE_MAP_DIR)",
         ),
         (
             f"{COMPILED_PIECE}:no rule for layers.*.mlp.mystery",
