@@ -246,6 +246,31 @@ def test_moe_sum_matches_reference(
     assert torch.allclose(out, torch.tensor(want, dtype=torch.float32), atol=1e-5)
 
 
+def test_moe_sum_reduces_into_the_output_without_a_float32_copy(
+    standins: types.ModuleType,
+) -> None:
+    """The CUDA kernel allocates nothing; the stand-in's only op is the sum into `output`."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    values = torch.randn(7, 8, 16, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    out = torch.empty(7, 16, dtype=torch.bfloat16)
+    with Ops() as ops:
+        standins.moe_sum(values, out)
+    assert ops.names == ["aten.sum.IntList_out"]
+    assert torch.allclose(out.float(), values.float().sum(dim=1), atol=0.1)
+
+
 def test_router_alignment_and_sum_compose_into_the_moe_output(standins: types.ModuleType) -> None:
     """Read the alignment as the Triton kernel does: block b multiplies the routes listed in
     sorted_token_ids[b * block_size:][:block_size] (row // top_k is the token, numel the filler)
