@@ -216,9 +216,6 @@ def _fill_block_experts(
     experts_ids.copy_(torch.where(used, owner, 0))
 
 
-MOE_SUM_CHUNK_BYTES = 4 << 20
-
-
 def moe_sum(
     input: torch.Tensor,
     output: torch.Tensor,
@@ -229,23 +226,20 @@ def moe_sum(
 
     With topk_ids and expert_map, slots whose expert is not on this rank (map -1) are skipped,
     as `TritonExperts.moe_sum` (fused_moe/experts/triton_moe.py) says. vLLM's tests compare the
-    kernel with torch.sum(input, dim=1); the sum is taken in float32. vLLM's kernel allocates
-    nothing, so the float32 copy is taken a chunk of tokens at a time (at most
-    MOE_SUM_CHUNK_BYTES): a whole-batch copy would put a transient into the device's memory
-    profile that real starts do not have (144 MiB per layer for Qwen3-MoE at 2,048 tokens).
+    kernel with torch.sum(input, dim=1). The CUDA kernel writes into `output` and allocates
+    nothing, so neither does this one without an expert map: torch.sum reduces straight into
+    `output` (accumulating bf16 in float32). An earlier version summed `input.float()`, a
+    float32 copy of the whole [tokens, top_k, hidden] input (128 MiB per layer for Qwen3-MoE at
+    2,047 tokens), which the H200 starts of calls 12 and 14 allocated and vLLM does not
+    (reports/vllm/README.md, "MoE and MLA at serving's first full-size step").
     """
-    num_tokens, top_k, hidden = input.shape
-    chunk = max(1, MOE_SUM_CHUNK_BYTES // max(1, top_k * hidden * 4))
-    for start in range(0, num_tokens, chunk):
-        end = min(start + chunk, num_tokens)
-        values = input[start:end].float()
-        if topk_ids is not None and expert_map is not None:
-            ids = topk_ids[start:end].long()
-            num_experts = expert_map.numel()
-            kept = (ids >= 0) & (ids < num_experts)
-            kept = kept & (expert_map.long()[ids.clamp(0, num_experts - 1)] >= 0)
-            values = torch.where(kept.unsqueeze(-1), values, 0.0)
-        output[start:end].copy_(values.sum(dim=1))
+    if topk_ids is not None and expert_map is not None:
+        ids = topk_ids.long()
+        num_experts = expert_map.numel()
+        kept = (ids >= 0) & (ids < num_experts)
+        kept = kept & (expert_map.long()[ids.clamp(0, num_experts - 1)] >= 0)
+        input = torch.where(kept.unsqueeze(-1), input, 0.0)  # expert parallelism only
+    torch.sum(input, dim=1, out=output)
 
 
 # --------------------------------------------------------------------------- MLA cache

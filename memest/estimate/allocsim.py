@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal
@@ -134,6 +134,34 @@ class PoolSim:
 
     def result(self) -> SimResult:
         return SimResult(sum(self.segments), list(self.segments), list(self.triggers))
+
+    def seed_segment(
+        self, blocks: Sequence[tuple[int, int, bool]], *, stream: int = 0, small: bool = False
+    ) -> None:
+        """Add a segment that exists before the sequence begins, with its blocks in order.
+
+        ``blocks`` are (address, size, allocated), contiguous: a snapshot's segment. Its free
+        blocks are reusable at once; its allocated blocks stay held (a free in the sequence
+        cannot name them). The segment is not counted in :meth:`result`, which reports what
+        the sequence adds. New segments are placed above it.
+
+        Raises:
+            InvariantError: the blocks are empty or not contiguous.
+        """
+        if not blocks:
+            raise InvariantError("a seeded segment needs at least one block")
+        prev: _Block | None = None
+        for addr, size, allocated in blocks:
+            if prev is not None and prev.addr + prev.size != addr:
+                raise InvariantError(f"seeded block {addr:#x} does not follow {prev.addr:#x}")
+            block = _Block(addr, size, stream, small, allocated, prev)
+            if prev is not None:
+                prev.next = block
+            if not allocated:
+                self._insert_free(block)
+            prev = block
+        assert prev is not None
+        self._next_addr = max(self._next_addr, prev.addr + prev.size + ROUND_LARGE_BYTES)
 
     def apply(self, ev: SimEvent) -> None:
         if ev.kind == "alloc":

@@ -145,3 +145,35 @@ def test_free_of_unknown_handle_is_ignored_and_double_alloc_is_refused() -> None
     sim.alloc(1, 512, 0)
     with pytest.raises(InvariantError, match="already live"):
         sim.alloc(1, 512, 0)
+
+
+def test_seeded_segment_free_block_is_reused_before_a_new_segment() -> None:
+    # A 20 MiB segment from before the sequence: 4 MiB held, 16 MiB free above it.
+    base = 1 << 40
+    sim = PoolSim()
+    sim.seed_segment([(base, 4 * MiB, True), (base + 4 * MiB, 16 * MiB, False)])
+    sim.alloc(1, 12 * MiB, 0)  # fits the free 16 MiB block (split: 4 MiB > 1 MiB remains)
+    sim.alloc(2, 3 * MiB, 0)  # the 4 MiB remainder
+    assert sim.result().segments == []
+    sim.alloc(3, 12 * MiB, 0)  # nothing free: a new segment, counted
+    assert sim.result().segments == [12 * MiB]
+    sim.free(1)  # merges back with its free neighbours only, never with the held block
+    assert (0, 12 * MiB, base + 4 * MiB) in sim.free_blocks()
+
+
+def test_a_held_block_in_a_cached_segment_makes_the_next_large_request_reserve() -> None:
+    """Fragmentation from a cached state: a small request best-fit into a freed large block
+    splits it, and the large request that follows needs a segment of its own."""
+    base = 1 << 40
+    sim = PoolSim()
+    sim.seed_segment([(base, 128 * MiB, False)])
+    sim.alloc(1, 16 * MiB, 0)  # the only free large block: split off the 128 MiB segment
+    sim.alloc(2, 120 * MiB, 0)
+    assert sim.result().segments == [120 * MiB]
+
+
+def test_seeded_blocks_must_be_contiguous() -> None:
+    with pytest.raises(InvariantError):
+        PoolSim().seed_segment([(0, 2 * MiB, False), (4 * MiB, 2 * MiB, False)])
+    with pytest.raises(InvariantError):
+        PoolSim().seed_segment([])
