@@ -45,6 +45,8 @@ from memest.schema.report import CompiledCode, CompiledFile, CompiledNode, Compi
 UNATTRIBUTED = "unattributed"
 NO_STACK = "<no stack>"
 COMPILED_PIECE = "compiled_piece"
+#: torch's cuBLAS workspace, allocated inside a GEMM call once per (handle, stream) and kept.
+CUBLAS_WORKSPACE = "cublas_workspace"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +157,7 @@ _VLLM_0_33_COMPILED_RULES: tuple[OwnerRule, ...] = (
     # What the generated code's structure says when no source node names an allocation.
     # torch's cuBLAS workspace: allocated on a stream's first GEMM (one per capture stream,
     # kept for the stream's life; torch.backends.cuda.cublas_workspace_size).
-    OwnerRule("cublas_workspace", site="call extern_kernels.*mm"),
+    OwnerRule(CUBLAS_WORKSPACE, site="call extern_kernels.*mm"),
     # vLLM splits the graph at its attention ops (CompilationConfig._attention_ops), whose output
     # the piece before allocates (Attention.forward's torch.empty) and does not write.
     OwnerRule("attn_output", site="unwritten"),

@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from memest.analysis.owners import COMPILED_PIECE
+from memest.analysis.owners import COMPILED_PIECE, CUBLAS_WORKSPACE
 from memest.errors import ConfigError, ReportFormatError
 from memest.estimate.inverse import concurrency_at
 from memest.estimate.kv import kv_bytes_per_token, kv_tokens, layer_kv_bytes, require_fit
@@ -545,13 +545,17 @@ def _kv_alloc_extra(report: RunReport) -> int:
 
 
 def _drafter_workspaces(report: RunReport) -> dict[str, tuple[int, int]]:
-    """Default-pool bytes each capture stage's compiled model keeps, per phase:
-    {stage: (kept after graph profiling, kept after capture)} from the retained rows."""
+    """Default-pool bytes each capture stage keeps, per phase: {stage: (kept after graph
+    profiling, kept after capture)} from the retained rows: the cuBLAS workspace of the stage's
+    capture stream (32 MiB on the H200 starts)."""
     out: dict[str, tuple[int, int]] = {}
     rows = [] if report.breakdown is None else report.breakdown.retained
     for r in rows:
-        unnamed = r.owner == COMPILED_PIECE or r.owner.startswith(f"{COMPILED_PIECE}:")
-        if not unnamed or r.phase not in ("graph_profiling", "capture"):
+        # Reports whose analysis could not name the block call it compiled_piece[:reason].
+        kept = r.owner in (CUBLAS_WORKSPACE, COMPILED_PIECE) or r.owner.startswith(
+            f"{COMPILED_PIECE}:"
+        )
+        if not kept or r.phase not in ("graph_profiling", "capture"):
             continue
         prof, cap = out.get(r.stage, (0, 0))
         out[r.stage] = (
@@ -602,10 +606,11 @@ def _drafter_terms(
     - weights (memest.estimate.drafter_weights, from the drafter's config);
     - buffers allocated with the KV cache: the target's once and one copy per speculative token
       (real H200 starts: 4.06 MiB without a drafter, 16.25 MiB at K=3, 24.38 MiB at K=5);
-    - the default-pool workspace each compiled drafter model keeps, once after graph profiling
-      (profiling residue) and once after capture (runner buffers): the step-0 PIECEWISE and the
-      later-step FULL models keep one each, as large as the target PIECEWISE model's (32 MiB
-      each on the EAGLE3 starts); a dropped drafter frees exactly what G's report retained.
+    - the cuBLAS workspace each of the drafter's capture streams keeps (torch allocates one per
+      handle and stream inside the first GEMM), once after graph profiling (profiling residue)
+      and once after capture (runner buffers): the step-0 PIECEWISE and the later-step FULL
+      models keep one each, as large as the target PIECEWISE stage's (32 MiB each on the EAGLE3
+      starts); a dropped drafter frees exactly what G's report retained.
     """
     k_g, k_to = grid_g.num_speculative_tokens, grid_to.num_speculative_tokens
     added, dropped = grid_g.speculative_method is None, grid_to.speculative_method is None
@@ -634,7 +639,7 @@ def _drafter_terms(
     for term, change in (("profiling_residue_bytes", prof), ("runner_buffer_bytes", cap)):
         if change:
             moves[term] = moves.get(term, 0) + change
-            law = "drafter: compiled models' default-pool workspaces"
+            law = "drafter: cuBLAS workspaces of its capture streams"
             laws[term] = "; ".join(x for x in (laws.get(term), law) if x)
     return moves, laws
 

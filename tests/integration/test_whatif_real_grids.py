@@ -86,3 +86,26 @@ def test_kv_budget_and_pools_of_the_real_grid(
     assert set(measured) <= set(predicted) | {s for s, b in measured.items() if b == 0}
     for stage, b in measured.items():
         assert abs(predicted.get(stage, 0) - b) <= 0.05 * b, stage
+
+
+def test_adding_the_drafter_reads_the_cublas_workspace_by_either_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A's report (analysed on the device before the block was named) calls the capture
+    stream's cuBLAS workspace compiled_piece:<reason>; today's rules call it cublas_workspace.
+    Both reports must give the drafter the same workspaces, so the same KV budget."""
+    data = json.loads(Path(f"{A}.report.rank0.json").read_text())
+    renamed = 0
+    for row in data["breakdown"]["retained"]:
+        if row["owner"].startswith("compiled_piece:"):
+            row["owner"] = "cublas_workspace"
+            renamed += 1
+    assert renamed
+    relabelled = tmp_path / "report.json"
+    relabelled.write_text(json.dumps(data))
+    grid = json.dumps(CASES[2][0])
+    common = ["--grid", grid, "--drafter-config", str(DRAFTER)]
+    before = _estimate(capsys, "--from", f"{A}.report.rank0.json", *common)["what_if"]
+    after = _estimate(capsys, "--from", str(relabelled), *common)["what_if"]
+    assert after["kv_budget_bytes_to"] == before["kv_budget_bytes_to"]
+    assert after["terms_to"]["runner_buffer_bytes"] > after["terms_from"]["runner_buffer_bytes"]
