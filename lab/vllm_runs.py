@@ -129,6 +129,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
         **MLA_ATTENTION,
     },
 }
+# vLLM alone and the plugin's defaults, alternating warm starts of A (startup overhead).
+ALTERNATING = [("A_llama8b_s128_t4096", "alone"), ("A_llama8b_s128_t4096", "default")] * 3
 GROUPS: dict[str, list[tuple[str, str]]] = {
     "1": [
         ("A_llama8b_s128_t4096", "apply"),
@@ -241,12 +243,7 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     "owners2": [
         ("A_llama8b_s128_t4096", "enable"),
         ("C_llama8b_eagle3k3_s64_t4096", "enable"),
-        ("A_llama8b_s128_t4096", "alone"),
-        ("A_llama8b_s128_t4096", "default"),
-        ("A_llama8b_s128_t4096", "alone"),
-        ("A_llama8b_s128_t4096", "default"),
-        ("A_llama8b_s128_t4096", "alone"),
-        ("A_llama8b_s128_t4096", "default"),
+        *ALTERNATING,
     ],
     # W2 again with its step filled to 8,191 tokens (two prompts), then the MoE shape compiled
     # with memest on (map of generated code recorded) and the step's allocator history kept.
@@ -254,16 +251,9 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("W2_llama8b_s128_t8192", "apply-cold"),
         ("M_qwen3moe8l_s64_t2048", "apply-hist-cold-stephist"),
     ],
-    # The reported stall (cold apply start, EAGLE3 K=5): the earlier tree, then this one.
     # Startup overhead of the plugin's defaults: alternating warm starts (the first compiles).
-    "overhead": [
-        ("A_llama8b_s128_t4096", "alone"),
-        ("A_llama8b_s128_t4096", "default"),
-        ("A_llama8b_s128_t4096", "alone"),
-        ("A_llama8b_s128_t4096", "default"),
-        ("A_llama8b_s128_t4096", "alone"),
-        ("A_llama8b_s128_t4096", "default"),
-    ],
+    "overhead": ALTERNATING,
+    # The reported stall (cold apply start, EAGLE3 K=5): the earlier tree, then this one.
     "9": [
         ("E_llama8b_eagle3k5_s96_t4096_u088", "apply-cold-old"),
         ("E_llama8b_eagle3k5_s96_t4096_u088", "alone"),

@@ -13,8 +13,9 @@ Names are imported on first use, so importing one submodule (the vLLM plugin imp
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from memest.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from memest.analysis.owners import OwnerRule, OwnerRules
@@ -48,14 +49,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """The names above and the submodules, each imported on first use."""
-    module = _SOURCES.get(name)
-    if module is None:
-        try:
-            return importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _SOURCES, globals())

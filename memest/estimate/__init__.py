@@ -8,11 +8,11 @@ Names are imported on first use, so importing one submodule (the vLLM plugin imp
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 # Imported now: ``compare`` is also the name of its submodule, which would shadow a lazy name.
 from memest.estimate.compare import compare, record, usage_bytes
+from memest.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from memest.estimate.accounting import BudgetSplit, account, budget_splits, gpu_parts
@@ -93,14 +93,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """The names above and the submodules, each imported on first use."""
-    module = _SOURCES.get(name)
-    if module is None:
-        try:
-            return importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _SOURCES, globals())

@@ -111,18 +111,23 @@ def synthetic_rows(
         for key in sorted({k for k in (*measured, *program) if k[0] == stage}):
             was, before, after = measured.get(key, 0), at_g.get(key, 0), at_to.get(key, 0)
             predicted = max(was + after - before, 0)
-            out.append(
-                OwnerPrediction(
-                    stage=stage,
-                    owner=key[1],
-                    law="synthetic_trace",
-                    measured_bytes=was,
-                    factor=predicted / was if was else 0.0,
-                    predicted_bytes=predicted,
-                    note=f"synthetic request trace: {before} B at G, {after} B at G'",
-                )
-            )
+            note = f"synthetic request trace: {before} B at G, {after} B at G'"
+            out.append(_row(key, was, predicted, predicted / was if was else 0.0, note))
     return out
+
+
+def _row(
+    key: tuple[str, str], was: int, predicted: int, factor: float, note: str
+) -> OwnerPrediction:
+    return OwnerPrediction(
+        stage=key[0],
+        owner=key[1],
+        law="synthetic_trace",
+        measured_bytes=was,
+        factor=factor,
+        predicted_bytes=predicted,
+        note=note,
+    )
 
 
 def _stage_rows(
@@ -144,17 +149,7 @@ def _stage_rows(
     for i, (key, b) in enumerate(rows):
         share = left if i == len(rows) - 1 else round(b * factor)
         left -= share
-        out.append(
-            OwnerPrediction(
-                stage=stage,
-                owner=key[1],
-                law="synthetic_trace",
-                measured_bytes=b,
-                factor=factor,
-                predicted_bytes=share,
-                note=note,
-            )
-        )
+        out.append(_row(key, b, share, factor, note))
     return out
 
 
