@@ -98,6 +98,18 @@ _VLLM_0_33_RULES: tuple[OwnerRule, ...] = (
     OwnerRule("draft_logits", "sample_draft", "*spec_decode/*"),
     OwnerRule("attn_output", "_alloc_attn_out"),
     OwnerRule("qnorm_rope_kv_insert", "_fused_qnorm_rope_kv_insert"),
+    # MLA (mla_attention.py, the MLA backends): the chunked-prefill workspace the metadata
+    # builder keeps (and the profile pass's stand-in for kv_b_proj's output over it, line 939),
+    # the prefill's k and attention, the decode's latent q and its output / LSE
+    OwnerRule("mla_prefill_workspace", "__init__", "*/layers/attention/mla_attention.py"),
+    OwnerRule(
+        "mla_prefill_workspace", "forward_impl", "*/layers/attention/mla_attention.py", line=939
+    ),
+    OwnerRule("mla_prefill", "_concat_k_nope_k_pe", "*/layers/attention/mla_attention.py"),
+    OwnerRule("mla_prefill", "forward_mha", "*/layers/attention/mla_attention.py"),
+    OwnerRule("mla_prefill", "*", "*/attention/backends/mla/prefill/*"),
+    OwnerRule("mla_decode", "forward_impl", "*/layers/attention/mla_attention.py"),
+    OwnerRule("mla_decode", "forward_mqa", "*/attention/backends/mla/*"),
     OwnerRule("moe_workspace", "_allocate_buffers", "*fused_moe/*"),
     OwnerRule("moe_workspace", "*", "*/fused_moe/*"),
     OwnerRule("gemm_workspace", "*gemm*", "*vllm/*"),
