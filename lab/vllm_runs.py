@@ -253,6 +253,14 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     ],
     # Startup overhead of the plugin's defaults: alternating warm starts (the first compiles).
     "overhead": ALTERNATING,
+    # The MoE shape again with the stand-in moe_sum that allocates nothing (vLLM alone, memest
+    # apply, its plan), then the plugin's defaults against vLLM alone, alternating.
+    "verify": [
+        ("M_qwen3moe8l_s64_t2048", "alone"),
+        ("M_qwen3moe8l_s64_t2048", "apply-hist"),
+        ("M_qwen3moe8l_s64_t2048", "plan"),
+        *ALTERNATING,
+    ],
     # The reported stall (cold apply start, EAGLE3 K=5): the earlier tree, then this one.
     "9": [
         ("E_llama8b_eagle3k5_s96_t4096_u088", "apply-cold-old"),
@@ -503,6 +511,7 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
     site = plugin_site()
     t_begin = time.monotonic()
     failed: set[str] = set()
+    seen: dict[str, int] = {}
     for cfg_name, mode_spec in GROUPS[group]:
         if cfg_name in failed:
             print(f"SKIP {cfg_name}/{mode_spec}: an earlier start of it failed", flush=True)
@@ -518,10 +527,15 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         if left < 45:
             print(f"SKIP {cfg_name}/{mode}: {left:.0f}s left", flush=True)
             continue
+        # a configuration started the same way again in the group keeps its own files
+        name = f"{cfg_name}.{mode_spec}"
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            name = f"{name}.{seen[name]}"
         env = dict(os.environ)
         env["PYTHONPATH"] = pypath
         env["MEMEST_OUTPUT_DIR"] = str(OUT / "memest")
-        env["MEMEST_RUN_ID"] = f"{cfg_name}.{mode_spec}"
+        env["MEMEST_RUN_ID"] = name
         env["PYTHONUNBUFFERED"] = "1"
         env["MEMEST_CODE_MAP_DIR"] = str(CACHE / "memest_code_maps")  # a cold start clears it
         env.pop("MEMEST_ENABLE", None)
@@ -546,8 +560,8 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         if "stephist" in flags:
             env["STEP_HISTORY"] = "1"
             env["STEP_HISTORY_PATH"] = str(OUT / "starts" / f"{cfg_name}.{mode_spec}.step.pickle")
-        res_path = OUT / "starts" / f"{cfg_name}.{mode_spec}.json"
-        log_path = OUT / "starts" / f"{cfg_name}.{mode_spec}.log"
+        res_path = OUT / "starts" / f"{name}.json"
+        log_path = OUT / "starts" / f"{name}.log"
         cmd = [sys.executable, __file__, "--child", cfg_name, mode, str(res_path)]
         t0 = time.monotonic()
         rc: object
