@@ -66,6 +66,26 @@ class ModelShape(MemestModel):
     target_hidden_size: int | None = Field(default=None, ge=1, description="EAGLE3 drafters")
     num_aux_hidden_states: int | None = Field(default=None, ge=1, description="EAGLE3 drafters")
     tie_word_embeddings: bool | None = None
+    model_type: str | None = None
+    # Mixture of experts (Qwen3-MoE / Mixtral / DeepSeek names): the fused-MoE workspace, the
+    # experts' weights
+    num_experts: int | None = Field(default=None, ge=1)
+    n_routed_experts: int | None = Field(default=None, ge=1)
+    num_local_experts: int | None = Field(default=None, ge=1)
+    num_experts_per_tok: int | None = Field(default=None, ge=1)
+    moe_intermediate_size: int | None = Field(default=None, ge=1)
+    n_shared_experts: int | None = Field(default=None, ge=0)
+    shared_expert_intermediate_size: int | None = Field(default=None, ge=0)
+    first_k_dense_replace: int | None = Field(default=None, ge=0)
+    moe_layer_freq: int | None = Field(default=None, ge=1)
+    decoder_sparse_step: int | None = Field(default=None, ge=1)
+    mlp_only_layers: list[int] | None = None
+    # Multi-head latent attention (DeepSeek-V2/V3): the KV cache's latent width
+    kv_lora_rank: int | None = Field(default=None, ge=1)
+    q_lora_rank: int | None = Field(default=None, ge=1)
+    qk_nope_head_dim: int | None = Field(default=None, ge=1)
+    qk_rope_head_dim: int | None = Field(default=None, ge=0)
+    v_head_dim: int | None = Field(default=None, ge=1)
 
 
 class RunConfig(MemestModel):

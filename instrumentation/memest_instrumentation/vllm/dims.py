@@ -10,8 +10,8 @@ from typing import Any
 
 from memest.schema import ModelShape
 
-#: ModelShape fields read from the config under the same name (hidden_size, vocab_size and
-#: dtype are read apart).
+#: ModelShape fields read from the config under the same name (hidden_size, vocab_size, dtype,
+#: model_type and mlp_only_layers are read apart): what memest.estimate.model_shape reads.
 _OPTIONAL_INTS = (
     "intermediate_size",
     "num_attention_heads",
@@ -20,6 +20,21 @@ _OPTIONAL_INTS = (
     "draft_vocab_size",
     "target_hidden_size",
     "num_aux_hidden_states",
+    "num_experts",
+    "n_routed_experts",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "shared_expert_intermediate_size",
+    "first_k_dense_replace",
+    "moe_layer_freq",
+    "decoder_sparse_step",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
 )
 
 
@@ -57,6 +72,12 @@ def model_shape(model_config: Any) -> ModelShape | None:
         fields["dtype"] = str(dtype).removeprefix("torch.")
     arch = getattr(hf, "architectures", None) or []
     fields["architectures"] = [str(a) for a in arch]
+    model_type = getattr(hf, "model_type", None)
+    if isinstance(model_type, str) and model_type:
+        fields["model_type"] = model_type
+    only = getattr(hf, "mlp_only_layers", None)
+    if isinstance(only, (list, tuple)) and all(_positive(i) is not None for i in only):
+        fields["mlp_only_layers"] = [int(i) for i in only]
     tie = getattr(hf, "tie_word_embeddings", None)
     if isinstance(tie, bool):
         fields["tie_word_embeddings"] = tie

@@ -120,3 +120,43 @@ def test_missing_dimensions_record_nothing() -> None:
     )
     shape = dims.model_shape(half)
     assert shape is not None and shape.dtype == "float16" and shape.head_dim is None
+
+
+MOE_REPORT = (
+    ROOT
+    / "reports/vllm/raw/call14.M_qwen3moe8l_s64_t2048.apply-hist-cold-stephist.report.rank0.json"
+)
+
+
+@pytest.mark.vllm
+def test_moe_dims_recorded_from_vllms_model_config_move_the_moe_workspace(tmp_path: Path) -> None:
+    """A Qwen3-MoE report whose dims the plugin recorded from vLLM's ModelConfig gives the same
+    what-if as the model's config.json given by hand: the fused-MoE workspace, sized by
+    max_num_batched_tokens, moves with the grid."""
+    vllm_or_skip()
+    from memest_instrumentation.vllm import dims
+    from vllm.config import ModelConfig
+
+    folder = tmp_path / "qwen3moe"
+    folder.mkdir()
+    shutil.copy(ROOT / "lab/models/qwen3moe_8l/config.json", folder / "config.json")
+    target = ModelConfig(model=str(folder), skip_tokenizer_init=True, max_model_len=4096)
+    recorded = dims.model_shape(target)
+    assert recorded is not None
+    assert (recorded.num_experts, recorded.num_experts_per_tok) == (128, 8)
+
+    report = RunReport.model_validate_json(MOE_REPORT.read_text())
+    report = report.model_copy(
+        update={"config": report.config.model_copy(update={"model_dims": recorded})}
+    )
+    config = json.loads((folder / "config.json").read_text())
+    grid = {"max_num_batched_tokens": 4096}
+    from_report = what_if(report, grid, dims=ModelDims.from_report(report))
+    from_config = what_if(report, grid, dims=ModelDims.from_report(report, config))
+    assert from_report.terms_to is not None and from_report.terms_from is not None
+    moved = (
+        from_report.terms_to.profiling_residue_bytes
+        - from_report.terms_from.profiling_residue_bytes
+    )
+    assert moved > 0
+    assert from_report.kv_budget_bytes_to == from_config.kv_budget_bytes_to
