@@ -135,9 +135,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.report_cache = store.ReportCache(settings.report_cache_size)
     app.state.response_cache = store.ResponseCache(settings.report_cache_size)
 
-    def latest() -> list[RunReport]:
+    def latest() -> list[tuple[RunReport, str]]:
         with app.state.sessionmaker() as session:
-            return [app.state.report_cache.get(r) for r in store.latest_per_build(session)]
+            return store.latest_per_config(session, app.state.report_cache.get)
 
     app.state.metrics = ServiceMetrics(latest)
     install_handlers(app)

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from memest.identity import stored_form
 from memest.schema import SCHEMA_VERSION, RunReport
 from memest.service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from memest.service.store import MAX_INT64, to_utc
+from memest.service.store import MAX_FINGERPRINT_CHARS, MAX_INT64, to_utc
 
 _ID_RE = re.compile(r"^[A-Za-z0-9._:@+-]{1,200}$")
 #: Deepest nesting of objects and arrays accepted in a report. Real reports nest less than 10
@@ -30,6 +30,7 @@ _LENGTHS = {
     "build.vllm_commit": 64,
     "build.vllm_version": 64,
     "gpu.name": 200,
+    "config_fingerprint": MAX_FINGERPRINT_CHARS,
 }
 
 
@@ -167,6 +168,7 @@ def check_storable(report: RunReport) -> None:
         "build.vllm_commit": report.build.vllm_commit,
         "build.vllm_version": report.build.vllm_version,
         "gpu.name": report.gpu.name if report.gpu else None,
+        "config_fingerprint": report.config_fingerprint,
     }
     for field, value in values.items():
         if value is None:

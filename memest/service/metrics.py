@@ -1,5 +1,10 @@
-"""Prometheus series: graph-pool bytes per model/build/stage/owner, estimator error, KV tokens,
-and ingest counters. One registry per app, so several apps (tests) never share series."""
+"""Prometheus series: graph-pool bytes per model/build/configuration/stage/owner, estimator error,
+KV tokens, and ingest counters. One registry per app, so several apps (tests) never share series.
+
+The stored series are labelled ``model``, ``build`` and ``config`` (the configuration
+fingerprint the history page shows): one set per configuration actually started with a build,
+so their number is bounded by the stored runs' distinct (model, build, configuration), never
+by the runs themselves."""
 
 from __future__ import annotations
 
@@ -16,28 +21,31 @@ from memest.schema import RunReport
 
 
 def _gauge(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, labels=["model", "build", *labels])
+    return GaugeMetricFamily(name, documentation, labels=["model", "build", "config", *labels])
 
 
 class _StoredReports(Collector):
-    """Gauges computed at scrape time from the newest run of every (model, build).
+    """Gauges computed at scrape time from the newest run of every (model, build, configuration).
 
-    Every figure comes from the run's accounting (memest.estimate.account), one series each.
+    ``latest`` gives each such run's lead report with its configuration fingerprint, oldest
+    first. Every figure comes from the run's accounting (memest.estimate.account), one series
+    each: should two entries carry the same labels, the newer one is exported.
     """
 
-    def __init__(self, latest: Callable[[], list[RunReport]]) -> None:
+    def __init__(self, latest: Callable[[], list[tuple[RunReport, str]]]) -> None:
         self._latest = latest
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         pool = _gauge(
             "memest_graph_pool_bytes",
-            "Graph-pool growth of the newest run per model and build, by capture stage and owner",
+            "Graph-pool growth of the newest run per model, build and configuration, by capture "
+            "stage and owner",
             "stage",
             "owner",
         )
         pool_total = _gauge(
             "memest_graph_pool_total_bytes",
-            "Graph-pool growth over capture of the newest run per model and build",
+            "Graph-pool growth over capture of the newest run per model, build and configuration",
         )
         kv = _gauge("memest_kv_tokens", "KV-cache capacity in tokens")
         kv_bytes = _gauge("memest_kv_cache_bytes", "KV cache the start allocated, bytes")
@@ -48,8 +56,13 @@ class _StoredReports(Collector):
             "itself",
             "estimator",
         )
-        for rep in self._latest():
-            labels = [rep.model, with_default_label(rep.build).label]
+        newest: dict[tuple[str, str, str], RunReport] = {}
+        for rep, fp in self._latest():
+            key = (rep.model, with_default_label(rep.build).label, fp)
+            newest.pop(key, None)
+            newest[key] = rep
+        for (model, build, fp), rep in newest.items():
+            labels = [model, build, fp]
             for bar in stage_bars(rep):
                 for seg in bar.owners:
                     pool.add_metric([*labels, bar.stage, seg.owner], seg.bytes)
@@ -71,7 +84,7 @@ class _StoredReports(Collector):
 class ServiceMetrics:
     """The app's registry, and its ingest counters."""
 
-    def __init__(self, latest: Callable[[], list[RunReport]]) -> None:
+    def __init__(self, latest: Callable[[], list[tuple[RunReport, str]]]) -> None:
         self.registry = CollectorRegistry()
         self.ingested = Counter(
             "memest_ingest_reports",

@@ -25,6 +25,9 @@ class Run(Base):
     gpu_name: Mapped[str | None] = mapped_column(String(200), index=True)
     source: Mapped[str] = mapped_column(String(32))
     world_size: Mapped[int] = mapped_column(Integer)
+    #: The lead report's configuration fingerprint (memest.reporters.views.fingerprint), as the
+    #: history page shows it; None only where it could not be stored (read from the report then).
+    config_fingerprint: Mapped[str | None] = mapped_column(String(200), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 

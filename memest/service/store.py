@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from memest.identity import model_display_name, stored_form
-from memest.reporters.views import graph_pool_bytes, kv_tokens
+from memest.reporters.views import fingerprint, graph_pool_bytes, kv_tokens
 from memest.schema import RunReport
 from memest.service.db import write_session
 from memest.service.errors import BadRequest, Conflict, NotFound
@@ -23,6 +23,8 @@ from memest.service.models import Report, Run
 
 IngestStatus = Literal["created", "exists"]
 MAX_INT64 = 2**63 - 1
+#: Longest configuration fingerprint stored on a run (the column's length).
+MAX_FINGERPRINT_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,16 @@ def _figure(read: Callable[[RunReport], int | None], report: RunReport, field: s
         raise BadRequest(
             f"{field}: a figure computed from it is out of range ({message})", field=field
         ) from None
+
+
+def run_fingerprint(report: RunReport) -> str | None:
+    """The fingerprint stored on a run whose lead report is ``report``: the one the history page
+    shows (memest.reporters.views.fingerprint); None when the column cannot hold it (a report
+    stored before ingest bounded it), and readers then take it from the report."""
+    value = fingerprint(report)
+    if len(value) > MAX_FINGERPRINT_CHARS or "\x00" in value:
+        return None
+    return value
 
 
 def _check_run(run: Run, report: RunReport) -> None:
@@ -122,6 +134,7 @@ def _ingest_once(factory: sessionmaker[Session], report: RunReport, payload: str
                 gpu_name=report.gpu.name if report.gpu else None,
                 source=report.source,
                 world_size=report.world_size,
+                config_fingerprint=run_fingerprint(report),
                 created_at=to_utc(report.created_at, "created_at"),
                 ingested_at=now,
             )
@@ -143,6 +156,12 @@ def _ingest_once(factory: sessionmaker[Session], report: RunReport, payload: str
                     f"run {report.run_id!r} already has rank {report.rank} (report {taken!r})",
                     field="rank",
                 )
+            lowest = session.scalar(
+                select(func.min(Report.rank)).where(Report.run_id == report.run_id)
+            )
+            if lowest is None or report.rank < lowest:
+                # The run's lead report (lowest rank) changes: so does its fingerprint.
+                run.config_fingerprint = run_fingerprint(report)
         session.add(
             Report(
                 report_id=report.report_id,
@@ -370,16 +389,39 @@ def model_runs(session: Session, model: str) -> list[Run]:
     return list(runs)
 
 
-def latest_per_build(session: Session) -> list[Report]:
-    """Lead report of the newest run for every (model, build label): the series /metrics exports."""
-    runs = session.scalars(select(Run).order_by(Run.created_at, Run.run_id)).all()
-    latest: dict[tuple[str, str], str] = {}
-    for run in runs:
-        latest[(run.model, run.build_label)] = run.run_id
+def latest_per_config(
+    session: Session, parse: Callable[[Report], RunReport]
+) -> list[tuple[RunReport, str]]:
+    """The newest run of every (model, build label, configuration fingerprint), oldest first:
+    its lead report and fingerprint; the series /metrics exports.
+
+    The fingerprint is the one stored on the run (no report is parsed to group runs); a run
+    stored without one gets it from its lead report, computed the same way.
+    """
+    rows = session.execute(
+        select(Run.run_id, Run.model, Run.build_label, Run.config_fingerprint).order_by(
+            Run.created_at, Run.run_id
+        )
+    ).all()
+    latest: dict[tuple[str, str, str], tuple[str, Report | None]] = {}
+    for run_id, model, build, stored in rows:
+        lead: Report | None = None
+        fp = stored
+        if fp is None:
+            try:
+                lead = lead_report(session, run_id)
+            except NotFound:
+                continue
+            fp = fingerprint(parse(lead))
+        key = (model, build, fp)
+        latest.pop(key, None)  # re-inserted last: the dict stays in order of each key's newest
+        latest[key] = (run_id, lead)
     out = []
-    for run_id in latest.values():
-        try:
-            out.append(lead_report(session, run_id))
-        except NotFound:
-            continue
+    for (_, _, fp), (run_id, lead) in latest.items():
+        if lead is None:
+            try:
+                lead = lead_report(session, run_id)
+            except NotFound:
+                continue
+        out.append((parse(lead), fp))
     return out

@@ -3,7 +3,8 @@
 Each real vLLM report under tests/data/reports is stored in a fresh service; the five figures
 an operator reads (usage minus budget, KV tokens, KV bytes, graph pool, non-KV bytes) are read
 from `memest estimate --json`, `memest report`, the run JSON, the model page's text and
-`/metrics`, and must be identical. `/metrics` never repeats a series.
+`/metrics`, and must be identical. `/metrics` never repeats a series, and labels each one with
+the configuration fingerprint the history shows.
 """
 
 from __future__ import annotations
@@ -133,7 +134,10 @@ def test_every_surface_shows_the_same_figures(
     assert run["run"]["build"] == build
     assert f'<strong id="build">{build}</strong>' in page
     assert build in client.get("/").text
-    labels = (("build", build), ("model", model))
+    history = client.get("/api/v1/history", params={"model": model}).json()
+    (fingerprint,) = [p["config_fingerprint"] for p in history["points"]]
+    assert fingerprint and fingerprint in client.get(f"/history/{quote(model, safe='')}").text
+    labels = (("build", build), ("config", fingerprint), ("model", model))
     samples = _metric_samples(client.get("/metrics").text)
     for figure, name in SERIES.items():
         assert samples.get((name, labels)) == api[figure], figure
@@ -194,3 +198,34 @@ def _check_whole_gpu(page: str, api: dict[str, Any], report: dict[str, Any]) -> 
     usage = re.search(r'class="gpu-usage"[^>]*data-bytes="(\d+)"', picture.group(1))
     assert budget is not None and int(budget.group(1)) == api["budget_bytes"]
     assert usage is not None and int(usage.group(1)) == api["usage_bytes"]
+
+
+def test_one_series_per_configuration_of_a_model(make_client: MakeClient) -> None:
+    # GIVEN every real report stored in one service: one model and build, started at several
+    # configurations (grids, utilization, drafter), some of them more than once
+    client: TestClient = make_client()
+    reports = [json.loads(p.read_text()) for p in REPORTS]
+    for report in reports:
+        assert client.post("/api/v1/reports", json=report, headers=AUTH).status_code == 201
+    models = {model_display_name(r["model"]) for r in reports}
+    # WHEN /metrics is scraped (twice: the series must not move between scrapes)
+    scrapes = [_metric_samples(client.get("/metrics").text) for _ in range(2)]
+    assert scrapes[0] == scrapes[1]
+    samples = scrapes[0]
+    # THEN each configuration the history shows has one series, the newest run of it
+    newest: dict[tuple[str, str, str], str] = {}
+    for model in models:
+        points = client.get("/api/v1/history", params={"model": model}).json()["points"]
+        for p in points:  # oldest first
+            newest[(model, p["build"], p["config_fingerprint"])] = p["run_id"]
+    assert len({fp for _, _, fp in newest}) > 1
+    kv = {k[1]: v for k, v in samples.items() if k[0] == "memest_kv_tokens"}
+    expected = {}
+    for (model, build, fp), run_id in newest.items():
+        run = client.get(f"/api/v1/runs/{quote(run_id, safe='')}").json()
+        if run["accounting"]["kv_tokens"] is not None:
+            labels = (("build", build), ("config", fp), ("model", model))
+            expected[labels] = run["accounting"]["kv_tokens"]
+    assert kv == expected
+    stored = [dict(labels) for _, labels in samples if "model" in dict(labels)]
+    assert stored and all((s["model"], s["build"], s["config"]) in newest for s in stored)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from fastapi.testclient import TestClient
 
@@ -319,12 +320,20 @@ def test_metrics_export_stored_series_and_ingest_counters(demo_client: TestClien
     _post(demo_client, _report().model_dump_json())
     _post(demo_client, b"{}")
     text = demo_client.get("/metrics").text
-    assert (
-        'memest_graph_pool_bytes{build="PR",model="deepseek-ai/DeepSeek-V4-Flash-DSpark",'
-        'owner="indexer_logits_fp32",stage="target.full"} 8.607114461e+09' in text
+    assert re.search(
+        r'memest_graph_pool_bytes\{build="PR",config="[0-9a-f]{16}",'
+        r'model="deepseek-ai/DeepSeek-V4-Flash-DSpark",owner="indexer_logits_fp32",'
+        r'stage="target\.full"\} 8\.607114461e\+09',
+        text,
     )
-    assert 'memest_kv_tokens{build="main",model="nvidia/MiniMax-M3-NVFP4"} 3.575296e+06' in text
-    assert 'memest_estimator_error_bytes{build="PR",estimator="vllm",' in text
+    assert re.search(
+        r'memest_kv_tokens\{build="main",config="[0-9a-f]{16}",model="nvidia/MiniMax-M3-NVFP4"\} '
+        r"3\.575296e\+06",
+        text,
+    )
+    assert re.search(
+        r'memest_estimator_error_bytes\{build="PR",config="[0-9a-f]{16}",estimator="vllm",', text
+    )
     assert 'memest_ingest_reports_total{outcome="created"} 1.0' in text
     assert 'memest_ingest_reports_total{outcome="rejected"} 1.0' in text
     _post(demo_client, b"{}", headers={})
@@ -357,7 +366,6 @@ def test_openapi_documents_every_route(client: TestClient) -> None:
 
 
 def test_grafana_dashboard_queries_exported_series(demo_client: TestClient) -> None:
-    import re
     from importlib import resources
 
     path = resources.files("memest.service") / "grafana" / "memest-dashboard.json"
@@ -399,3 +407,14 @@ def test_profiling_pass_stages_are_not_counted_twice(client: TestClient) -> None
     totals = {x["key"]: x["a"] for x in cmp["stage_graph_counts"]}
     assert totals["total"] == 270
     assert _gib(next(x["a"] for x in cmp["stages"] if x["key"] == "total")) == "6.127"
+
+
+def test_a_fingerprint_the_run_cannot_store_is_refused(client: TestClient) -> None:
+    # GIVEN reports stating a configuration fingerprint past the column's 200 characters, or a NUL
+    for bad in ("f" * 201, "ab\x00cd"):
+        r = _post(client, _report(config_fingerprint=bad).model_dump_json())
+        # THEN each is a 422 naming the field, and nothing is stored
+        assert r.status_code == 422  # type: ignore[attr-defined]
+        assert r.json()["field"] == "config_fingerprint"  # type: ignore[attr-defined]
+    assert _count(client) == 0
+    assert _post(client, _report(config_fingerprint="f" * 200).model_dump_json()).status_code == 201  # type: ignore[attr-defined]

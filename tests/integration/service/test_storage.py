@@ -4,17 +4,20 @@ concurrent writers, and the API on top."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, inspect, select, text
+from sqlalchemy import Engine, MetaData, Table, func, inspect, select, text
 
 from memest.demo import demo_report, demo_reports
+from memest.reporters.views import fingerprint
 from memest.schema import RunReport
 from memest.service import create_app, db, store
 from memest.service.config import Settings
@@ -38,7 +41,7 @@ def test_migrations_upgrade_idempotently_and_downgrade(db_url: str) -> None:
         names = set(inspect(engine).get_table_names())
         assert {"runs", "reports", "alembic_version"} <= names
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
         from alembic import command
 
         cfg = db.alembic_config()
@@ -64,6 +67,128 @@ def test_migrations_match_the_models(db_url: str) -> None:
         assert diff == []
     finally:
         engine.dispose()
+
+
+def _store_at_0001(engine: Engine, reports: list[RunReport | tuple[str, str]]) -> None:
+    """Rows as revision 0001 stored them: each RunReport verbatim, or (run_id, payload) for a
+    payload that no longer reads as a report."""
+    with engine.begin() as conn:
+        meta = MetaData()
+        runs = Table("runs", meta, autoload_with=conn)
+        rows = Table("reports", meta, autoload_with=conn)
+        assert "config_fingerprint" not in runs.c
+        now = datetime.now(UTC)
+        for i, item in enumerate(reports):
+            if isinstance(item, RunReport):
+                rep, payload = item, item.model_dump_json()
+            else:
+                rep = demo_report("minimax-m3-eagle3-k3", "PR").model_copy(
+                    update={"run_id": item[0]}
+                )
+                payload = item[1]
+            if conn.scalar(select(runs.c.run_id).where(runs.c.run_id == rep.run_id)) is None:
+                conn.execute(
+                    runs.insert().values(
+                        run_id=rep.run_id,
+                        model=rep.model,
+                        build_label=rep.build.label,
+                        source=rep.source,
+                        world_size=rep.world_size,
+                        created_at=rep.created_at,
+                        ingested_at=now,
+                    )
+                )
+            conn.execute(
+                rows.insert().values(
+                    report_id=f"{rep.run_id}-{i}",
+                    run_id=rep.run_id,
+                    rank=rep.rank,
+                    schema_version=rep.schema_version,
+                    payload=payload,
+                    payload_sha256="0" * 64,
+                    size_bytes=len(payload),
+                    ingested_at=now,
+                )
+            )
+
+
+def _configured(i: int, rank: int = 0, **config: object) -> RunReport:
+    rep = _variant(i, rank)
+    data = json.loads(rep.model_dump_json())
+    data["config"].update(config)
+    data["created_at"] = f"2026-12-01T10:{i:02d}:00Z"
+    return RunReport.model_validate(data)
+
+
+def test_migration_0002_fills_each_runs_fingerprint_from_its_lead_report(db_url: str) -> None:
+    # GIVEN a database created at revision 0001 holding runs: w-1 of two ranks, its rank 1 stored
+    # first and carrying a fingerprint of its own; w-2 at another utilization; w-3 whose stated
+    # fingerprint is longer than the column; w-4 whose payload no longer reads as a report
+    engine = db.make_engine(db_url)
+    try:
+        db.upgrade(engine, "0001")
+        rank1 = _configured(1, 1).model_copy(update={"config_fingerprint": "rank1-own"})
+        long_fp = _configured(3, gpu_memory_utilization=0.8)
+        long_fp = long_fp.model_copy(update={"config_fingerprint": "f" * 300})
+        _store_at_0001(
+            engine,
+            [
+                rank1,
+                _configured(1, 0),
+                _configured(2, gpu_memory_utilization=0.7),
+                long_fp,
+                ("w-4", '{"not": "a report"}'),
+            ],
+        )
+        # WHEN it is upgraded
+        db.upgrade(engine)
+        # THEN every run carries its lead report's fingerprint, as the history computes it
+        with engine.connect() as conn:
+            stored = dict(conn.execute(text("SELECT run_id, config_fingerprint FROM runs")).all())
+        assert stored == {
+            "w-1": fingerprint(_configured(1, 0)),
+            "w-2": fingerprint(_configured(2, gpu_memory_utilization=0.7)),
+            "w-3": None,
+            "w-4": None,
+        }
+        assert stored["w-1"] != stored["w-2"]
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM reports WHERE run_id = 'w-4'"))
+            conn.execute(text("DELETE FROM runs WHERE run_id = 'w-4'"))
+    finally:
+        engine.dispose()
+    # AND /metrics exports one series per configuration, labelled as the history page shows it
+    app = create_app(Settings(database_url=db_url, write_token=TOKEN))  # type: ignore[arg-type]
+    with TestClient(app) as c:
+        model = _variant(1).model
+        points = c.get("/api/v1/history", params={"model": model}).json()["points"]
+        shown = {p["run_id"]: p["config_fingerprint"] for p in points}
+        assert shown == {"w-1": stored["w-1"], "w-2": stored["w-2"], "w-3": "f" * 300}
+        page = c.get(f"/history/{model}").text
+        assert all(fp in page for fp in shown.values())
+        metrics = c.get("/metrics").text
+        configs = re.findall(r'^memest_graph_pool_total_bytes\{.*config="([^"]*)"', metrics, re.M)
+        assert sorted(configs) == sorted(shown.values())
+
+
+def test_a_runs_fingerprint_is_its_lead_reports_whichever_rank_arrives_first(db_url: str) -> None:
+    # GIVEN a run whose rank 1 arrives first, stating a fingerprint of its own
+    engine = db.make_engine(db_url)
+    db.upgrade(engine)
+    factory = db.make_sessionmaker(engine)
+    rank1 = _configured(5, 1).model_copy(update={"config_fingerprint": "rank1-own"})
+    store.ingest(factory, rank1)
+    with factory() as s:
+        assert s.get(Run, "w-5").config_fingerprint == "rank1-own"  # type: ignore[union-attr]
+    # WHEN rank 0 arrives, THEN the run takes the lead report's fingerprint
+    store.ingest(factory, _configured(5, 0))
+    # AND a later rank of a run stored from rank 0 changes nothing
+    store.ingest(factory, _configured(6, 0))
+    store.ingest(factory, _configured(6, 1).model_copy(update={"config_fingerprint": "own"}))
+    with factory() as s:
+        stored = {r.run_id: r.config_fingerprint for r in s.scalars(select(Run))}
+    assert stored == {"w-5": fingerprint(_configured(5, 0)), "w-6": fingerprint(_configured(6, 0))}
+    engine.dispose()
 
 
 def test_sqlite_runs_in_wal_mode(sqlite_url: str) -> None:
