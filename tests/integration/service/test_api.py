@@ -376,7 +376,12 @@ def test_grafana_dashboard_queries_exported_series(demo_client: TestClient) -> N
     for panel in dash["panels"]:
         for target in panel["targets"]:
             queried |= set(re.findall(r"\b(memest_\w+)", target["expr"]))
+            if "memest_ingest" not in target["expr"]:
+                # One series per configuration: every stored-run panel tells them apart.
+                assert "{{config}}" in target["legendFormat"], panel["title"]
+                assert 'config=~"$config"' in target["expr"], panel["title"]
     assert queried and queried <= names, queried - names
+    assert "config" in {v["name"] for v in dash["templating"]["list"]}
 
 
 def test_demo_load_keeps_a_differing_stored_report(make_client: MakeClient) -> None:
