@@ -515,6 +515,13 @@ def _buffer_terms(
     grid_g = RunnerGrid.from_config(report.config, block_size=block)
     grid_to = RunnerGrid.from_config(_config_of(report, g2, config_to), block_size=block)
     before, after = runner_buffer_bytes(dims, grid_g), runner_buffer_bytes(dims, grid_to)
+    if "fused_moe_workspace" not in before and _has_moe_owner(report):
+        notes.append(
+            "FUSED-MOE WORKSPACE NOT MOVED: the start ran MoE layers (moe_workspace in its "
+            "breakdown) but its model dimensions name no experts (a report from before the "
+            "plugin recorded them): the workspace, sized by max_num_batched_tokens, is kept at "
+            "G's bytes; give the model's config.json with --model-config"
+        )
     moved: dict[str, int] = {}
     names: dict[str, list[str]] = {}
     for name in sorted(set(before) | set(after)):
@@ -531,6 +538,14 @@ def _buffer_terms(
     values = terms.model_dump()
     out = {term: max(int(values[term]) + change, 0) for term, change in moved.items()}
     return out, laws
+
+
+def _has_moe_owner(report: RunReport) -> bool:
+    bd = report.breakdown
+    if bd is None:
+        return False
+    owners = {p.owner for p in bd.live_peaks} | {t.owner for t in bd.triggers}
+    return "moe_workspace" in owners | {r.owner for r in bd.retained}
 
 
 def _kv_alloc_extra(report: RunReport) -> int:

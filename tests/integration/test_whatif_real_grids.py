@@ -109,3 +109,23 @@ def test_adding_the_drafter_reads_the_cublas_workspace_by_either_name(
     after = _estimate(capsys, "--from", str(relabelled), *common)["what_if"]
     assert after["kv_budget_bytes_to"] == before["kv_budget_bytes_to"]
     assert after["terms_to"]["runner_buffer_bytes"] > after["terms_from"]["runner_buffer_bytes"]
+
+
+def test_an_moe_report_without_expert_dimensions_says_the_workspace_is_not_moved(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The Qwen3-MoE start of call 14 recorded no expert dimensions (the plugin records them
+    since): the what-if says the fused-MoE workspace stays at G's bytes, and with the model's
+    config.json it moves instead."""
+    moe = RAW / "call14.M_qwen3moe8l_s64_t2048.apply-hist-cold-stephist.report.rank0.json"
+    grid = ["--grid", json.dumps({"max_num_batched_tokens": 4096})]
+    alone = _estimate(capsys, "--from", str(moe), *grid)["what_if"]
+    assert any("FUSED-MOE WORKSPACE NOT MOVED" in n for n in alone["notes"])
+    config = ROOT / "lab" / "models" / "qwen3moe_8l" / "config.json"
+    given = _estimate(capsys, "--from", str(moe), *grid, "--model-config", str(config))["what_if"]
+    assert not any("FUSED-MOE" in n for n in given["notes"])
+    residue = (
+        given["terms_to"]["profiling_residue_bytes"]
+        - given["terms_from"]["profiling_residue_bytes"]
+    )
+    assert residue > 0
