@@ -20,9 +20,8 @@ config.drafter_dims, or given with --model-config, the model's Hugging Face conf
 --drafter-config, the drafter's, which override the recorded ones) move the grid-sized buffers
 vLLM allocates at load (penalties, structured-output masks, the sampler's top-k/top-p buffer,
 input and drafter buffers, block tables, an MoE model's fused-MoE workspace) in the baseline,
-weights, profiling-residue and
-runner-buffer terms by f(G') - f(G), and size an EAGLE / EAGLE3 drafter's weights when G' adds
-or drops it; without them those terms are kept at G's bytes. With the model's shape (a
+weights, profiling-residue and runner-buffer terms by f(G') - f(G), and size an EAGLE / EAGLE3
+drafter's weights when G' adds or drops it; without them those terms are kept at G's bytes. With the model's shape (a
 config.json) the graph pools of stages G did not capture (an added drafter's, or its later-step
 graphs when K changes) come from the synthetic per-graph request trace the pre-flight replays,
 and an added or dropped drafter's share of the profile pass's activations from the activation
