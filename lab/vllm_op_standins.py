@@ -10,7 +10,13 @@ Triton fused-MoE path (`TritonExperts`) and TRITON_MLA call, at tensor-parallel 
 - `_moe_C.moe_align_block_size`: `fused_moe/moe_align_block_size.py`, before the Triton GEMMs;
 - `_moe_C.moe_sum`: `TritonExperts.moe_sum` (`fused_moe/experts/triton_moe.py`) for top_k > 1;
 - `_C_cache_ops.concat_and_cache_mla`: the MLA KV-cache write (`v1/attention/backend.py`,
-  `MLACommonBackend.do_kv_cache_update`).
+  `MLACommonBackend.do_kv_cache_update`);
+- `_vllm_fa2_C.varlen_fwd`: FlashAttention-2's varlen forward, which vLLM's FLASH_ATTN MLA
+  prefill backend (`v1/attention/backends/mla/prefill/flash_attn.py`) reaches through
+  `vllm_flash_attn.flash_attn_varlen_func`. On SM90 that is the only prefill backend vLLM picks
+  itself; `provide_flash_attn_v2` makes vLLM see FA2 as available, and the stand-in runs
+  PyTorch's own FlashAttention-2 kernel (`aten._flash_attention_forward`), which allocates what
+  the vLLM kernel does: the output and the float32 log-sum-exp, no score matrix.
 
 `silu_and_mul` (the experts' activation) already has a torch kernel in the shim. Every stand-in
 below is graph-capturable: fixed output shapes, no host synchronisation, no `.item()`, no Python
@@ -50,6 +56,15 @@ SCHEMAS: dict[tuple[str, str], str] = {
     ("_C_cache_ops", "concat_and_cache_mla"): (
         "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor! kv_cache, Tensor slot_mapping, "
         "str kv_cache_dtype, Tensor scale, bool skip_scale=False) -> ()"
+    ),
+    # read from the strings of vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so
+    ("_vllm_fa2_C", "varlen_fwd"): (
+        "varlen_fwd(Tensor! q, Tensor k, Tensor v, Tensor!? out, Tensor cu_seqlens_q, "
+        "Tensor cu_seqlens_k, Tensor? seqused_k, Tensor? leftpad_k, Tensor? block_table, "
+        "Tensor? alibi_slopes, int max_seqlen_q, int max_seqlen_k, float p_dropout, "
+        "float softmax_scale, bool zero_tensors, bool is_causal, int window_size_left, "
+        "int window_size_right, float softcap, bool return_softmax, int num_splits, "
+        "Tensor? gen) -> Tensor[]"
     ),
 }
 
@@ -272,13 +287,158 @@ def concat_and_cache_mla(
     kv_cache[block, offset] = torch.where(written.unsqueeze(1), entry.to(kv_cache.dtype), kept)
 
 
-IMPLS: dict[tuple[str, str], Callable[..., None]] = {
+# --------------------------------------------------------------------------- FlashAttention-2
+def _unsupported_varlen(**options: Any) -> list[str]:
+    """The varlen_fwd features MLA prefill never uses; the stand-in refuses them by name."""
+    return [name for name, used in options.items() if used]
+
+
+def varlen_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor | None,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    seqused_k: torch.Tensor | None,
+    leftpad_k: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    p_dropout: float,
+    softmax_scale: float,
+    zero_tensors: bool,
+    is_causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    softcap: float,
+    return_softmax: bool,
+    num_splits: int,
+    gen: torch.Tensor | None,
+) -> list[torch.Tensor]:
+    """`_vllm_fa2_C::varlen_fwd` for ragged (non-paged) q, k, v: [out, softmax_lse].
+
+    q [total_q, heads, d], k and v [total_k, kv_heads, d] (same d: vLLM pads v for FA2),
+    cu_seqlens_* [batch + 1] int32; out [total_q, heads, d] (written when given), softmax_lse
+    [heads, total_q] float32, the log-sum-exp of each row of scale * q k^T. Causal masks align
+    to the bottom-right corner (flash_attn_interface.py's docstring). On CUDA the kernel is
+    PyTorch's FlashAttention-2; on CPU `_varlen_reference`, per sequence in float32.
+    """
+    refused = _unsupported_varlen(
+        seqused_k=seqused_k is not None,
+        leftpad_k=leftpad_k is not None,
+        block_table=block_table is not None,
+        alibi_slopes=alibi_slopes is not None,
+        dropout=p_dropout > 0.0,
+        softcap=softcap != 0.0,
+        sliding_window=window_size_left >= 0 or window_size_right >= 0,
+    )
+    if refused:
+        raise NotImplementedError(f"varlen_fwd stand-in: {', '.join(refused)} not supported")
+    if q.is_cuda:
+        result, lse = torch.ops.aten._flash_attention_forward(
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            max_seqlen_q,
+            max_seqlen_k,
+            0.0,
+            is_causal,
+            False,
+            scale=softmax_scale,
+        )[:2]
+        lse = _unpadded_lse(lse, cu_seqlens_q)
+    else:
+        result, lse = _varlen_reference(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, is_causal
+        )
+    if out is not None:
+        out.copy_(result)
+        result = out
+    return [result, lse]
+
+
+def _unpadded_lse(lse: torch.Tensor, cu_seqlens_q: torch.Tensor) -> torch.Tensor:
+    """[heads, total_q], whichever layout the kernel wrote ([batch, heads, max_seqlen_q] before
+    FlashAttention 2.4 made the varlen log-sum-exp unpadded)."""
+    if lse.dim() == 2:
+        return lse
+    starts = cu_seqlens_q.tolist()
+    rows = [lse[b, :, : starts[b + 1] - starts[b]] for b in range(len(starts) - 1)]
+    return torch.cat(rows, dim=1)
+
+
+def _varlen_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    scale: float,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense attention per sequence (float32), the semantics the FlashAttention kernel computes."""
+    heads, group = q.shape[1], q.shape[1] // k.shape[1]
+    out = torch.zeros_like(q)
+    lse = torch.full((heads, q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(starts_q) - 1):
+        q0, q1, k0, k1 = starts_q[b], starts_q[b + 1], starts_k[b], starts_k[b + 1]
+        qs = q[q0:q1].float().transpose(0, 1)  # heads, sq, d
+        ks = k[k0:k1].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        vs = v[k0:k1].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = qs @ ks.transpose(1, 2) * scale
+        if causal:  # query i sees keys up to i + (sk - sq)
+            sq, sk = q1 - q0, k1 - k0
+            rows = torch.arange(sq, device=q.device).unsqueeze(1)
+            keep = torch.arange(sk, device=q.device).unsqueeze(0) <= rows + (sk - sq)
+            scores = scores.masked_fill(~keep, float("-inf"))
+        row_lse = torch.logsumexp(scores, dim=-1)
+        probs = torch.nan_to_num(torch.exp(scores - row_lse.unsqueeze(-1)))  # empty rows: 0
+        out[q0:q1] = (probs @ vs).transpose(0, 1).to(q.dtype)
+        lse[:, q0:q1] = row_lse
+    return out, lse
+
+
+def _varlen_fwd_fake(q: torch.Tensor, *args: Any, **kwargs: Any) -> list[torch.Tensor]:
+    out = args[2] if len(args) > 2 else kwargs.get("out")
+    result = torch.empty_like(q) if out is None else out
+    lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return [result, lse]
+
+
+def provide_flash_attn_v2() -> str:
+    """Make vLLM's flash_attn_interface see FlashAttention-2 as available.
+
+    It imports the extension module `vllm.vllm_flash_attn._vllm_fa2_C` for its op registrations
+    only; the stand-in registers the op, so an empty module in its place is enough. Run after
+    `register()` and before vLLM picks its MLA prefill backend.
+    """
+    import sys
+    import types
+
+    name = "vllm.vllm_flash_attn._vllm_fa2_C"
+    sys.modules.setdefault(name, types.ModuleType(name))
+    interface = sys.modules.get("vllm.vllm_flash_attn.flash_attn_interface")
+    if interface is not None:  # imported already, with FA2 found missing
+        interface.FA2_AVAILABLE = True
+        interface.FA2_UNAVAILABLE_REASON = None
+    return name
+
+
+IMPLS: dict[tuple[str, str], Callable[..., Any]] = {
     ("_moe_C", "topk_softmax"): topk_softmax,
     ("_moe_C", "topk_sigmoid"): topk_sigmoid,
     ("_moe_C", "moe_align_block_size"): moe_align_block_size,
     ("_moe_C", "moe_sum"): moe_sum,
     ("_C_cache_ops", "concat_and_cache_mla"): concat_and_cache_mla,
+    ("_vllm_fa2_C", "varlen_fwd"): varlen_fwd,
 }
+# Ops that return tensors need a fake kernel that makes them; the rest only write into buffers.
+FAKES: dict[tuple[str, str], Callable[..., Any]] = {("_vllm_fa2_C", "varlen_fwd"): _varlen_fwd_fake}
 
 # torch.library deregisters what a Library defined when the object is collected: keep them.
 _LIBRARIES: dict[str, Library] = {}
@@ -298,10 +458,10 @@ def _no_output(*args: Any, **kwargs: Any) -> None:
     """Fake (meta) kernel: these ops only write into buffers the caller passes."""
 
 
-def _add_fake(qualname: str, lib: Library) -> None:
+def _add_fake(qualname: str, lib: Library, fake: Callable[..., Any]) -> None:
     """A fake kernel lets torch.compile trace the op; keep one that exists already."""
     try:
-        torch.library.register_fake(qualname, _no_output, lib=lib)
+        torch.library.register_fake(qualname, fake, lib=lib)
     except RuntimeError:  # a fake or Meta kernel is registered already
         pass
 
@@ -319,7 +479,7 @@ def register(dispatch_keys: Sequence[str] = ("CUDA", "CPU")) -> list[str]:
         lib = _library(namespace)
         if not _has_schema(namespace, name):
             lib.define(SCHEMAS[(namespace, name)])
-        _add_fake(qualname, lib)
+        _add_fake(qualname, lib, FAKES.get((namespace, name), _no_output))
         for key in dispatch_keys:
             if not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, key):
                 lib.impl(name, kernel, key)

@@ -59,10 +59,13 @@ EAGLE3_K5 = json.dumps(
 )
 # MoE and MLA shapes (8 layers each, dummy weights): their configs travel in the repo.
 LAB_MODELS = ROOT / "lab" / "models"
-# MLA: TRITON_MLA decodes; prefill needs a backend without FlashAttention. On SM90 vLLM's
-# automatic choice is FLASH_ATTN only (platforms/interface.py get_mla_prefill_backend_cls);
-# "CPU" names CPUSDPAMLAPrefillBackend, plain torch attention that runs on CUDA tensors too.
-MLA_ATTENTION = {"attention_backend": "TRITON_MLA", "mla_prefill_backend": "CPU"}
+# MLA: TRITON_MLA decodes. On SM90 vLLM's only automatic prefill choice is FLASH_ATTN
+# (platforms/interface.py get_mla_prefill_backend_cls), whose kernels the carry lacks: the
+# stand-in `_vllm_fa2_C.varlen_fwd` (PyTorch's FlashAttention-2 kernel) serves it, as FA2 (vLLM
+# pads v to the qk head dim for FA2; FA3, what a full install runs on SM90, does not).
+# Calls 12 and 14 prefilled with "CPU" (CPUSDPAMLAPrefillBackend: float32 score matrices), which
+# no GPU deployment selects; their L records are diagnostic.
+MLA_ATTENTION = {"attention_backend": "TRITON_MLA", "mla_prefill_backend": "FLASH_ATTN"}
 # A copy of an earlier memest tree (git archive), for before/after starts in one call.
 OLD_TREE = ROOT / ".memest_old"
 CACHE = SHARED_TMP / "vllm_h200_cache"
@@ -119,8 +122,19 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "mbt": 2048,
         "util": 0.85,
     },
-    # DeepSeek-V2-Lite with 8 of its 27 layers: MLA (kv_lora_rank 512), 64 experts, top-6
+    # DeepSeek-V2-Lite with 8 of its 27 layers: MLA (kv_lora_rank 512), 64 experts, top-6;
+    # prefill on the CPU SDPA backend (calls 12 and 14: diagnostic, see MLA_ATTENTION)
     "L_dsv2lite8l_s64_t2048": {
+        "model": str(LAB_MODELS / "dsv2lite_8l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": 0.85,
+        "standins": True,
+        "attention_backend": "TRITON_MLA",
+        "mla_prefill_backend": "CPU",
+    },
+    # the same with the FlashAttention prefill vLLM selects on SM90
+    "L_dsv2lite8l_s64_t2048_fa": {
         "model": str(LAB_MODELS / "dsv2lite_8l"),
         "max_num_seqs": 64,
         "mbt": 2048,
@@ -253,14 +267,19 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     ],
     # Startup overhead of the plugin's defaults: alternating warm starts (the first compiles).
     "overhead": ALTERNATING,
-    # The MoE shape again with the stand-in moe_sum that allocates nothing (vLLM alone, memest
-    # apply, its plan), then the plugin's defaults against vLLM alone, alternating.
+    # The MoE shape again with the stand-in moe_sum that allocates nothing, and the MLA shape
+    # with the FlashAttention prefill: each vLLM alone, memest apply (history kept), its plan.
     "verify": [
         ("M_qwen3moe8l_s64_t2048", "alone"),
         ("M_qwen3moe8l_s64_t2048", "apply-hist"),
+        ("L_dsv2lite8l_s64_t2048_fa", "alone"),
+        ("L_dsv2lite8l_s64_t2048_fa", "apply-hist"),
         ("M_qwen3moe8l_s64_t2048", "plan"),
-        *ALTERNATING,
+        ("L_dsv2lite8l_s64_t2048_fa", "plan"),
     ],
+    # The plugin's defaults against vLLM alone: one start to fill the compile cache, then
+    # alternating warm starts.
+    "overhead2": [("A_llama8b_s128_t4096", "alone"), *ALTERNATING],
     # The reported stall (cold apply start, EAGLE3 K=5): the earlier tree, then this one.
     "9": [
         ("E_llama8b_eagle3k5_s96_t4096_u088", "apply-cold-old"),
@@ -394,6 +413,46 @@ def _first_full_step(llm: Any, cfg: dict[str, Any], used_end: int) -> dict[str, 
     }
 
 
+def _provide_flash_attn(torch: Any) -> None:
+    """FA2 for vLLM's FLASH_ATTN MLA prefill, checked on this GPU against the dense reference
+    (bf16, MLA's 16 heads of 192, two causal sequences): the log shows the largest errors."""
+    from vllm_op_standins import _varlen_reference, provide_flash_attn_v2, varlen_fwd
+
+    provide_flash_attn_v2()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (
+        torch.randn(300, 16, 192, device="cuda", dtype=torch.bfloat16, generator=gen)
+        for _ in range(3)
+    )
+    cu = torch.tensor([0, 100, 300], device="cuda", dtype=torch.int32)
+    none4 = (None, None, None, None)  # seqused_k, leftpad_k, block_table, alibi_slopes
+    out, lse = varlen_fwd(
+        q,
+        k,
+        v,
+        None,
+        cu,
+        cu,
+        *none4,
+        200,
+        200,
+        0.0,
+        192**-0.5,
+        False,
+        True,
+        -1,
+        -1,
+        0.0,
+        False,
+        0,
+        None,
+    )
+    ref, ref_lse = _varlen_reference(q, k, v, cu, cu, 192**-0.5, True)
+    err = (out.float() - ref.float()).abs().max().item()
+    lse_err = (lse - ref_lse).abs().max().item()
+    print(f"FA2STANDIN out_err={err:.4f} lse_err={lse_err:.5f} lse={tuple(lse.shape)}", flush=True)
+
+
 def child(cfg_name: str, mode: str, result_path: Path) -> None:
     cfg = CONFIGS[cfg_name]
     carried = launcher()
@@ -409,6 +468,8 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         from vllm_op_standins import register  # this script's folder is on sys.path
 
         print(f"STANDINS {register()}", flush=True)
+        if cfg.get("mla_prefill_backend") == "FLASH_ATTN":
+            _provide_flash_attn(torch)
     _measure_profile_run()
 
     native = ["native"]
@@ -434,6 +495,8 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
     )
     if cfg.get("mla_prefill_backend"):
         kw["attention_config"] = {"mla_prefill_backend": cfg["mla_prefill_backend"]}
+        if cfg["mla_prefill_backend"] == "FLASH_ATTN":
+            kw["attention_config"]["flash_attn_version"] = 2  # the stand-in's version
     if cfg.get("spec"):
         kw["speculative_config"] = json.loads(cfg["spec"])
     t0 = time.perf_counter()

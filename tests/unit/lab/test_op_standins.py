@@ -414,3 +414,181 @@ def test_vllm_sum_and_cache_wrappers(vllm_ops: Any) -> None:
     )
     assert torch.equal(cache[1, 1], torch.cat([kv_c[0], k_pe[0, 0]]))
     assert int(torch.count_nonzero(cache.abs().sum(-1))) == 1
+
+
+# --------------------------------------------------------------------------- FlashAttention-2
+def ref_varlen(
+    q: Any, k: Any, v: Any, lengths_q: list[int], lengths_k: list[int], scale: float, causal: bool
+) -> tuple[list[list[list[float]]], list[list[float]]]:
+    """Row by row, head by head, in plain Python: out[t][h] and lse[h][t].
+
+    flash_attn_interface.py's docstring: k, v with fewer heads serve heads in groups (head h
+    reads kv head h // (heads / kv_heads)); a causal mask is aligned to the bottom-right corner
+    (query i of a sequence sees keys j <= i + len_k - len_q); a row that sees no key is zero.
+    """
+    import math
+
+    heads, kv_heads = q.shape[1], k.shape[1]
+    out = [[[0.0] * v.shape[2] for _ in range(heads)] for _ in range(q.shape[0])]
+    lse = [[float("-inf")] * q.shape[0] for _ in range(heads)]
+    q0 = k0 = 0
+    for len_q, len_k in zip(lengths_q, lengths_k, strict=True):
+        for i in range(len_q):
+            for h in range(heads):
+                kh = h // (heads // kv_heads)
+                seen = [j for j in range(len_k) if not causal or j <= i + len_k - len_q]
+                if not seen:
+                    continue
+                logits = [
+                    scale
+                    * sum(
+                        a * b
+                        for a, b in zip(q[q0 + i, h].tolist(), k[k0 + j, kh].tolist(), strict=True)
+                    )
+                    for j in seen
+                ]
+                top = max(logits)
+                total = sum(math.exp(x - top) for x in logits)
+                lse[h][q0 + i] = top + math.log(total)
+                for j, x in zip(seen, logits, strict=True):
+                    weight = math.exp(x - top) / total
+                    row = v[k0 + j, kh].tolist()
+                    out[q0 + i][h] = [
+                        o + weight * r for o, r in zip(out[q0 + i][h], row, strict=True)
+                    ]
+        q0, k0 = q0 + len_q, k0 + len_k
+    return out, lse
+
+
+def varlen_args(causal: bool, max_q: int, max_k: int, scale: float) -> tuple[Any, ...]:
+    """varlen_fwd's arguments after cu_seqlens_k, as vLLM's flash_attn_varlen_func passes them."""
+    return (
+        None,
+        None,
+        None,
+        None,
+        max_q,
+        max_k,
+        0.0,
+        scale,
+        False,
+        causal,
+        -1,
+        -1,
+        0.0,
+        False,
+        0,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("lengths_q", "lengths_k", "kv_heads", "causal"),
+    [
+        ([5, 3], [5, 3], 4, True),  # prefill of new tokens: MLA's run_prefill_new_tokens
+        ([3, 2], [7, 4], 2, False),  # a context chunk: unmasked, grouped kv heads
+        ([4, 1], [2, 6], 4, True),  # longer queries than keys: leading rows see nothing
+    ],
+)
+def test_varlen_fwd_matches_reference(
+    standins: types.ModuleType,
+    lengths_q: list[int],
+    lengths_k: list[int],
+    kv_heads: int,
+    causal: bool,
+) -> None:
+    gen = torch.Generator().manual_seed(sum(lengths_q) * 7 + kv_heads)
+    q = torch.randn(sum(lengths_q), 4, 8, generator=gen)
+    k = torch.randn(sum(lengths_k), kv_heads, 8, generator=gen)
+    v = torch.randn(sum(lengths_k), kv_heads, 8, generator=gen)
+    cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()], dtype=torch.int32)
+    scale = 8**-0.5
+    out = torch.empty_like(q)
+    got_out, got_lse = torch.ops._vllm_fa2_C.varlen_fwd(
+        q, k, v, out, cu_q, cu_k, *varlen_args(causal, max(lengths_q), max(lengths_k), scale)
+    )
+    want_out, want_lse = ref_varlen(q, k, v, lengths_q, lengths_k, scale, causal)
+    assert got_out.data_ptr() == out.data_ptr()  # written into the caller's `out`
+    assert torch.allclose(got_out, torch.tensor(want_out), atol=1e-5)
+    assert got_lse.shape == (4, sum(lengths_q)) and got_lse.dtype == torch.float32
+    assert torch.allclose(got_lse, torch.tensor(want_lse), atol=1e-5)
+
+
+def test_varlen_fwd_refuses_what_mla_prefill_never_uses(standins: types.ModuleType) -> None:
+    q = torch.randn(3, 2, 8)
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    args = list(varlen_args(True, 3, 3, 1.0))
+    args[0] = torch.tensor([3], dtype=torch.int32)  # seqused_k
+    args[12] = 30.0  # softcap
+    with pytest.raises(NotImplementedError, match="seqused_k, softcap"):
+        torch.ops._vllm_fa2_C.varlen_fwd(q, q, q, None, cu, cu, *args)
+
+
+def test_varlen_fwd_fake_kernel_gives_the_output_shapes(standins: types.ModuleType) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.randn(10, 16, 192, dtype=torch.bfloat16)
+        cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+        out, lse = torch.ops._vllm_fa2_C.varlen_fwd(
+            q, q, q, None, cu, cu, *varlen_args(True, 6, 6, 0.1)
+        )
+    assert out.shape == (10, 16, 192) and out.dtype == torch.bfloat16
+    assert lse.shape == (16, 10) and lse.dtype == torch.float32
+
+
+def test_provide_flash_attn_v2_turns_an_imported_interface_on(
+    standins: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM imported its flash_attn_interface first and found FA2 missing: availability flips."""
+    import sys
+
+    interface = types.ModuleType("vllm.vllm_flash_attn.flash_attn_interface")
+    interface.FA2_AVAILABLE = False  # type: ignore[attr-defined]
+    interface.FA2_UNAVAILABLE_REASON = "no _vllm_fa2_C"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, interface.__name__, interface)
+    monkeypatch.delitem(sys.modules, "vllm.vllm_flash_attn._vllm_fa2_C", raising=False)
+    standins.provide_flash_attn_v2()
+    assert interface.FA2_AVAILABLE is True  # type: ignore[attr-defined]
+    assert interface.FA2_UNAVAILABLE_REASON is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.vllm
+def test_vllm_flash_attn_varlen_func_reaches_the_stand_in(
+    vllm_ops: Any, standins: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's own package imports with FA2 provided (its __init__ refuses to import without FA2
+    or FA3), and its wrapper, as the FLASH_ATTN MLA prefill backend calls it with FA2, reaches
+    the stand-in."""
+    import importlib
+    import sys
+
+    for module in [m for m in sys.modules if m.startswith("vllm.vllm_flash_attn")]:
+        monkeypatch.delitem(sys.modules, module)  # a fresh import; restored afterwards
+    name = standins.provide_flash_attn_v2()
+    assert name == "vllm.vllm_flash_attn._vllm_fa2_C"
+    monkeypatch.setitem(sys.modules, name, sys.modules[name])  # removed again afterwards
+    interface = importlib.import_module("vllm.vllm_flash_attn.flash_attn_interface")
+    assert interface.FA2_AVAILABLE and interface.FA2_UNAVAILABLE_REASON is None
+    importlib.import_module("vllm.vllm_flash_attn")  # does not raise
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(7, 2, 12, generator=gen) for _ in range(3))
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    out, lse = interface.flash_attn_varlen_func(
+        q,
+        k,
+        v,
+        max_seqlen_q=4,
+        cu_seqlens_q=cu,
+        max_seqlen_k=4,
+        cu_seqlens_k=cu,
+        softmax_scale=0.3,
+        causal=True,
+        return_softmax_lse=True,
+        fa_version=2,
+    )
+    want_out, want_lse = ref_varlen(q, k, v, [3, 4], [3, 4], 0.3, True)
+    assert torch.allclose(out, torch.tensor(want_out), atol=1e-5)
+    assert torch.allclose(lse, torch.tensor(want_lse), atol=1e-5)
