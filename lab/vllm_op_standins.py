@@ -16,7 +16,11 @@ Triton fused-MoE path (`TritonExperts`) and TRITON_MLA call, at tensor-parallel 
   `vllm_flash_attn.flash_attn_varlen_func`. On SM90 that is the only prefill backend vLLM picks
   itself; `provide_flash_attn_v2` makes vLLM see FA2 as available, and the stand-in runs
   PyTorch's own FlashAttention-2 kernel (`aten._flash_attention_forward`), which allocates what
-  the vLLM kernel does: the output and the float32 log-sum-exp, no score matrix.
+  the vLLM kernel does: the output and the float32 log-sum-exp, no score matrix;
+- `_C_cache_ops.gather_and_maybe_dequant_cache` and `_C.merge_attn_states`: MLA prefill over
+  cached context (`MLACommonImpl._compute_prefill_context`, mla_attention.py): a request whose
+  prompt prefix is in the prefix cache reads that context back from the KV cache, attends to it,
+  and merges the result with the new tokens' attention.
 
 `silu_and_mul` (the experts' activation) already has a torch kernel in the shim. Every stand-in
 below is graph-capturable: fixed output shapes, no host synchronisation, no `.item()`, no Python
@@ -56,6 +60,16 @@ SCHEMAS: dict[tuple[str, str], str] = {
     ("_C_cache_ops", "concat_and_cache_mla"): (
         "concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor! kv_cache, Tensor slot_mapping, "
         "str kv_cache_dtype, Tensor scale, bool skip_scale=False) -> ()"
+    ),
+    ("_C_cache_ops", "gather_and_maybe_dequant_cache"): (
+        "gather_and_maybe_dequant_cache(Tensor src_cache, Tensor! dst, Tensor block_table, "
+        "Tensor cu_seq_lens, Tensor token_to_seq, int num_tokens, str kv_cache_dtype, "
+        "Tensor scale, Tensor? seq_starts) -> ()"
+    ),
+    ("_C", "merge_attn_states"): (
+        "merge_attn_states(Tensor! output, Tensor!? output_lse, Tensor prefix_output, "
+        "Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse, "
+        "int!? prefill_tokens_with_context, Tensor? output_scale=None) -> ()"
     ),
     # read from the strings of vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so
     ("_vllm_fa2_C", "varlen_fwd"): (
@@ -287,6 +301,98 @@ def concat_and_cache_mla(
     kv_cache[block, offset] = torch.where(written.unsqueeze(1), entry.to(kv_cache.dtype), kept)
 
 
+def gather_and_maybe_dequant_cache(
+    src_cache: torch.Tensor,
+    dst: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    token_to_seq: torch.Tensor,
+    num_tokens: int,
+    kv_cache_dtype: str,
+    scale: torch.Tensor,
+    seq_starts: torch.Tensor | None,
+) -> None:
+    """`_C_cache_ops::gather_and_maybe_dequant_cache` for kv_cache_dtype "auto".
+
+    src_cache [num_blocks, block_size, entry], dst [total_tokens, entry]: token i of the chunk
+    belongs to sequence b = token_to_seq[i] and sits at position p = i - cu_seq_lens[b]
+    (+ seq_starts[b]) of it, which is slot p % block_size of block block_table[b, p // block_size]
+    (csrc/cache_kernels.cu; AITER's Triton port documents the same layout). No host read; the
+    rows are gathered straight into dst when the cache's blocks are one contiguous run.
+    """
+    if kv_cache_dtype != "auto":
+        raise NotImplementedError(
+            f"gather_and_maybe_dequant_cache stand-in: kv_cache_dtype {kv_cache_dtype}"
+        )
+    seq = token_to_seq[:num_tokens].long()
+    pos = torch.arange(num_tokens, device=dst.device) - cu_seq_lens.long()[seq]
+    if seq_starts is not None:
+        pos = pos + seq_starts.long()[seq]
+    block_size = src_cache.shape[1]
+    block = block_table.long()[seq, pos // block_size]
+    rows = block * block_size + pos % block_size
+    target = dst[:num_tokens].view(num_tokens, -1)
+    try:
+        flat = src_cache.view(-1, target.shape[1])  # no copy of the cache
+    except RuntimeError:  # strided cache: gather by (block, slot)
+        target.copy_(src_cache[block, pos % block_size].reshape(num_tokens, -1))
+        return
+    torch.index_select(flat, 0, rows, out=target)
+
+
+def merge_attn_states(
+    output: torch.Tensor,
+    output_lse: torch.Tensor | None,
+    prefix_output: torch.Tensor,
+    prefix_lse: torch.Tensor,
+    suffix_output: torch.Tensor,
+    suffix_lse: torch.Tensor,
+    prefill_tokens_with_context: int | None,
+    output_scale: torch.Tensor | None = None,
+) -> None:
+    """`_C::merge_attn_states`: combine two partial attentions by their log-sum-exp.
+
+    Outputs [tokens, heads, d], lse [heads, tokens]. For tokens below prefill_tokens_with_context
+    (all when None): out = (e^(lp - m) op + e^(ls - m) os) / (e^(lp - m) + e^(ls - m)) with
+    m = max(lp, ls), lse = m + log of that sum; an lse of +inf counts as -inf (an empty part),
+    two empty parts give 0 and -inf. Later tokens take the suffix as is. (The docstring of
+    vllm/v1/attention/ops/merge_attn_states.py and its CPU fallback.)
+    """
+    if output_scale is not None:
+        raise NotImplementedError("merge_attn_states stand-in: FP8 output")
+    num_tokens = output.shape[0]
+    merged_tokens = (
+        num_tokens if prefill_tokens_with_context is None else prefill_tokens_with_context
+    )
+    if merged_tokens < num_tokens:
+        output[merged_tokens:].copy_(suffix_output[merged_tokens:])
+        if output_lse is not None:
+            output_lse[:, merged_tokens:].copy_(suffix_lse[:, merged_tokens:])
+    if merged_tokens == 0:
+        return
+
+    def empty_as_minus_inf(lse: torch.Tensor) -> torch.Tensor:
+        lse = lse[:, :merged_tokens].float()
+        return lse.masked_fill(torch.isposinf(lse), float("-inf"))
+
+    lp, ls = empty_as_minus_inf(prefix_lse), empty_as_minus_inf(suffix_lse)
+    top = torch.maximum(lp, ls)
+    both_empty = top == float("-inf")
+    safe_top = top.masked_fill(both_empty, 0.0)
+    wp, ws = torch.exp(lp - safe_top), torch.exp(ls - safe_top)
+    total = wp + ws
+    scale_p = (wp / total).nan_to_num(0.0).transpose(0, 1).unsqueeze(-1)
+    scale_s = (ws / total).nan_to_num(0.0).transpose(0, 1).unsqueeze(-1)
+    merged = (
+        prefix_output[:merged_tokens].float() * scale_p
+        + suffix_output[:merged_tokens].float() * scale_s
+    )
+    output[:merged_tokens].copy_(merged.to(output.dtype))
+    if output_lse is not None:
+        lse = (torch.log(total) + safe_top).masked_fill(both_empty, float("-inf"))
+        output_lse[:, :merged_tokens].copy_(lse)
+
+
 # --------------------------------------------------------------------------- FlashAttention-2
 def _unsupported_varlen(**options: Any) -> list[str]:
     """The varlen_fwd features MLA prefill never uses; the stand-in refuses them by name."""
@@ -435,6 +541,8 @@ IMPLS: dict[tuple[str, str], Callable[..., Any]] = {
     ("_moe_C", "moe_align_block_size"): moe_align_block_size,
     ("_moe_C", "moe_sum"): moe_sum,
     ("_C_cache_ops", "concat_and_cache_mla"): concat_and_cache_mla,
+    ("_C_cache_ops", "gather_and_maybe_dequant_cache"): gather_and_maybe_dequant_cache,
+    ("_C", "merge_attn_states"): merge_attn_states,
     ("_vllm_fa2_C", "varlen_fwd"): varlen_fwd,
 }
 # Ops that return tensors need a fake kernel that makes them; the rest only write into buffers.

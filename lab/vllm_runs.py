@@ -277,6 +277,15 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("M_qwen3moe8l_s64_t2048", "plan"),
         ("L_dsv2lite8l_s64_t2048_fa", "plan"),
     ],
+    # The MLA shape with a step over cached context after the first full-size step (every
+    # start runs it; MLA up-projects that context in its chunked-prefill workspace), then the
+    # MoE shape's apply start again with it.
+    "context": [
+        ("L_dsv2lite8l_s64_t2048_fa", "alone"),
+        ("L_dsv2lite8l_s64_t2048_fa", "apply-hist"),
+        ("L_dsv2lite8l_s64_t2048_fa", "plan"),
+        ("M_qwen3moe8l_s64_t2048", "apply-hist"),
+    ],
     # The plugin's defaults against vLLM alone: one start to fill the compile cache, then
     # alternating warm starts.
     "overhead2": [("A_llama8b_s128_t4096", "alone"), *ALTERNATING],
@@ -413,6 +422,69 @@ def _first_full_step(llm: Any, cfg: dict[str, Any], used_end: int) -> dict[str, 
     }
 
 
+def _context_step(
+    llm: Any, cfg: dict[str, Any], used_end: int, reserved_end: int
+) -> dict[str, Any]:
+    """A step of new tokens over cached context, after the first full-size step.
+
+    Requests that share a prompt prefix already in the prefix cache (on by default) prefill only
+    their new tokens, attending to the cached prefix as context. MLA reads that context back from
+    the KV cache and up-projects it (`_compute_prefill_context` in mla_attention.py) in chunks of
+    up to its chunked-prefill workspace size, min(max(8 x max_model_len, 4 x max_num_seqs x
+    block size), 65,536) tokens; vLLM's profile pass reserves one [workspace, heads, nope + v]
+    tensor for it. Here: one request puts a prefix of about max_num_batched_tokens tokens in the
+    cache, then enough requests to fill one whole workspace chunk with it, 16 new tokens each,
+    arrive together. usage = in use at the end of init + the reservation added since the end of
+    init (both steps) + memory outside PyTorch added.
+    """
+    import torch
+
+    block, new_tokens = 16, 16
+    prefix_len = min(MAX_MODEL_LEN - 64, int(cfg["mbt"]) - new_tokens) // block * block
+    workspace = min(max(8 * MAX_MODEL_LEN, 4 * int(cfg["max_num_seqs"]) * block), 64 * 1024)
+    requests = min(-(-workspace // prefix_len), int(cfg["max_num_seqs"]))
+    requests = min(requests, (int(cfg["mbt"]) - 1) // new_tokens)
+    prefix = [(11 * i) % 30000 + 10 for i in range(prefix_len)]
+    sp = _greedy_one_token()
+    try:
+        llm.generate([{"prompt_token_ids": [*prefix, 5]}], sp)  # the prefix into the cache
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        free0, total = torch.cuda.mem_get_info()
+        outside0 = (total - free0) - torch.cuda.memory_reserved()
+        prompts = [
+            {
+                "prompt_token_ids": [
+                    *prefix,
+                    *[(r * new_tokens + j) % 997 + 20 for j in range(new_tokens)],
+                ]
+            }
+            for r in range(requests)
+        ]
+        llm.generate(prompts, sp)
+    except Exception as exc:  # the figure is optional; the start's record is not
+        return {"context_step_error": f"{type(exc).__name__}: {exc}"[:300]}
+    torch.cuda.synchronize()
+    free1, _ = torch.cuda.mem_get_info()
+    reserved1 = torch.cuda.memory_reserved()
+    growth = max(int(torch.cuda.max_memory_reserved()) - reserved_end, 0)
+    outside = max(int((total - free1) - reserved1 - outside0), 0)
+    return {
+        "context_step_requests": requests,
+        "context_step_context_tokens": requests * prefix_len,
+        "context_step_new_tokens": requests * new_tokens,
+        "context_step_reserved_growth_bytes": growth,
+        "context_step_outside_growth_bytes": outside,
+        "context_step_usage_bytes": used_end + growth + outside,
+    }
+
+
+def _greedy_one_token() -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True)
+
+
 def _provide_flash_attn(torch: Any) -> None:
     """FA2 for vLLM's FLASH_ATTN MLA prefill, checked on this GPU against the dense reference
     (bf16, MLA's 16 heads of 192, two causal sequences): the log shows the largest errors."""
@@ -514,6 +586,7 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         "end_allocated_bytes": int(torch.cuda.memory_allocated()),
     }
     step = _first_full_step(llm, cfg, int(total - free))
+    step.update(_context_step(llm, cfg, int(total - free), end_torch["end_reserved_bytes"]))
     peak = getattr(worker, "peak_activation_memory", None)
     est = getattr(worker, "cudagraph_memory_estimate", None)
     headroom = None
@@ -658,8 +731,10 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
                 usage = rec["persistent_used_bytes"] + int(h)
                 rec["usage_end_bytes"] = usage
                 rec["usage_minus_budget_bytes"] = usage - rec["budget_bytes"]
-            if rec.get("step_usage_bytes") is not None:
-                rec["step_usage_minus_budget_bytes"] = rec["step_usage_bytes"] - rec["budget_bytes"]
+            for kind in ("step", "context_step"):
+                if rec.get(f"{kind}_usage_bytes") is not None:
+                    usage = rec[f"{kind}_usage_bytes"]
+                    rec[f"{kind}_usage_minus_budget_bytes"] = usage - rec["budget_bytes"]
         else:
             rec["log_tail"] = log_path.read_text()[-3000:]
             rec["slow_snapshots"] = _slow_snapshots(log_path)
@@ -671,7 +746,9 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
         print(
             f"DONE {cfg_name}/{mode_spec} rc={rc} wall={wall:.0f}s "
             f"umb={rec.get('usage_minus_budget_bytes')} "
-            f"step_umb={rec.get('step_usage_minus_budget_bytes')} kv_tokens={rec.get('kv_tokens')}",
+            f"step_umb={rec.get('step_usage_minus_budget_bytes')} "
+            f"context_umb={rec.get('context_step_usage_minus_budget_bytes')} "
+            f"kv_tokens={rec.get('kv_tokens')}",
             flush=True,
         )
     # startup plans memest wrote, for the record

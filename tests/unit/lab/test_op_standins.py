@@ -592,3 +592,96 @@ def test_vllm_flash_attn_varlen_func_reaches_the_stand_in(
     want_out, want_lse = ref_varlen(q, k, v, [3, 4], [3, 4], 0.3, True)
     assert torch.allclose(out, torch.tensor(want_out), atol=1e-5)
     assert torch.allclose(lse, torch.tensor(want_lse), atol=1e-5)
+
+
+# --------------------------------------------------------------------------- MLA context
+def test_gather_and_maybe_dequant_cache_reads_each_context_token(
+    standins: types.ModuleType,
+) -> None:
+    """Sequence b's context token p lives at block_table[b][p // block_size], slot p % block_size
+    (offset by seq_starts[b] when given); rows past num_tokens stay untouched."""
+    gen = torch.Generator().manual_seed(5)
+    block_size, entry = 4, 6
+    cache = torch.randn(10, block_size, entry, generator=gen)
+    block_table = torch.tensor([[7, 2, 9, 0], [3, 5, 1, 8]], dtype=torch.int32)
+    lengths, starts = [6, 5], [0, 3]
+    cu = torch.tensor([0, 6, 11], dtype=torch.int32)
+    token_to_seq = torch.tensor([0] * 6 + [1] * 5 + [0, 0], dtype=torch.int32)
+    for seq_starts in (None, torch.tensor(starts, dtype=torch.int32)):
+        dst = torch.full((13, entry), -7.0)
+        torch.ops._C_cache_ops.gather_and_maybe_dequant_cache(
+            cache, dst, block_table, cu, token_to_seq, 11, "auto", torch.ones(()), seq_starts
+        )
+        want = []
+        for b, length in enumerate(lengths):
+            offset = starts[b] if seq_starts is not None else 0
+            for p in range(offset, offset + length):
+                block = int(block_table[b, p // block_size])
+                want.append(cache[block, p % block_size].tolist())
+        assert dst[:11].tolist() == want
+        assert dst[11:].eq(-7.0).all()
+
+
+def test_gather_and_maybe_dequant_cache_on_a_strided_cache(standins: types.ModuleType) -> None:
+    """A cache that is a strided view of a wider buffer is gathered without flattening it."""
+    wide = torch.randn(5, 4, 10)
+    cache = wide[:, :, :6]
+    dst = torch.empty(3, 6)
+    standins.gather_and_maybe_dequant_cache(
+        cache,
+        dst,
+        torch.tensor([[4, 1]], dtype=torch.int32),
+        torch.tensor([0, 3], dtype=torch.int32),
+        torch.zeros(3, dtype=torch.int32),
+        3,
+        "auto",
+        torch.ones(()),
+        torch.tensor([3], dtype=torch.int32),
+    )
+    assert torch.equal(dst, torch.stack([cache[4, 3], cache[1, 0], cache[1, 1]]))
+
+
+def test_merge_attn_states_matches_the_log_sum_exp_merge(standins: types.ModuleType) -> None:
+    """Written per token and head from the docstring's formula; +inf counts as an empty part."""
+    import math
+
+    gen = torch.Generator().manual_seed(9)
+    tokens, heads, d, with_context = 5, 2, 4, 3
+    prefix, suffix = (
+        torch.randn(tokens, heads, d, generator=gen),
+        torch.randn(tokens, heads, d, generator=gen),
+    )
+    lp, ls = torch.randn(heads, tokens, generator=gen), torch.randn(heads, tokens, generator=gen)
+    lp[0, 1] = float("inf")  # an empty prefix
+    lp[1, 2], ls[1, 2] = float("-inf"), float("-inf")  # both empty
+    out, out_lse = torch.empty_like(prefix), torch.empty(heads, tokens)
+    torch.ops._C.merge_attn_states(out, out_lse, prefix, lp, suffix, ls, with_context, None)
+    for t in range(tokens):
+        for h in range(heads):
+            if t >= with_context:
+                assert out[t, h].tolist() == suffix[t, h].tolist()
+                assert out_lse[h, t].item() == ls[h, t].item()
+                continue
+            a = -math.inf if lp[h, t].item() == math.inf else lp[h, t].item()
+            b = -math.inf if ls[h, t].item() == math.inf else ls[h, t].item()
+            if a == b == -math.inf:
+                assert out[t, h].abs().sum().item() == 0.0 and out_lse[h, t].item() == -math.inf
+                continue
+            top = max(a, b)
+            wa, wb = math.exp(a - top), math.exp(b - top)
+            want = [
+                (wa * x + wb * y) / (wa + wb)
+                for x, y in zip(prefix[t, h].tolist(), suffix[t, h].tolist(), strict=True)
+            ]
+            assert out[t, h].tolist() == pytest.approx(want, abs=1e-5)
+            assert out_lse[h, t].item() == pytest.approx(top + math.log(wa + wb), abs=1e-5)
+
+
+@pytest.mark.vllm
+def test_vllm_merge_attn_states_reaches_the_stand_in(vllm_ops: Any) -> None:
+    """vLLM's wrapper binds the stand-in's schema (prefill_tokens_with_context None: all)."""
+    prefix, suffix = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    lse = torch.zeros(2, 3)
+    out = torch.empty(3, 2, 8)
+    vllm_ops.merge_attn_states(out, prefix, lse, suffix, lse)
+    assert torch.allclose(out, (prefix + suffix) / 2, atol=1e-6)
