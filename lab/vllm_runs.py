@@ -286,6 +286,11 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("L_dsv2lite8l_s64_t2048_fa", "plan"),
         ("M_qwen3moe8l_s64_t2048", "apply-hist"),
     ],
+    # The MLA shape with memest's term for prefill over cached context (apply, then its plan).
+    "mla2": [
+        ("L_dsv2lite8l_s64_t2048_fa", "apply-hist"),
+        ("L_dsv2lite8l_s64_t2048_fa", "plan"),
+    ],
     # The plugin's defaults against vLLM alone: one start to fill the compile cache, then
     # alternating warm starts.
     "overhead2": [("A_llama8b_s128_t4096", "alone"), *ALTERNATING],

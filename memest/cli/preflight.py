@@ -72,6 +72,11 @@ class _Preflight:
             help="vLLM's flag: FLASH_ATTN, FLASHINFER, TRITON_ATTN, FLASH_ATTN_MLA, FLASHMLA, "
             "FLASHINFER_MLA, TRITON_MLA (default: vLLM's first for the GPU and attention kind)",
         )
+        parser.add_argument(
+            "--attention-config",
+            metavar="JSON",
+            help="vLLM's flag; read: flash_attn_version (2 pads MLA's v; default 3 on SM90)",
+        )
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -88,6 +93,7 @@ class _Preflight:
             "dtype": args.dtype,
             "block_size": args.block_size,
             "attention_backend": args.attention_backend,
+            "attention_config": _inline("--attention-config", args.attention_config),
         }
         if args.draft_model_config:
             fields["draft_model_config"] = _json_file(

@@ -46,14 +46,15 @@ def usage_bytes(report: RunReport, terms: FullInitTerms) -> int:
     That step needs the activation headroom again, beyond what the allocator already holds
     cached in its default pool at the final reading (graph pools' free space serves only
     replays): a reading taken after ``empty_cache()`` adds the whole headroom, a reading taken
-    after a full-size step adds nothing.
+    after a full-size step adds nothing. An MLA model's step over cached context then adds its
+    context chunk (``mla_context_bytes``) in segments of its own.
 
     Raises:
         ReportFormatError: the final reading has no device-memory figure.
     """
     end = final_reading(report)
     cached = default_pool_cached(report, end)
-    transient = max(terms.profile_peak_activation_bytes - cached, 0)
+    transient = max(terms.profile_peak_activation_bytes - cached, 0) + terms.mla_context_bytes
     return device_used(end, report, "the final reading") + transient
 
 

@@ -23,6 +23,7 @@ import math
 from memest.analysis.tags import DEFAULT_POOL
 from memest.errors import InvariantError, ReportFormatError
 from memest.estimate.kv import kv_page_bytes
+from memest.estimate.mla_context import run_mla_context_bytes
 from memest.schema import SCHEMA_VERSION, FullInitTerms, MemoryReading, PhaseRecord, RunReport
 
 REQUIRED_PHASES = ("weights", "profile_run", "kv_cache_alloc")
@@ -216,10 +217,12 @@ def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerm
     kv_added = kv_alloc.end.torch_allocated_bytes - kv_alloc.start.torch_allocated_bytes
     runner = max(kv_added - kv_bytes, 0) + kept_after_kv(report, kv_alloc, final)
     residue = max(kv_alloc.start.torch_allocated_bytes - weights.end.torch_allocated_bytes, 0)
+    block_size = report.kv_cache.block_size if report.kv_cache is not None else 16
     return FullInitTerms(
         requested_bytes=requested_bytes(report),
         weights_bytes=weights_bytes,
         profile_peak_activation_bytes=activation,
+        mla_context_bytes=run_mla_context_bytes(report.config, block_size),
         outside_torch_bytes=outside,
         graph_pool_bytes=sum(by_stage.values()),
         graph_pool_by_stage_bytes=by_stage,
@@ -261,6 +264,7 @@ TERM_FIELDS = (
     "baseline_torch_bytes",
     "weights_bytes",
     "profile_peak_activation_bytes",
+    "mla_context_bytes",
     "outside_torch_bytes",
     "graph_pool_bytes",
     "runner_buffer_bytes",
@@ -275,6 +279,7 @@ TERM_LABELS = {
     "baseline_torch_bytes": "CUDA libraries before the weights",
     "weights_bytes": "weights",
     "profile_peak_activation_bytes": "activation headroom",
+    "mla_context_bytes": "MLA prefill over cached context",
     "outside_torch_bytes": "outside PyTorch (context, NCCL, graphs)",
     "graph_pool_bytes": "graph pools",
     "runner_buffer_bytes": "runner buffers",

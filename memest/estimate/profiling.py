@@ -30,6 +30,7 @@ class ProfilingReadings:
     requested_bytes: int
     margin_bytes: int = 0
     stage_pool_bytes: dict[str, int] = field(default_factory=dict)
+    mla_context_bytes: int = 0  # memest.estimate.mla_context for this start's configuration
 
 
 def _by_stage(r: ProfilingReadings) -> tuple[int, dict[str, int]]:
@@ -78,6 +79,7 @@ def profiling_terms(r: ProfilingReadings, *, source: str) -> FullInitTerms:
         requested_bytes=r.requested_bytes,
         weights_bytes=r.weights_bytes,
         profile_peak_activation_bytes=r.activation_bytes,
+        mla_context_bytes=r.mla_context_bytes,
         outside_torch_bytes=max(used_now - reserved_now, 0)
         + details["capture_outside_torch_bytes"],
         graph_pool_bytes=pool,

@@ -40,6 +40,7 @@ from memest.estimate.kv import (
     require_fit,
     require_max_model_len,
 )
+from memest.estimate.mla_context import chunked_prefill_workspace_tokens, mla_context_bytes
 from memest.estimate.model_shape import VLLM_DEFAULT_MAX_MODEL_LEN, ModelShape, model_shape
 from memest.estimate.phases import budget_bytes, full_init_kv_budget, non_kv_bytes
 from memest.estimate.runner_buffers import (
@@ -74,6 +75,7 @@ class Setup:
     block_size: int
     attention_backend: str
     notes: tuple[str, ...] = ()
+    mla_v_padded: bool = False  # MLA prefill pads v (FlashAttention 2)
 
     @property
     def mbt(self) -> int:
@@ -168,7 +170,20 @@ def setup(req: PreflightRequest) -> Setup:
             f"{VLLM_DEFAULT_MAX_MODEL_LEN} (vLLM warns the same)",
         )
     )
-    return Setup(target, drafter, config, plan, req.gpu.lower(), block, backend, notes)
+    padded = _flash_attn_version(req) == FA_PADS_MLA_V
+    return Setup(target, drafter, config, plan, req.gpu.lower(), block, backend, notes, padded)
+
+
+#: The FlashAttention version whose MLA prefill pads v to the qk head dim (vLLM 0.33.0).
+FA_PADS_MLA_V = 2
+
+
+def _flash_attn_version(req: PreflightRequest) -> int | None:
+    """--attention-config's flash_attn_version (2, 3 or 4), None when not given."""
+    value = (req.attention_config or {}).get("flash_attn_version")
+    if value is not None and (isinstance(value, bool) or value not in (2, 3, 4)):
+        raise ConfigError("attention_config.flash_attn_version", value, "expected 2, 3 or 4")
+    return value
 
 
 def _max_model_len(req: PreflightRequest, cfg: Mapping[str, Any], target: ModelShape) -> int:
@@ -241,6 +256,7 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
             activation,
             f"{c.activation_factor:.3f} x max_num_batched_tokens x layer token bytes",
         ),
+        "mla_context_bytes": _mla_context(s),
         "outside_torch_bytes": (
             round(outside),
             f"context + {c.outside_per_graph_layer_bytes:.0f} B x graphs x layers "
@@ -261,6 +277,21 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
             f"{c.residue_factor:.3f} x max_num_batched_tokens x hidden x dtype bytes",
         ),
     }
+
+
+def _mla_context(s: Setup) -> tuple[int, str]:
+    """MLA's prefill over cached context: one workspace chunk beyond the profile run's stand-in."""
+    if s.target.family != "mla":
+        return 0, "no MLA"
+    assert s.config.max_model_len is not None and s.config.max_num_seqs is not None
+    tokens = chunked_prefill_workspace_tokens(
+        s.config.max_model_len, s.config.max_num_seqs, s.block_size
+    )
+    what = "k and v padded for FlashAttention 2" if s.mla_v_padded else "k"
+    return (
+        mla_context_bytes(s.target, tokens, v_padded=s.mla_v_padded),
+        f"{what} of one {tokens}-token chunked-prefill workspace chunk (heads x dims x dtype)",
+    )
 
 
 def _unmeasured(s: Setup, cal: Calibration) -> tuple[dict[str, float], list[str]]:

@@ -479,6 +479,7 @@ _PART_COLORS = {
     "baseline_torch_bytes": "#9e9e9e",
     "weights_bytes": "#3f51b5",
     "profile_peak_activation_bytes": "#ff9800",
+    "mla_context_bytes": "#ffc107",
     "outside_torch_bytes": "#795548",
     "runner_buffer_bytes": "#009688",
     "profiling_residue_bytes": "#bdbdbd",

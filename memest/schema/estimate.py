@@ -59,6 +59,13 @@ class FullInitTerms(MemestModel):
         "a second, warm profile pass adds from an empty cache (vLLM plugin), else the profile "
         "run's allocated peak above what it left allocated"
     )
+    mla_context_bytes: NonNegativeBytes = Field(
+        default=0,
+        description="MLA only: what prefill over cached context (a prefix-cache hit) reserves "
+        "beyond the activation headroom: one chunked-prefill workspace chunk's up-projected k "
+        "(and v padded for FlashAttention 2), which vLLM's profile run does not allocate "
+        "(memest.estimate.mla_context)",
+    )
     outside_torch_bytes: NonNegativeBytes = Field(
         description="Device memory the PyTorch allocator does not hold: CUDA context, library "
         "handles, NCCL, graph objects"

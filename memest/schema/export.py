@@ -3,6 +3,7 @@ file is stale)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -36,7 +37,12 @@ def render_preflight() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    target = Path(argv[0]) if argv else SCHEMA_FILE
+    parser = argparse.ArgumentParser(
+        prog="python -m memest.schema.export",
+        description="Write the run-report JSON Schema (and the pre-flight's beside it).",
+    )
+    parser.add_argument("target", nargs="?", type=Path, default=SCHEMA_FILE, help="%(default)s")
+    target = parser.parse_args(argv).target
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render())
     (target.parent / PREFLIGHT_SCHEMA_FILE.name).write_text(render_preflight())

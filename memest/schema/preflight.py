@@ -51,6 +51,11 @@ class PreflightRequest(MemestModel):
         max_length=32,
         description="vLLM's --attention-backend (FLASH_ATTN, FLASHMLA, ...); unset: vLLM's first",
     )
+    attention_config: dict[str, Any] | None = Field(
+        default=None,
+        description="vLLM's --attention-config; read: flash_attn_version (2 pads MLA's v in "
+        "prefill over cached context; unset: 3, what vLLM runs on SM90)",
+    )
 
 
 class VllmOvershoot(MemestModel):

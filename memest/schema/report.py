@@ -108,6 +108,14 @@ class RunConfig(MemestModel):
     drafter_dims: ModelShape | None = Field(
         default=None, description="The drafter's dimensions (recorded by the plugin)"
     )
+    mla_prefill_backend: str | None = Field(
+        default=None, description="MLA models: the prefill backend vLLM chose (recorded)"
+    )
+    mla_prefill_v_padded: bool | None = Field(
+        default=None,
+        description="MLA models: whether that backend pads v to the qk head dim "
+        "(FlashAttention 2); None when not recorded",
+    )
 
 
 class VllmFigures(MemestModel):

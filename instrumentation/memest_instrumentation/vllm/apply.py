@@ -20,10 +20,23 @@ from __future__ import annotations
 from typing import Any
 
 from memest.estimate import full_init_kv_budget
+from memest.estimate.mla_context import run_mla_context_bytes
 from memest.estimate.profiling import ProfilingReadings, capture_details, profiling_terms
 from memest.schema import FullInitTerms, MemoryReading
-from memest_instrumentation.vllm import measure
-from memest_instrumentation.vllm.state import state
+from memest_instrumentation.vllm import dims, measure
+from memest_instrumentation.vllm.state import guarded, state
+
+
+def _mla_context_bytes(worker: Any) -> int:
+    """memest.estimate.mla_context for this start (0 without MLA or when unreadable)."""
+    st = state()
+    vllm_config = getattr(worker, "vllm_config", None)
+    guarded("mla_prefill", dims.record_mla_prefill, vllm_config)
+    cache = getattr(vllm_config, "cache_config", None)
+    block_size = int(getattr(cache, "block_size", None) or 16)
+    if st.config is None:
+        return 0
+    return guarded("mla_context", run_mla_context_bytes, st.config, block_size) or 0
 
 
 def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
@@ -55,6 +68,7 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
         requested_bytes=int(requested),
         margin_bytes=st.settings.margin_bytes,
         stage_pool_bytes=by_stage,
+        mla_context_bytes=_mla_context_bytes(worker),
     )
     st.apply_terms.details = capture_details(readings)
     return profiling_terms(

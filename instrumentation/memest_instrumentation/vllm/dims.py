@@ -99,3 +99,30 @@ def record(vllm_config: Any) -> None:
             "drafter_dims": model_shape(draft),
         }
     )
+
+
+def record_mla_prefill(vllm_config: Any) -> None:
+    """The MLA prefill backend vLLM built (its name, whether it pads v), once the model exists.
+
+    memest.estimate.mla_context sizes the reservation of MLA's prefill over cached context by
+    it; any MLA layer of the model's forward context holds the backend.
+    """
+    from memest_instrumentation.vllm.state import state
+
+    st = state()
+    dims = st.config.model_dims if st.config is not None else None
+    if st.config is None or dims is None or not dims.kv_lora_rank:
+        return
+    compilation = getattr(vllm_config, "compilation_config", None)
+    layers = getattr(compilation, "static_forward_context", None) or {}
+    for layer in layers.values():
+        backend = getattr(layer, "prefill_backend", None)
+        if backend is None:
+            continue
+        get_name = getattr(backend, "get_name", None)
+        name = str(get_name()) if callable(get_name) else type(backend).__name__
+        padded = bool(getattr(backend, "requires_v_padding", False))
+        st.config = st.config.model_copy(
+            update={"mla_prefill_backend": name, "mla_prefill_v_padded": padded}
+        )
+        return

@@ -46,6 +46,9 @@ def end_of_init(worker: Any) -> RunReport | None:
         st.compiled_code = guarded("compiled_code", inductor.collect)
     usage = (end.device_used_bytes or 0) + (st.figures.profile_headroom_bytes or 0)
     st.figures.usage_end_bytes = usage
+    from memest_instrumentation.vllm import dims
+
+    guarded("mla_prefill", dims.record_mla_prefill, getattr(worker, "vllm_config", None))
     report = build_report(worker, end_pool_usage=pool_usage)
     guarded("startup_plan", write_plan, report)
     path = guarded("report_file", sink.write_report, st.settings, report)
