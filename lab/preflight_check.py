@@ -10,9 +10,11 @@ KV budget is compared with the KV that fills the start's budget exactly:
 
     truth = kv_bytes - step_usage_minus_budget_bytes
 
-(usage at serving's first full-size step minus the budget); a record without the step figure
-falls back to usage_minus_budget_bytes (end of init + the profile pass's activation peak), and
-the table says which. For a start of vLLM alone, vLLM's own estimate is the KV it allocated
+(usage at serving's first full-size step minus the budget; from call 15 on the larger of that
+and the step over cached context that follows it, serving's peak); a record without the step
+figure falls back to usage_minus_budget_bytes (end of init + the profile pass's activation peak),
+and the table says which. Starts lab/summarize_vllm.py marks diagnostic (a lab stand-in that
+allocates what no GPU deployment does) are skipped. For a start of vLLM alone, vLLM's own estimate is the KV it allocated
 (its kv_bytes), shown beside with its error against that start's truth.
 
 A configuration is "in the calibration" by architecture when the calibration's
@@ -35,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "lab"))
 
 from preflight_fit import load_starts  # noqa: E402
+from summarize_vllm import DIAGNOSTIC_STARTS  # noqa: E402
 from vllm_runs import CONFIGS  # noqa: E402
 
 from memest.errors import MemestError  # noqa: E402
@@ -90,6 +93,8 @@ def question(name: str) -> PreflightRequest:
         "compilation_config": cfg.get("compilation"),
         "attention_backend": cfg.get("attention_backend", LAB_ATTENTION_BACKEND),
     }
+    if cfg.get("mla_prefill_backend") == "FLASH_ATTN":
+        fields["attention_config"] = {"flash_attn_version": 2}  # the lab's stand-in is FA2
     if spec is not None and spec.get("model"):
         fields["draft_model_config"] = _model_config(spec["model"])
     return request_from(fields)
@@ -123,7 +128,9 @@ class Row:
     predicted_kv_bytes: int
     predicted_uncertainty_bytes: int
     truth_kv_bytes: int
-    truth_from: str  # "step", "step-partial" (fewer than max_num_batched_tokens - 1) or "end"
+    # "serving peak" (the larger of the full-size step and the step over cached context), "step",
+    # "step-partial" (fewer than max_num_batched_tokens - 1) or "end"
+    truth_from: str
     error_bytes: int
     vllm_kv_bytes: int | None = None
     vllm_error_bytes: int | None = None
@@ -192,6 +199,9 @@ def _row(
     over, source = (step, "step") if step is not None else (end, "end")
     if step is not None and not step_fills(rec, cfg["mbt"], where):
         source = "step-partial"
+    context = _int(rec, "context_step_usage_minus_budget_bytes", where)
+    if step is not None and context is not None:
+        over, source = max(step, context), "serving peak"
     assert over is not None
     truth = kv - over
     alone = rec["mode"] == "alone"
@@ -236,6 +246,10 @@ def check(paths: Sequence[Path], cal: Calibration | None = None) -> Check:
             if name not in CONFIGS:
                 skipped.append(f"{path.name}:{n} {name}/{rec['mode']}: not in CONFIGS")
                 continue
+            why = DIAGNOSTIC_STARTS.get((path.stem.split(".")[-1], name))
+            if why is not None:
+                skipped.append(f"{path.name}:{n} {name}/{rec['mode']}: diagnostic ({why})")
+                continue
             if name not in predictions:
                 req = question(name)
                 predictions[name] = preflight(req, cal)
@@ -279,10 +293,17 @@ def table(rows: Sequence[Row]) -> list[str]:
     return out
 
 
+def _profiled(row: Row) -> bool:
+    """A start that ran vLLM's memory profiling, as the pre-flight's question does. A memest
+    plan start loads a persisted startup plan instead and skips it: a different start."""
+    return not row.mode.startswith("plan")
+
+
 def _best(rows: Sequence[Row]) -> list[Row]:
-    """The rows of one configuration whose truth is a full-size step, else those of a partial
-    step, else all (end figure)."""
-    for source in ("step", "step-partial"):
+    """The profiled rows of one configuration whose truth is serving's peak (a full-size step,
+    then a step over cached context), else a full-size step, else a partial step, else all."""
+    rows = [r for r in rows if _profiled(r)] or list(rows)
+    for source in ("serving peak", "step", "step-partial"):
         best = [r for r in rows if r.truth_from == source]
         if best:
             return best
@@ -307,6 +328,15 @@ def summary(rows: Sequence[Row]) -> dict[str, Any]:
             "worst_error_bytes": max((r.error_bytes for r in best), key=abs),
             "worst_vllm_error_bytes": max(
                 (r.vllm_error_bytes for r in best if r.vllm_error_bytes is not None),
+                key=abs,
+                default=None,
+            ),
+            "worst_plan_start_error_bytes": max(
+                (
+                    r.error_bytes
+                    for r in rs
+                    if not _profiled(r) and r.truth_from == best[0].truth_from
+                ),
                 key=abs,
                 default=None,
             ),
@@ -348,18 +378,23 @@ def render(c: Check, command: str) -> str:
         "",
         *table(c.rows),
         "",
-        "Per configuration, over the starts whose truth is a full-size step (where any has it):",
+        "Per configuration, over the starts that ran vLLM's memory profiling (vLLM alone, memest "
+        "apply or measuring), as the pre-flight's question does, whose truth is the best figure "
+        "any has (serving's peak, else the full-size step); memest plan starts, which load a "
+        "persisted startup plan and skip profiling, in their own column:",
         "",
         "| configuration | architecture | in calibration | starts compared (truth from) | "
-        "predicted KV GiB | worst error GiB | worst vLLM error GiB | not asked |",
-        "|---|---|---|---|---|---|---|---|",
+        "predicted KV GiB | worst error GiB | worst vLLM error GiB | worst plan-start error GiB "
+        "| not asked |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, v in s["configurations"].items():
         lines.append(
             f"| {name} | {v['architecture']} | {v['in_calibration']} | "
             f"{v['starts_compared']} of {v['starts']} ({v['truth_from']}) | "
             f"{_g(v['predicted_kv_bytes'])} | {_g(v['worst_error_bytes'], True)} | "
-            f"{_g(v['worst_vllm_error_bytes'], True)} | {', '.join(v['not_asked']) or '–'} |"
+            f"{_g(v['worst_vllm_error_bytes'], True)} | "
+            f"{_g(v['worst_plan_start_error_bytes'], True)} | {', '.join(v['not_asked']) or '–'} |"
         )
     within, archs = s["unseen_architectures_within_tolerance"], s["unseen_architectures"]
     lines += [

@@ -66,13 +66,21 @@ def context_chunk_tensors(
     return tensors
 
 
+def profile_standin_bytes(shape: ModelShape, workspace_tokens: int) -> int:
+    """The profile run's stand-in for the chunk, [workspace, heads, qk_nope + v] (0 without MLA).
+
+    Part of the profile run's activation peak, which the plugin measures; the pre-flight's
+    activation law, fitted on models without MLA, adds it.
+    """
+    tensors = context_chunk_tensors(shape, workspace_tokens, v_padded=False)
+    return _rounded(tensors["kv_nope"]) if tensors else 0
+
+
 def mla_context_bytes(shape: ModelShape, workspace_tokens: int, *, v_padded: bool) -> int:
     """Reservation a full context chunk needs beyond the profile run's stand-in (0 without MLA)."""
     tensors = context_chunk_tensors(shape, workspace_tokens, v_padded=v_padded)
-    if not tensors:
-        return 0
     chunk = sum(_rounded(n) for n in tensors.values())
-    return chunk - _rounded(tensors["kv_nope"])  # the stand-in is kv_nope's shape
+    return chunk - profile_standin_bytes(shape, workspace_tokens)
 
 
 def run_mla_context_bytes(config: RunConfig, block_size: int) -> int:

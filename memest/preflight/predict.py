@@ -40,7 +40,11 @@ from memest.estimate.kv import (
     require_fit,
     require_max_model_len,
 )
-from memest.estimate.mla_context import chunked_prefill_workspace_tokens, mla_context_bytes
+from memest.estimate.mla_context import (
+    chunked_prefill_workspace_tokens,
+    mla_context_bytes,
+    profile_standin_bytes,
+)
 from memest.estimate.model_shape import VLLM_DEFAULT_MAX_MODEL_LEN, ModelShape, model_shape
 from memest.estimate.phases import budget_bytes, full_init_kv_budget, non_kv_bytes
 from memest.estimate.runner_buffers import (
@@ -81,6 +85,14 @@ class Setup:
     def mbt(self) -> int:
         assert self.config.max_num_batched_tokens is not None
         return self.config.max_num_batched_tokens
+
+    @property
+    def mla_workspace_tokens(self) -> int:
+        """Tokens of MLA's chunked-prefill workspace (memest.estimate.mla_context)."""
+        assert self.config.max_model_len is not None and self.config.max_num_seqs is not None
+        return chunked_prefill_workspace_tokens(
+            self.config.max_model_len, self.config.max_num_seqs, self.block_size
+        )
 
     @property
     def draft_steps(self) -> int:
@@ -234,7 +246,7 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
     pools = pool_bytes(s.plan, s.target, d, draft_steps=s.draft_steps)
     activation = activation_bytes(
         s.mbt, s.target, c.activation_factor, d, c.activation_drafter_factor
-    )
+    ) + profile_standin_bytes(s.target, s.mla_workspace_tokens)
     residue = c.residue_bytes + c.residue_factor * s.mbt * s.target.hidden * s.target.dtype_bytes
     weights = parameter_bytes(s.target) + c.weights_rest_bytes
     if d is not None:
@@ -254,7 +266,8 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
         ),
         "profile_peak_activation_bytes": (
             activation,
-            f"{c.activation_factor:.3f} x max_num_batched_tokens x layer token bytes",
+            f"{c.activation_factor:.3f} x max_num_batched_tokens x layer token bytes"
+            + (" + the profile run's MLA context stand-in" if s.target.family == "mla" else ""),
         ),
         "mla_context_bytes": _mla_context(s),
         "outside_torch_bytes": (
@@ -283,10 +296,7 @@ def _mla_context(s: Setup) -> tuple[int, str]:
     """MLA's prefill over cached context: one workspace chunk beyond the profile run's stand-in."""
     if s.target.family != "mla":
         return 0, "no MLA"
-    assert s.config.max_model_len is not None and s.config.max_num_seqs is not None
-    tokens = chunked_prefill_workspace_tokens(
-        s.config.max_model_len, s.config.max_num_seqs, s.block_size
-    )
+    tokens = s.mla_workspace_tokens
     what = "k and v padded for FlashAttention 2" if s.mla_v_padded else "k"
     return (
         mla_context_bytes(s.target, tokens, v_padded=s.mla_v_padded),

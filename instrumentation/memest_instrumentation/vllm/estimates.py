@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from memest.estimate.accounting import account
 from memest.estimate.startup_plan import (
     graph_profiling_kept,
     plan_kv_bytes,
@@ -91,7 +92,7 @@ def write_plan(report: RunReport) -> None:
     if st.settings.estimate == "off":
         return
     fp = st.plan.fingerprint
-    usage = st.figures.usage_end_bytes
+    usage = account(report).usage_bytes  # the one definition every surface shows
     requested = st.vllm.requested_memory_bytes
     spec = report.kv_cache
     baseline = st.figures.init_free_bytes

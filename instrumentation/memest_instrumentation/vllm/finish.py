@@ -44,8 +44,6 @@ def end_of_init(worker: Any) -> RunReport | None:
         from memest_instrumentation.vllm import inductor
 
         st.compiled_code = guarded("compiled_code", inductor.collect)
-    usage = (end.device_used_bytes or 0) + (st.figures.profile_headroom_bytes or 0)
-    st.figures.usage_end_bytes = usage
     from memest_instrumentation.vllm import dims
 
     guarded("mla_prefill", dims.record_mla_prefill, getattr(worker, "vllm_config", None))

@@ -81,7 +81,6 @@ class Measured:
     profile_run_compiled: int = 0  # compilations during vLLM's profile run
     compiles_before_profile_run: int | None = None
     capture_pool: str | None = None  # the real capture's graph pool
-    usage_end_bytes: int | None = None  # in use at the end of init + the whole headroom
 
 
 @dataclass
