@@ -160,3 +160,60 @@ def test_moe_dims_recorded_from_vllms_model_config_move_the_moe_workspace(tmp_pa
     )
     assert moved > 0
     assert from_report.kv_budget_bytes_to == from_config.kv_budget_bytes_to
+
+
+def _mla_config(tmp: Path) -> RunConfig:
+    shutil.copy(ROOT / "lab/models/dsv2lite_8l/config.json", tmp / "config.json")
+    cfg = json.loads((tmp / "config.json").read_text())
+    from memest.schema import ModelShape
+
+    dims = ModelShape.model_validate({k: v for k, v in cfg.items() if k in ModelShape.model_fields})
+    return RunConfig(model="dsv2", max_model_len=4096, max_num_seqs=64, model_dims=dims)
+
+
+@pytest.mark.vllm
+def test_the_mla_prefill_backend_is_recorded(tmp_path: Path) -> None:
+    """A FlashAttention prefill backend says whether it pads v (FA2 does; its class does not
+    import without CUDA, so a stand-in carries its two attributes); vLLM 0.33.0's own CPU SDPA
+    backend class has no such attribute and pads nothing. The term follows the record."""
+    vllm_or_skip()
+    from memest_instrumentation.vllm import dims
+    from memest_instrumentation.vllm.state import state
+    from vllm.v1.attention.backends.mla.prefill.cpu_sdpa import CPUSDPAMLAPrefillBackend
+
+    from memest.estimate.mla_context import run_mla_context_bytes
+
+    flash = types.SimpleNamespace(get_name=lambda: "FLASH_ATTN", requires_v_padding=True)
+    cpu = object.__new__(CPUSDPAMLAPrefillBackend)  # its __init__ needs a model; get_name not
+    st = state()
+    terms = {}
+    for backend, name, padded in ((flash, "FLASH_ATTN", True), (cpu, "CPU_SDPA_MLA", False)):
+        layers = {
+            "model.layers.0.mlp": types.SimpleNamespace(),
+            "model.layers.0.self_attn.mla_attn": types.SimpleNamespace(prefill_backend=backend),
+        }
+        vc = types.SimpleNamespace(
+            compilation_config=types.SimpleNamespace(static_forward_context=layers)
+        )
+        st.config = _mla_config(tmp_path)
+        dims.record_mla_prefill(vc)
+        assert st.config.mla_prefill_backend == name
+        assert st.config.mla_prefill_v_padded is padded
+        terms[padded] = run_mla_context_bytes(st.config, 16)
+    assert terms[True] > terms[False] > 0
+
+
+def test_no_mla_prefill_record_without_mla() -> None:
+    from memest_instrumentation.vllm import dims
+    from memest_instrumentation.vllm.state import state
+
+    st = state()
+    st.config = RunConfig(model="m", max_num_seqs=8)
+    backend = types.SimpleNamespace(requires_v_padding=True)
+    layers = {"a": types.SimpleNamespace(prefill_backend=backend)}
+    dims.record_mla_prefill(
+        types.SimpleNamespace(
+            compilation_config=types.SimpleNamespace(static_forward_context=layers)
+        )
+    )
+    assert st.config.mla_prefill_backend is None and st.config.mla_prefill_v_padded is None

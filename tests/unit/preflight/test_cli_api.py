@@ -84,6 +84,11 @@ def test_text_output_names_every_term(capsys: pytest.CaptureFixture[str]) -> Non
         (["--model-config", str(LLAMA), "--speculative-config", "{bad"], "--speculative-config"),
         (["--model-config", str(LLAMA), "--tensor-parallel-size", "3"], "num_attention_heads"),
         (["--model-config", str(LLAMA), "--gpu-memory-utilization", "1.5"], "gpu_memory_util"),
+        (["--model-config", str(LLAMA), "--attention-config", "[2]"], "--attention-config"),
+        (
+            ["--model-config", str(LLAMA), "--attention-config", '{"flash_attn_version": 5}'],
+            "attention_config.flash_attn_version",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -168,3 +173,33 @@ def test_overshoot_and_concurrency_lines(capsys: pytest.CaptureFixture[str]) -> 
     assert "calibration starts" not in out  # no calibration start ran TP 2
     _, out, _ = _run(capsys, "--model-config", str(DSV2), "--json")
     assert json.loads(out)["vllm_overshoot"] is None  # nor an MLA model
+
+
+DSV2 = ROOT / "lab/models/dsv2lite_8l/config.json"
+MLA_GRID = ["--max-num-seqs", "64", "--max-num-batched-tokens", "2048", "--max-model-len", "4096"]
+
+
+def _terms(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, int]:
+    code, out, _ = _run(capsys, *args, "--json")
+    assert code == 0
+    return dict(json.loads(out)["terms"])
+
+
+def test_mla_context_term_follows_the_flash_attention_version(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """FlashAttention 2 pads MLA's v (one more [workspace, heads, qk] tensor than FA3, the SM90
+    default); the difference is that tensor, 32,768 x 16 heads x 192 x 2 B for DeepSeek-V2-Lite
+    at max_model_len 4,096. A dense model has no term."""
+    fa3 = _terms(capsys, "--model-config", str(DSV2), *MLA_GRID)
+    fa2 = _terms(
+        capsys,
+        "--model-config",
+        str(DSV2),
+        *MLA_GRID,
+        "--attention-config",
+        '{"flash_attn_version": 2}',
+    )
+    assert fa2["mla_context_bytes"] - fa3["mla_context_bytes"] == 32768 * 16 * 192 * 2
+    assert fa3["mla_context_bytes"] == 32768 * 16 * 192 * 2  # k
+    assert _terms(capsys, "--model-config", str(LLAMA), *GRID)["mla_context_bytes"] == 0

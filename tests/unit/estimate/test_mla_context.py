@@ -1,0 +1,115 @@
+"""MLA's prefill over cached context (memest.estimate.mla_context) against vLLM 0.33.0's sizing
+rule and the H200 measurement of reports/vllm (calls 17 and 18)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memest.estimate.accounting import account
+from memest.estimate.mla_context import (
+    chunked_prefill_workspace_tokens,
+    context_chunk_tensors,
+    mla_context_bytes,
+    profile_standin_bytes,
+    run_mla_context_bytes,
+)
+from memest.estimate.model_shape import model_shape
+from memest.schema import ModelShape as RecordedShape
+from memest.schema import RunConfig, RunReport
+
+ROOT = Path(__file__).resolve().parents[3]
+DSV2 = json.loads((ROOT / "lab/models/dsv2lite_8l/config.json").read_text())
+LLAMA = json.loads((ROOT / "examples/llama8b.config.json").read_text())
+RAW = ROOT / "reports/vllm/raw"
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def _record(call: str, config: str, mode: str) -> dict:
+    for line in (RAW / f"results.{call}.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["config"] == config and rec["mode"] == mode:
+            return rec
+    raise AssertionError(f"{call} has no {config}/{mode}")
+
+
+@pytest.mark.parametrize(
+    ("max_model_len", "max_num_seqs", "block_size", "tokens"),
+    [
+        (4096, 64, 16, 8 * 4096),  # eight full-length requests
+        (256, 1024, 16, 4 * 1024 * 16),  # at least four pages per request
+        (16384, 64, 16, 64 * 1024),  # capped at 64k tokens
+        (1024, 16, 64, 8 * 1024),
+    ],
+)
+def test_workspace_follows_vllms_rule(
+    max_model_len: int, max_num_seqs: int, block_size: int, tokens: int
+) -> None:
+    """min(max(8 x max_model_len, 4 x max_num_seqs x block_size), 64 x 1024), as
+    MLACommonMetadataBuilder.determine_chunked_prefill_workspace_size writes it."""
+    assert chunked_prefill_workspace_tokens(max_model_len, max_num_seqs, block_size) == tokens
+
+
+def test_chunk_is_what_the_h200_reserved_over_the_first_step() -> None:
+    """Call 17, DeepSeek-V2-Lite's shape with FA2 (v padded), memest apply: the step over cached
+    context reserved 640 MiB more than the first full-size step of the same start."""
+    rec = _record("call17", "L_dsv2lite8l_s64_t2048_fa", "apply-hist")
+    measured = rec["context_step_usage_bytes"] - rec["step_usage_bytes"]
+    shape = model_shape(DSV2)
+    tokens = chunked_prefill_workspace_tokens(4096, 64, 16)
+    chunk = context_chunk_tensors(shape, tokens, v_padded=True)
+    assert set(chunk) == {"kv_nope", "k", "v_padded"}
+    assert sum(chunk.values()) == measured == 640 * MiB
+
+
+def test_the_term_is_the_chunk_less_the_profile_runs_stand_in() -> None:
+    shape = model_shape(DSV2)
+    tokens = chunked_prefill_workspace_tokens(4096, 64, 16)
+    chunk = context_chunk_tensors(shape, tokens, v_padded=True)
+    assert profile_standin_bytes(shape, tokens) == chunk["kv_nope"]
+    padded = mla_context_bytes(shape, tokens, v_padded=True)
+    assert padded == chunk["k"] + chunk["v_padded"]
+    # FlashAttention 3 and 4 take v as it is: k alone
+    assert mla_context_bytes(shape, tokens, v_padded=False) == chunk["k"]
+    assert padded > mla_context_bytes(shape, tokens, v_padded=False) > 0
+
+
+def test_models_without_mla_have_no_term() -> None:
+    shape = model_shape(LLAMA)
+    assert mla_context_bytes(shape, 32768, v_padded=True) == 0
+    assert profile_standin_bytes(shape, 32768) == 0
+    assert context_chunk_tensors(shape, 32768, v_padded=True) == {}
+
+
+def test_a_run_config_gives_the_term_from_its_recorded_dimensions() -> None:
+    dims = RecordedShape.model_validate(
+        {k: v for k, v in DSV2.items() if k in RecordedShape.model_fields}
+    )
+    base = RunConfig(model="dsv2", max_model_len=4096, max_num_seqs=64, model_dims=dims)
+    shape = model_shape(DSV2)
+    tokens = chunked_prefill_workspace_tokens(4096, 64, 16)
+    unknown = run_mla_context_bytes(base, 16)
+    assert unknown == mla_context_bytes(shape, tokens, v_padded=True)  # the larger, assumed
+    fa3 = base.model_copy(update={"mla_prefill_v_padded": False})
+    assert run_mla_context_bytes(fa3, 16) == mla_context_bytes(shape, tokens, v_padded=False)
+    assert run_mla_context_bytes(base.model_copy(update={"model_dims": None}), 16) == 0
+    assert run_mla_context_bytes(base.model_copy(update={"max_model_len": None}), 16) == 0
+
+
+def test_accounting_of_the_mla_start_lands_on_its_measured_serving_peak() -> None:
+    """Call 18: the MLA start memest apply sized with the term. The accounting's usage minus
+    budget (end of init + headroom + the term) against the usage the start measured at its peak
+    (a full-size step, then a step over cached context): within 0.1 GiB."""
+    report = RunReport.model_validate_json(
+        (RAW / "call18.L_dsv2lite8l_s64_t2048_fa.apply-hist.report.rank0.json").read_text()
+    )
+    acc = account(report)
+    assert acc.terms is not None and acc.terms.mla_context_bytes > 0
+    assert acc.usage_minus_budget_bytes is not None
+    rec = _record("call18", "L_dsv2lite8l_s64_t2048_fa", "apply-hist")
+    peak = max(rec["step_usage_minus_budget_bytes"], rec["context_step_usage_minus_budget_bytes"])
+    assert abs(acc.usage_minus_budget_bytes - peak) <= GiB // 10
+    assert abs(peak) <= 0.12 * GiB  # and the start itself, sized with the term
