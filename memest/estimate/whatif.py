@@ -35,6 +35,7 @@ from memest.analysis.owners import COMPILED_PIECE, CUBLAS_WORKSPACE
 from memest.errors import ConfigError, ReportFormatError
 from memest.estimate.inverse import concurrency_at
 from memest.estimate.kv import kv_bytes_per_token, kv_tokens, layer_kv_bytes, require_fit
+from memest.estimate.mla_context import run_mla_context_bytes
 from memest.estimate.phases import (
     budget_bytes,
     full_init_kv_budget,
@@ -493,6 +494,15 @@ def _config_of(report: RunReport, g2: CapturePlan, config_to: RunConfig | None) 
         return config_to
     update = {"max_num_seqs": g2.max_num_seqs, "max_num_batched_tokens": g2.max_num_batched_tokens}
     return report.config.model_copy(update={k: v for k, v in update.items() if v})
+
+
+def _mla_context_to(report: RunReport, terms: FullInitTerms, config: RunConfig) -> int:
+    """MLA's prefill-over-context term at G' (memest.estimate.mla_context): its workspace follows
+    max_model_len and max_num_seqs."""
+    if not terms.mla_context_bytes:
+        return 0
+    block = report.kv_cache.block_size if report.kv_cache is not None else 16
+    return run_mla_context_bytes(config, block)
 
 
 def _buffer_terms(
@@ -961,6 +971,7 @@ def what_if(
         {
             **terms.model_dump(),
             **buffers_to,
+            "mla_context_bytes": _mla_context_to(report, terms, configs[1]),
             "requested_bytes": requested_to,
             "profile_peak_activation_bytes": activation_to,
             "graph_pool_bytes": pool_to,
@@ -986,6 +997,11 @@ def what_if(
         + (f"; synthetic request trace: {', '.join(synthetic)}" if synthetic else ""),
         "outside_torch_bytes": "graph objects (graph profiling and capture) scale with the "
         "graph count x the layers each graph holds",
+        **(
+            {"mla_context_bytes": "MLA's chunked-prefill workspace (max_model_len, max_num_seqs)"}
+            if terms_to.mla_context_bytes != terms.mla_context_bytes
+            else {}
+        ),
     }
     laws.update(buffer_laws)
     if activation_law is not None:

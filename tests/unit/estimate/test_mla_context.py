@@ -113,3 +113,18 @@ def test_accounting_of_the_mla_start_lands_on_its_measured_serving_peak() -> Non
     peak = max(rec["step_usage_minus_budget_bytes"], rec["context_step_usage_minus_budget_bytes"])
     assert abs(acc.usage_minus_budget_bytes - peak) <= GiB // 10
     assert abs(peak) <= 0.12 * GiB  # and the start itself, sized with the term
+
+
+def test_the_what_if_resizes_the_term_with_the_workspace() -> None:
+    """At 1,024 seqs vLLM's workspace is 4 x 1,024 x 16 = 65,536 tokens, twice 8 x 4,096: the
+    chunk, and the term, double; a grid that keeps the workspace keeps the term."""
+    from memest.estimate import what_if
+
+    report = RunReport.model_validate_json(
+        (RAW / "call18.L_dsv2lite8l_s64_t2048_fa.apply-hist.report.rank0.json").read_text()
+    )
+    wide = what_if(report, {"max_num_seqs": 1024})
+    assert wide.terms_to.mla_context_bytes == 2 * wide.terms_from.mla_context_bytes > 0
+    assert "mla_context_bytes" in wide.term_laws
+    same = what_if(report, {"max_num_seqs": 32})
+    assert same.terms_to.mla_context_bytes == same.terms_from.mla_context_bytes
