@@ -91,7 +91,9 @@ def _current(report: RunReport, comparison: EstimateComparison) -> StartAccounti
     spec = report.kv_cache
     return StartAccounting(
         report_id=report.report_id,
-        usage_kind="end_of_init_plus_first_step",
+        usage_kind="end_of_init_plus_first_step_and_context_chunk"
+        if terms.mla_context_bytes
+        else "end_of_init_plus_first_step",
         budget_bytes=budget,
         usage_bytes=usage,
         usage_minus_budget_bytes=measured.usage_minus_budget_bytes,

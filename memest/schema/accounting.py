@@ -13,9 +13,12 @@ from memest.schema.estimate import EstimateRecord, FullInitTerms
 Definition = Literal["current", "stored"]
 
 #: What "usage" holds: device memory in use at the end of init plus the reservation serving's
-#: first full-size step adds ("end_of_init_plus_first_step"), or the end-of-init reading alone
-#: that older reports carry ("end_of_init").
-UsageKind = Literal["end_of_init_plus_first_step", "end_of_init"]
+#: first full-size step adds ("end_of_init_plus_first_step"); for an MLA model also the chunk its
+#: prefill over cached context adds ("end_of_init_plus_first_step_and_context_chunk"); or the
+#: end-of-init reading alone that older reports carry ("end_of_init").
+UsageKind = Literal[
+    "end_of_init_plus_first_step", "end_of_init_plus_first_step_and_context_chunk", "end_of_init"
+]
 
 
 class StartAccounting(MemestModel):

@@ -108,6 +108,7 @@ def test_accounting_of_the_mla_start_lands_on_its_measured_serving_peak() -> Non
     )
     acc = account(report)
     assert acc.terms is not None and acc.terms.mla_context_bytes > 0
+    assert acc.usage_kind == "end_of_init_plus_first_step_and_context_chunk"
     assert acc.usage_minus_budget_bytes is not None
     rec = _record("call18", "L_dsv2lite8l_s64_t2048_fa", "apply-hist")
     peak = max(rec["step_usage_minus_budget_bytes"], rec["context_step_usage_minus_budget_bytes"])
