@@ -73,6 +73,12 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         (S, "enable"),
     ],
     "tp2": [(T2, "apply"), (T2, "alone"), (T2, "plan")],
+    # Startup overhead of the plugin's defaults: one start to fill the compile cache, then
+    # alternating warm starts; "overhead_warm" goes on with a cache already filled.
+    "overhead": [(S, "alone"), *[(S, "enable"), (S, "alone")] * 5],
+    "overhead_warm": [(S, "enable"), (S, "alone")] * 5,
+    # the matrix again on a fresh machine: memest apply (it compiles), its plan, vLLM alone
+    "matrix": [(S, "apply"), (S, "plan"), (S, "alone")],
 }
 INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)")
 
@@ -235,6 +241,9 @@ def _reports(run_id: str) -> list[dict[str, Any]]:
                 "num_gpu_blocks": (rep.get("vllm") or {}).get("num_gpu_blocks"),
                 "estimate_components": est.get("components"),
                 "hook_errors": rep.get("hook_errors"),
+                "timing_notes": [
+                    n for n in rep.get("notes", []) if "own work" in n or "warm profile pass" in n
+                ],
             }
         )
     return found

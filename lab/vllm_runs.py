@@ -291,6 +291,19 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("L_dsv2lite8l_s64_t2048_fa", "apply-hist"),
         ("L_dsv2lite8l_s64_t2048_fa", "plan"),
     ],
+    # The MLA shape with memest's warm pass run without vLLM's context stand-in (both steps'
+    # allocator history kept), then the plan that start wrote.
+    "mla3": [
+        ("L_dsv2lite8l_s64_t2048_fa", "apply-hist-stephist"),
+        ("L_dsv2lite8l_s64_t2048_fa", "plan"),
+    ],
+    # The MLA shape with memest's term for its prefill up-projection (a full step's new tokens
+    # and one cached-context chunk): memest apply, the plan it wrote, vLLM alone.
+    "mla4": [
+        ("L_dsv2lite8l_s64_t2048_fa", "apply"),
+        ("L_dsv2lite8l_s64_t2048_fa", "plan"),
+        ("L_dsv2lite8l_s64_t2048_fa", "alone"),
+    ],
     # The plugin's defaults against vLLM alone: one start to fill the compile cache, then
     # alternating warm starts.
     "overhead2": [("A_llama8b_s128_t4096", "alone"), *ALTERNATING],
@@ -386,7 +399,7 @@ def _first_full_step(llm: Any, cfg: dict[str, Any], used_end: int) -> dict[str, 
     memory outside PyTorch it adds. usage = in use at the end of init + that growth. A prompt
     holds at most max_model_len - 1 tokens, so a wider step is split into several prompts,
     which the scheduler batches into the one step. STEP_HISTORY=1 keeps the allocator history
-    of the step beside the start's record.
+    of the step beside the start's record, and of both steps after the context step.
     """
     import torch
     from vllm import SamplingParams
@@ -408,9 +421,8 @@ def _first_full_step(llm: Any, cfg: dict[str, Any], used_end: int) -> dict[str, 
             for j, m in enumerate(lengths)
         ]
         llm.generate(prompts, sp)
-        if os.environ.get("STEP_HISTORY") == "1":
+        if os.environ.get("STEP_HISTORY") == "1":  # recording goes on through the context step
             torch.cuda.memory._dump_snapshot(os.environ["STEP_HISTORY_PATH"])
-            torch.cuda.memory._record_memory_history(enabled=None)
     except Exception as exc:  # the figure is optional; the start's record is not
         return {"step_error": f"{type(exc).__name__}: {exc}"[:300]}
     torch.cuda.synchronize()
@@ -467,6 +479,10 @@ def _context_step(
             for r in range(requests)
         ]
         llm.generate(prompts, sp)
+        if os.environ.get("STEP_HISTORY") == "1":  # both steps, from the first one's start
+            path = os.environ["STEP_HISTORY_PATH"].replace(".step.", ".context_step.")
+            torch.cuda.memory._dump_snapshot(path)
+            torch.cuda.memory._record_memory_history(enabled=None)
     except Exception as exc:  # the figure is optional; the start's record is not
         return {"context_step_error": f"{type(exc).__name__}: {exc}"[:300]}
     torch.cuda.synchronize()
