@@ -52,6 +52,11 @@ def check_report(report: RunReport) -> None:
             f"report {report.report_id}: neither phase 'capture' nor 'end' is present, "
             "so the end state of initialization is unknown"
         )
+    if report.config.mla_warm_pass_without_standin and "profile_run.warm" not in names:
+        raise ReportFormatError(
+            f"report {report.report_id}: config.mla_warm_pass_without_standin is true but "
+            "phase 'profile_run.warm' is missing, so the activation headroom is unknown"
+        )
 
 
 def phase(report: RunReport, name: str) -> PhaseRecord | None:
@@ -279,7 +284,7 @@ TERM_LABELS = {
     "baseline_torch_bytes": "CUDA libraries before the weights",
     "weights_bytes": "weights",
     "profile_peak_activation_bytes": "activation headroom",
-    "mla_context_bytes": "MLA prefill over cached context",
+    "mla_context_bytes": "MLA prefill up-projection",
     "outside_torch_bytes": "outside PyTorch (context, NCCL, graphs)",
     "graph_pool_bytes": "graph pools",
     "runner_buffer_bytes": "runner buffers",

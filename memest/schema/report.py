@@ -116,6 +116,12 @@ class RunConfig(MemestModel):
         description="MLA models: whether that backend pads v to the qk head dim "
         "(FlashAttention 2); None when not recorded",
     )
+    mla_warm_pass_without_standin: bool | None = Field(
+        default=None,
+        description="MLA models: memest's warm profile pass ran without vLLM's stand-in for an "
+        "up-projected context chunk, so the activation headroom holds none of it (recorded); "
+        "None: the headroom includes it",
+    )
 
 
 class VllmFigures(MemestModel):

@@ -9,8 +9,10 @@ on. Targets and line numbers: shared hook map (vllm-0.33-hooks.md), sections 1-3
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from memest.analysis.tags import pool_key
@@ -191,8 +193,6 @@ def warm_profile_peak(worker: Any) -> None:
     So memest runs the profile pass once more, after vLLM's, from an empty allocator cache and
     reads the reservation it adds (phase ``profile_run.warm``).
     """
-    import contextlib
-
     from memest_instrumentation.vllm.patches import original
 
     st = state()
@@ -212,23 +212,61 @@ def warm_profile_peak(worker: Any) -> None:
     measure.settle()
     measure.reset_peak()
     start = measure.reading(pools=False)
-    with torch.inference_mode() if torch is not None else contextlib.nullcontext(), config_ctx:
+    began = time.monotonic()
+    with (
+        torch.inference_mode() if torch is not None else contextlib.nullcontext(),
+        config_ctx,
+        _without_mla_standin(getattr(worker, "vllm_config", None)) as standins,
+    ):
         if base is bound:
             bound(randomize_inputs=randomize)
         else:
             base(runner, randomize_inputs=randomize)
     end = measure.reading(pools=False)
+    pass_s = time.monotonic() - began
     measure.settle()
     st.phases.append(PhaseRecord(name="profile_run.warm", start=start, end=end))
     warm = warm_pass_headroom(start, end)
     st.figures.profile_headroom_first_bytes = first
     st.figures.profile_headroom_bytes = warm
+    if standins and st.config is not None:
+        st.config = st.config.model_copy(update={"mla_warm_pass_without_standin": True})
     compiled = " (it compiled the model)" if st.figures.profile_run_compiled else ""
+    without = f" without the MLA context stand-in of {standins} layers" if standins else ""
     st.notes.append(
         f"activation headroom: vLLM's profile run{compiled} peaked {first} B above what it left "
-        f"allocated; a second, warm profile pass added {warm} B of reservation; the estimate "
-        "uses the second"
+        f"allocated; a second, warm profile pass{without} added {warm} B of reservation in "
+        f"{pass_s:.2f} s; the estimate uses the second"
     )
+
+
+@contextlib.contextmanager
+def _without_mla_standin(vllm_config: Any) -> Iterator[int]:
+    """The model's MLA layers without their profile-run stand-in; yields how many were changed.
+
+    Run without attention metadata, vLLM 0.33.0's ``MLAAttention.forward_impl`` allocates one
+    [chunked_prefill_workspace_size, heads, qk_nope + v] tensor standing in for an up-projected
+    context chunk, its width read through a property over ``_chunked_prefill_workspace_size``.
+    No serving step allocates it, and in the warm pass its segments absorb the pass's other
+    blocks, so the reservation read would be the stand-in's rather than the step's. With the
+    width at 0 for the pass the tensor is empty; memest.estimate.mla_context then counts the
+    whole chunk.
+    """
+    compilation = getattr(vllm_config, "compilation_config", None)
+    layers = getattr(compilation, "static_forward_context", None) or {}
+    saved = [
+        (layer, layer._chunked_prefill_workspace_size)
+        for layer in layers.values()
+        if hasattr(layer, "_chunked_prefill_workspace_size")
+        and isinstance(getattr(type(layer), "chunked_prefill_workspace_size", None), property)
+    ]
+    try:
+        for layer, _ in saved:
+            layer._chunked_prefill_workspace_size = 0
+        yield len(saved)
+    finally:
+        for layer, width in saved:
+            layer._chunked_prefill_workspace_size = width
 
 
 def _after_init_from_config(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
