@@ -1,25 +1,29 @@
-"""MLA prefill over cached context: the reservation vLLM 0.33.0's profile run leaves out (bytes).
+"""MLA's prefill up-projection: the reservation vLLM 0.33.0's profile run leaves out (bytes).
 
-A request whose prompt prefix is in the prefix cache (on by default) prefills only its new
-tokens, attending to the cached prefix as context. Multi-head latent attention keeps one latent
-vector per token in the cache, so ``MLACommonImpl._compute_prefill_context``
-(``model_executor/layers/attention/mla_attention.py``) reads the context back into its
-chunked-prefill workspace and, per chunk of up to ``workspace`` tokens, up-projects it:
+Multi-head latent attention keeps one latent vector per token in the KV cache, so its prefill
+(``MLACommonImpl.forward_mha`` in ``model_executor/layers/attention/mla_attention.py``)
+up-projects latent rows into per-head tensors before calling the prefill backend:
 
 - ``kv_nope = kv_b_proj(kv_c)``: [tokens, heads, qk_nope + v];
 - ``k = cat(k_nope, k_pe)`` (``_concat_k_nope_k_pe``): [tokens, heads, qk_nope + qk_rope];
 - with FlashAttention 2 (``FlashAttnPrefillBackend.requires_v_padding``), v padded to the qk
   head dim: [tokens, heads, qk_nope + qk_rope]. FlashAttention 3 on SM90 and 4 take v as is.
 
-The profile run (attention skipped) allocates only a stand-in of the first, one
-[workspace, heads, qk_nope + v] tensor, so its activation peak misses k and the padded v. Measured
-on an H200 (reports/vllm, call 17): DeepSeek-V2-Lite's shape, 16 heads, 32,768-token workspace,
-FA2: a step over cached context reserved 640 MiB beyond serving's first full-size step, exactly
-the three tensors.
+vLLM's profile run skips attention, so its activation peak holds none of them. Serving does both:
 
-The chunk runs while little else of the step is live (its new tokens are few), and its tensors
-take segments of their own: the reservation beyond the activation headroom is the chunk less the
-stand-in the headroom already holds, each tensor rounded to the allocator's 2 MiB.
+- the step's new tokens: a full-size step up-projects max_num_batched_tokens rows;
+- cached context: a request whose prompt prefix is in the prefix cache (on by default) prefills
+  only its new tokens and reads the prefix back from the cache (``_compute_prefill_context``),
+  up-projecting it per chunk of up to the chunked-prefill workspace's rows. The profile run
+  allocates one [workspace, heads, qk_nope + v] stand-in for it.
+
+Measured on an H200 (reports/vllm, calls 17 and 19): DeepSeek-V2-Lite's shape, 16 heads, FA2: the
+first full-size step (2,047 tokens) reserved exactly the three tensors (40 MiB) beyond memest's
+warm profile pass, and a step over cached context 640 MiB more, the three tensors of one
+32,768-row chunk. Each tensor takes segments of its own, rounded to the allocator's 2 MiB. The
+term is both, less the stand-in where the activation headroom holds it: the vLLM plugin's warm
+profile pass runs without it (``config.mla_warm_pass_without_standin``); vLLM's own profile run,
+and the pre-flight's activation law, hold it.
 """
 
 from __future__ import annotations
@@ -52,13 +56,11 @@ def _rounded(nbytes: int) -> int:
     return math.ceil(nbytes / LARGE_ROUND_BYTES) * LARGE_ROUND_BYTES
 
 
-def context_chunk_tensors(
-    shape: ModelShape, workspace_tokens: int, *, v_padded: bool
-) -> dict[str, int]:
-    """Bytes of each tensor one full context chunk allocates (per rank), by name."""
-    if shape.family != "mla" or workspace_tokens <= 0:
+def up_projection_tensors(shape: ModelShape, tokens: int, *, v_padded: bool) -> dict[str, int]:
+    """Bytes of each tensor MLA's prefill allocates to up-project ``tokens`` rows (per rank)."""
+    if shape.family != "mla" or tokens <= 0:
         return {}
-    rows = workspace_tokens * shape.heads * shape.dtype_bytes
+    rows = tokens * shape.heads * shape.dtype_bytes
     qk = shape.qk_nope_head_dim + shape.qk_rope_head_dim
     tensors = {"kv_nope": rows * (shape.qk_nope_head_dim + shape.v_head_dim), "k": rows * qk}
     if v_padded:
@@ -72,22 +74,44 @@ def profile_standin_bytes(shape: ModelShape, workspace_tokens: int) -> int:
     Part of the profile run's activation peak, which the plugin measures; the pre-flight's
     activation law, fitted on models without MLA, adds it.
     """
-    tensors = context_chunk_tensors(shape, workspace_tokens, v_padded=False)
+    tensors = up_projection_tensors(shape, workspace_tokens, v_padded=False)
     return _rounded(tensors["kv_nope"]) if tensors else 0
 
 
-def mla_context_bytes(shape: ModelShape, workspace_tokens: int, *, v_padded: bool) -> int:
-    """Reservation a full context chunk needs beyond the profile run's stand-in (0 without MLA)."""
-    tensors = context_chunk_tensors(shape, workspace_tokens, v_padded=v_padded)
-    chunk = sum(_rounded(n) for n in tensors.values())
-    return chunk - profile_standin_bytes(shape, workspace_tokens)
+def _reserved(shape: ModelShape, tokens: int, *, v_padded: bool) -> int:
+    return sum(
+        _rounded(n) for n in up_projection_tensors(shape, tokens, v_padded=v_padded).values()
+    )
+
+
+def mla_context_bytes(
+    shape: ModelShape,
+    workspace_tokens: int,
+    step_tokens: int,
+    *,
+    v_padded: bool,
+    standin_in_headroom: bool = True,
+) -> int:
+    """Reservation MLA's prefill needs beyond the activation headroom (0 without MLA).
+
+    ``step_tokens``: the widest step's new tokens (max_num_batched_tokens);
+    ``standin_in_headroom``: the headroom already holds the profile run's stand-in for the chunk.
+    """
+    if shape.family != "mla":
+        return 0
+    reserved = _reserved(shape, workspace_tokens, v_padded=v_padded) + _reserved(
+        shape, step_tokens, v_padded=v_padded
+    )
+    held = profile_standin_bytes(shape, workspace_tokens) if standin_in_headroom else 0
+    return reserved - held
 
 
 def run_mla_context_bytes(config: RunConfig, block_size: int) -> int:
     """The term for one start from its configuration (0 without MLA or a dimension it needs).
 
     The model's recorded dimensions give the shape per rank; the prefill backend's padding of v
-    is the recorded one, else assumed (FlashAttention 2 pads: the larger reservation).
+    is the recorded one, else assumed (FlashAttention 2 pads: the larger reservation). The
+    headroom holds the profile run's stand-in unless memest's warm pass recorded running without.
     """
     dims = config.model_dims
     if dims is None or not dims.kv_lora_rank or not config.max_model_len:
@@ -103,4 +127,10 @@ def run_mla_context_bytes(config: RunConfig, block_size: int) -> int:
         config.max_model_len, config.max_num_seqs or 1, block_size
     )
     padded = True if config.mla_prefill_v_padded is None else config.mla_prefill_v_padded
-    return mla_context_bytes(shape, tokens, v_padded=padded)
+    return mla_context_bytes(
+        shape,
+        tokens,
+        config.max_num_batched_tokens or 0,
+        v_padded=padded,
+        standin_in_headroom=not config.mla_warm_pass_without_standin,
+    )

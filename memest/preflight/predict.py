@@ -293,14 +293,15 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
 
 
 def _mla_context(s: Setup) -> tuple[int, str]:
-    """MLA's prefill over cached context: one workspace chunk beyond the profile run's stand-in."""
+    """MLA's prefill up-projection: a full step's and one workspace chunk's, less the stand-in."""
     if s.target.family != "mla":
         return 0, "no MLA"
     tokens = s.mla_workspace_tokens
-    what = "k and v padded for FlashAttention 2" if s.mla_v_padded else "k"
+    what = "kv_nope, k and v padded for FlashAttention 2" if s.mla_v_padded else "kv_nope and k"
     return (
-        mla_context_bytes(s.target, tokens, v_padded=s.mla_v_padded),
-        f"{what} of one {tokens}-token chunked-prefill workspace chunk (heads x dims x dtype)",
+        mla_context_bytes(s.target, tokens, s.mbt, v_padded=s.mla_v_padded),
+        f"{what} of {s.mbt} new tokens and of one {tokens}-token chunked-prefill workspace chunk "
+        "(heads x dims x dtype), less the profile run's stand-in",
     )
 
 

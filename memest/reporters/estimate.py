@@ -24,7 +24,7 @@ def _summary(acc: StartAccounting) -> str:
     usage = {
         "end_of_init_plus_first_step": "end of init + serving's first full-size step",
         "end_of_init_plus_first_step_and_context_chunk": "end of init + serving's first "
-        "full-size step + MLA's prefill over cached context",
+        "full-size step + MLA's prefill up-projection",
         "end_of_init": "end of init",
     }.get(acc.usage_kind or "", "unknown")
     lines = [

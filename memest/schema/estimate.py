@@ -61,10 +61,11 @@ class FullInitTerms(MemestModel):
     )
     mla_context_bytes: NonNegativeBytes = Field(
         default=0,
-        description="MLA only: what prefill over cached context (a prefix-cache hit) reserves "
-        "beyond the activation headroom: one chunked-prefill workspace chunk's up-projected k "
-        "(and v padded for FlashAttention 2), which vLLM's profile run does not allocate "
-        "(memest.estimate.mla_context)",
+        description="MLA only: what MLA's prefill up-projection reserves beyond the activation "
+        "headroom, which vLLM's profile run (attention skipped) does not allocate: kv_nope, k "
+        "(and v padded for FlashAttention 2) of a full step's new tokens and of one "
+        "chunked-prefill workspace chunk of cached context (a prefix-cache hit), less the "
+        "profile run's stand-in where the headroom holds it (memest.estimate.mla_context)",
     )
     outside_torch_bytes: NonNegativeBytes = Field(
         description="Device memory the PyTorch allocator does not hold: CUDA context, library "
