@@ -188,9 +188,9 @@ def _terms(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, int]:
 def test_mla_context_term_follows_the_flash_attention_version(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """FlashAttention 2 pads MLA's v (one more [workspace, heads, qk] tensor than FA3, the SM90
-    default); the difference is that tensor, 32,768 x 16 heads x 192 x 2 B for DeepSeek-V2-Lite
-    at max_model_len 4,096. A dense model has no term."""
+    """FlashAttention 2 pads MLA's v (one more [tokens, heads, qk] tensor than FA3, the SM90
+    default), for the workspace chunk (32,768 rows at max_model_len 4,096) and for the step's
+    2,048 new tokens: 16 heads x 192 x 2 B each for DeepSeek-V2-Lite. A dense model has no term."""
     fa3 = _terms(capsys, "--model-config", str(DSV2), *MLA_GRID)
     fa2 = _terms(
         capsys,
@@ -200,6 +200,8 @@ def test_mla_context_term_follows_the_flash_attention_version(
         "--attention-config",
         '{"flash_attn_version": 2}',
     )
-    assert fa2["mla_context_bytes"] - fa3["mla_context_bytes"] == 32768 * 16 * 192 * 2
-    assert fa3["mla_context_bytes"] == 32768 * 16 * 192 * 2  # k
+    row = 16 * 192 * 2  # one token's padded v, or its k
+    assert fa2["mla_context_bytes"] - fa3["mla_context_bytes"] == (32768 + 2048) * row
+    # FA3: the chunk's k (its kv_nope is the profile run's stand-in), the step's kv_nope and k
+    assert fa3["mla_context_bytes"] == 32768 * row + 2048 * 16 * 256 * 2 + 2048 * row
     assert _terms(capsys, "--model-config", str(LLAMA), *GRID)["mla_context_bytes"] == 0
