@@ -231,7 +231,12 @@ def warm_profile_peak(worker: Any) -> None:
     st.figures.profile_headroom_bytes = warm
     if standins and st.config is not None:
         st.config = st.config.model_copy(update={"mla_warm_pass_without_standin": True})
-    compiled = " (it compiled the model)" if st.figures.profile_run_compiled else ""
+    # vLLM counts a load from its compile cache among its compilations: the note says both.
+    compiled = (
+        " (torch.compile compiled or loaded the model in it)"
+        if st.figures.profile_run_compiled
+        else ""
+    )
     without = f" without the MLA context stand-in of {standins} layers" if standins else ""
     st.notes.append(
         f"activation headroom: vLLM's profile run{compiled} peaked {first} B above what it left "
