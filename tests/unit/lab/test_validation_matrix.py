@@ -1,0 +1,54 @@
+"""reports/vllm/validation.json, as lab/summarize_vllm.py wrote it from the H200 start records:
+the reach the matrix claims (a `vllm serve` start, an MoE start and an MLA start sized by memest
+within 0.1 GiB of their budget at serving's peak, vLLM alone measured beside each)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+RECORDS = json.loads((ROOT / "reports/vllm/validation.json").read_text())
+GiB = 1 << 30
+
+
+def _starts(configuration: str) -> list[dict]:
+    return [r for r in RECORDS if r["configuration"] == configuration and r["kind"] == "start"]
+
+
+def _call_number(record: dict) -> int:
+    return int(record["call"].removeprefix("call"))
+
+
+@pytest.mark.parametrize(
+    ("configuration", "launcher", "architecture"),
+    [
+        ("S_llama8b_s128_t4096", "vllm serve", "LlamaForCausalLM"),
+        ("M_qwen3moe8l_s64_t2048", "LLM", "Qwen3MoeForCausalLM"),
+        ("L_dsv2lite8l_s64_t2048_fa", "LLM", "DeepseekV2ForCausalLM"),
+    ],
+)
+def test_memest_apply_of_the_latest_call_is_within_a_tenth_of_a_gib(
+    configuration: str, launcher: str, architecture: str
+) -> None:
+    starts = _starts(configuration)
+    applies = [r for r in starts if r["estimator"] == "memest-apply"]
+    latest = max(applies, key=_call_number)
+    assert latest["launcher"] == launcher
+    assert latest["architecture"] == architecture
+    assert latest["tensor_parallel_size"] == 1
+    assert abs(latest["usage_minus_budget_bytes"]) <= GiB // 10
+    # vLLM's own estimator on the same configuration, measured the same way, misses by more
+    alone = [r for r in starts if r["estimator"] == "vllm"]
+    assert alone
+    worst_alone = max(abs(r["usage_minus_budget_bytes"]) for r in alone)
+    assert worst_alone > abs(latest["usage_minus_budget_bytes"])
+
+
+def test_every_record_names_its_launcher_tp_and_architecture() -> None:
+    for r in RECORDS:
+        assert r["launcher"] in ("vllm serve", "LLM")
+        assert r["tensor_parallel_size"] >= 1
+        assert r["architecture"].endswith("ForCausalLM")
