@@ -85,9 +85,8 @@ def test_the_term_is_step_and_chunk_less_the_stand_in_the_headroom_holds() -> No
     held = mla_context_bytes(shape, tokens, 2048, v_padded=True)
     assert held == chunk["k"] + chunk["v_padded"] + sum(step.values())
     # memest's warm pass runs without the stand-in: the whole chunk counts
-    assert mla_context_bytes(
-        shape, tokens, 2048, v_padded=True, standin_in_headroom=False
-    ) == sum(chunk.values()) + sum(step.values())
+    whole = mla_context_bytes(shape, tokens, 2048, v_padded=True, standin_in_headroom=False)
+    assert whole == sum(chunk.values()) + sum(step.values())
     # FlashAttention 3 and 4 take v as it is: no padded v
     fa3 = mla_context_bytes(shape, tokens, 2048, v_padded=False)
     assert fa3 == chunk["k"] + step["kv_nope"] + step["k"]

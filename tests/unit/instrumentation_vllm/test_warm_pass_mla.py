@@ -73,9 +73,7 @@ def test_the_warm_pass_records_running_without_the_stand_in() -> None:
         def profile_run(self, randomize_inputs: bool = False) -> None:
             seen.append(layer.chunked_prefill_workspace_size)
 
-    worker = types.SimpleNamespace(
-        model_runner=Runner(), vllm_config=_vllm_config({"mla": layer})
-    )
+    worker = types.SimpleNamespace(model_runner=Runner(), vllm_config=_vllm_config({"mla": layer}))
     st = state()
     st.config = RunConfig(model="dsv2", max_num_seqs=64)
     warm_profile_peak(worker)
