@@ -18,9 +18,10 @@ vLLM's profile run skips attention, so its activation peak holds none of them. S
   allocates one [workspace, heads, qk_nope + v] stand-in for it.
 
 Measured on an H200 (reports/vllm, calls 17 and 19): DeepSeek-V2-Lite's shape, 16 heads, FA2: the
-first full-size step (2,047 tokens) reserved exactly the three tensors (40 MiB) beyond memest's
-warm profile pass, and a step over cached context 640 MiB more, the three tensors of one
-32,768-row chunk. Each tensor takes segments of its own, rounded to the allocator's 2 MiB. The
+first full-size step (2,047 tokens) reserved 40 MiB beyond memest's warm profile pass, the three
+tensors' bytes (there kv_nope, padded v and the attention output, of k's size, took segments; k
+reused a freed block), and a step over cached context 640 MiB more, the three tensors of one
+32,768-row chunk. Each takes segments of its own, rounded to the allocator's 2 MiB. The
 term is both, less the stand-in where the activation headroom holds it: the vLLM plugin's warm
 profile pass runs without it (``config.mla_warm_pass_without_standin``); vLLM's own profile run,
 and the pre-flight's activation law, hold it.

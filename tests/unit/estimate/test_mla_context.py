@@ -67,8 +67,9 @@ def test_chunk_is_what_the_h200_reserved_over_the_first_step() -> None:
 
 def test_the_steps_own_up_projection_is_what_the_first_step_reserved_beyond_the_warm_pass() -> None:
     """Call 19: memest's warm profile pass ran without vLLM's stand-in; serving's first full-size
-    step (2,047 tokens, 2,048 batched) reserved exactly 40 MiB more than that pass: the three
-    up-projected tensors of the step's own prefill, each in 2 MiB-rounded segments."""
+    step (2,047 tokens, 2,048 batched) reserved exactly 40 MiB more than that pass: the bytes of
+    the three up-projected tensors of the step's own prefill (its history: kv_nope, padded v and
+    the attention output, which has k's size, in segments of their own)."""
     rec = _record("call19", "L_dsv2lite8l_s64_t2048_fa", "apply-hist-stephist")
     warm = rec["memest_figures"]["profile_headroom_bytes"]
     measured = rec["step_reserved_growth_bytes"] - warm
