@@ -58,8 +58,21 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "util": 0.85,
         "tp": 2,
     },
+    # `vllm serve`'s defaults: no scheduler flags at all. On an H200 vLLM 0.33.0 then takes
+    # max_num_seqs 1024, max_num_batched_tokens 8192, utilization 0.9 and the model's own
+    # max_model_len (8,192 for this config).
+    "V_llama8b_defaults": {
+        "model": "llama8b",
+        "max_num_seqs": 1024,
+        "mbt": 8192,
+        "util": 0.9,
+        "tp": 1,
+        "max_model_len": 8192,
+        "defaults": True,
+    },
 }
 S = "S_llama8b_s128_t4096"
+V = "V_llama8b_defaults"
 T2 = "T2_llama8b_s128_t4096_tp2"
 GROUPS: dict[str, list[tuple[str, str]]] = {
     # the matrix, then alternating warm starts for the overhead (alone / enable / lite)
@@ -79,6 +92,8 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     "overhead_warm": [(S, "enable"), (S, "alone")] * 5,
     # the matrix again on a fresh machine: memest apply (it compiles), its plan, vLLM alone
     "matrix": [(S, "apply"), (S, "plan"), (S, "alone")],
+    # vllm serve's defaults: memest apply (it compiles), its plan, vLLM alone
+    "defaults": [(V, "apply"), (V, "plan"), (V, "alone")],
 }
 INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)")
 
@@ -164,11 +179,21 @@ def _command(cfg: dict[str, Any]) -> list[str]:
         "--attention-backend", "TRITON_ATTN",
         "--compilation-config", json.dumps({"custom_ops": ["none"]}),
         "--kernel-config", json.dumps(kernel),
-        "--max-model-len", "4096", "--max-num-seqs", str(cfg["max_num_seqs"]),
-        "--max-num-batched-tokens", str(cfg["mbt"]),
-        "--gpu-memory-utilization", str(cfg["util"]),
+    ] + _scheduler_flags(cfg) + [
         "--tensor-parallel-size", str(cfg["tp"]), "--disable-custom-all-reduce",
         "--host", "127.0.0.1", "--port", str(PORT), "--seed", "0",
+    ]  # fmt: skip
+
+
+def _scheduler_flags(cfg: dict[str, Any]) -> list[str]:
+    """The scheduler and memory flags; none for a configuration that takes vLLM's defaults."""
+    if cfg.get("defaults"):
+        return []
+    return [
+        "--max-model-len", str(cfg.get("max_model_len", 4096)),
+        "--max-num-seqs", str(cfg["max_num_seqs"]),
+        "--max-num-batched-tokens", str(cfg["mbt"]),
+        "--gpu-memory-utilization", str(cfg["util"]),
     ]  # fmt: skip
 
 
@@ -186,7 +211,7 @@ def _ready(proc: subprocess.Popen[bytes], wait_s: float) -> bool:
 
 
 def _first_full_step(cfg: dict[str, Any]) -> dict[str, Any]:
-    n = min(cfg["mbt"], 4096) - 1
+    n = min(cfg["mbt"], cfg.get("max_model_len", 4096)) - 1
     body = {
         "model": str(CARRY / "models" / cfg["model"]),
         "prompt": [(7 * i) % 30000 + 10 for i in range(n)],

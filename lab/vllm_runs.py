@@ -142,6 +142,30 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "standins": True,
         **MLA_ATTENTION,
     },
+    # Production forms: the KV cache in FP8 (Triton attention writes and reads it), and an FP8
+    # checkpoint's config (per-tensor weights, dynamic activation scales; dummy weights; the
+    # carry has no CUTLASS, so vLLM's torch._scaled_mm kernel runs the linears).
+    "F_llama8b_s128_t4096_fp8kv": {
+        "model": LLAMA,
+        "max_num_seqs": 128,
+        "mbt": 4096,
+        "util": 0.85,
+        "kv_cache_dtype": "fp8",
+    },
+    "Q8_llama8b_fp8w_s128_t4096": {
+        "model": str(LAB_MODELS / "llama8b_fp8"),
+        "max_num_seqs": 128,
+        "mbt": 4096,
+        "util": 0.85,
+        "fp8_standins": True,
+    },
+    # Llama-3-8B with 4 of its 32 layers: a small model, where the plugin's fixed costs show.
+    "T_llama8b4l_s128_t4096": {
+        "model": str(LAB_MODELS / "llama8b_4l"),
+        "max_num_seqs": 128,
+        "mbt": 4096,
+        "util": 0.85,
+    },
 }
 # vLLM alone and the plugin's defaults, alternating warm starts of A (startup overhead).
 ALTERNATING = [("A_llama8b_s128_t4096", "alone"), ("A_llama8b_s128_t4096", "default")] * 3
@@ -303,6 +327,22 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("L_dsv2lite8l_s64_t2048_fa", "apply"),
         ("L_dsv2lite8l_s64_t2048_fa", "plan"),
         ("L_dsv2lite8l_s64_t2048_fa", "alone"),
+    ],
+    # Production (issue 25): a compile cache filled without memest, then a memest start that
+    # loads it (owners on a cache hit); the FP8 KV cache (apply, plan, alone); an FP8 checkpoint.
+    "prod": [
+        ("A_llama8b_s128_t4096", "alone-cold"),
+        ("A_llama8b_s128_t4096", "enable"),
+        ("F_llama8b_s128_t4096_fp8kv", "apply"),
+        ("F_llama8b_s128_t4096_fp8kv", "plan"),
+        ("F_llama8b_s128_t4096_fp8kv", "alone"),
+        ("Q8_llama8b_fp8w_s128_t4096", "alone"),
+    ],
+    # An FP8 checkpoint (lab/fp8_standins.py quantizes): vLLM alone, memest apply, its plan.
+    "fp8w": [
+        ("Q8_llama8b_fp8w_s128_t4096", "apply"),
+        ("Q8_llama8b_fp8w_s128_t4096", "alone"),
+        ("Q8_llama8b_fp8w_s128_t4096", "plan"),
     ],
     # The plugin's defaults against vLLM alone: one start to fill the compile cache, then
     # alternating warm starts.
@@ -563,6 +603,10 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         print(f"STANDINS {register()}", flush=True)
         if cfg.get("mla_prefill_backend") == "FLASH_ATTN":
             _provide_flash_attn(torch)
+    if cfg.get("fp8_standins"):
+        from fp8_standins import register as register_fp8
+
+        print(f"STANDINS {register_fp8()}", flush=True)
     _measure_profile_run()
 
     native = ["native"]
@@ -590,6 +634,8 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         kw["attention_config"] = {"mla_prefill_backend": cfg["mla_prefill_backend"]}
         if cfg["mla_prefill_backend"] == "FLASH_ATTN":
             kw["attention_config"]["flash_attn_version"] = 2  # the stand-in's version
+    if cfg.get("kv_cache_dtype"):
+        kw["kv_cache_dtype"] = cfg["kv_cache_dtype"]
     if cfg.get("spec"):
         kw["speculative_config"] = json.loads(cfg["spec"])
     t0 = time.perf_counter()
@@ -635,6 +681,8 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         "num_gpu_blocks": num_blocks,
         "block_size": block_size,
         "kv_page_bytes_all_layers": page_all,
+        "kv_cache_dtype": str(getattr(cache, "cache_dtype", None)),
+        "quantization": str(llm.llm_engine.vllm_config.model_config.quantization),
         "kv_bytes": num_blocks * page_all,
         "kv_tokens": num_blocks * block_size,
         "kv_cache_memory_bytes_given": cache.kv_cache_memory_bytes,
