@@ -10,7 +10,7 @@ RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[service,postgres]'
 FROM python:3.11-slim
 RUN useradd --create-home --uid 10001 memest && mkdir /data && chown memest /data
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links=/wheels 'memest[service,postgres]' && rm -rf /wheels
+RUN pip install --no-cache-dir --no-index --find-links=/wheels 'vllm-memest[service,postgres]' && rm -rf /wheels
 USER memest
 WORKDIR /data
 ENV MEMEST_DATABASE_URL=sqlite:////data/memest.db

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from memest._version import install_hint
 from memest.errors import CommandError
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class ServeCommand:
             from memest.service.config import Settings
         except ImportError as exc:
             raise CommandError(
-                f"the service needs its extra: pip install 'memest[service]' ({exc.name} missing)"
+                f"the service needs its extra: {install_hint('service')} ({exc.name} missing)"
             ) from None
         overrides: dict[str, object] = {}
         if args.database_url:
