@@ -193,3 +193,13 @@ def test_preflight_init_container_hands_its_kv_size_to_vllm(
         "--kv-cache-memory-bytes", str(kv_bytes),
     ]  # fmt: skip
     assert kv_bytes > 100 * 2**30  # an 8B model on a 141 GiB H200 at 0.85 keeps over 100 GiB
+
+
+def test_compose_binds_loopback_and_has_no_default_password() -> None:
+    compose = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)
+    grafana_env = compose["services"]["grafana"]["environment"]
+    assert grafana_env["GF_SECURITY_ADMIN_PASSWORD"].endswith(":?set GRAFANA_ADMIN_PASSWORD}")
+    assert "memest" not in json.dumps(compose["services"]["db"]["environment"]["POSTGRES_PASSWORD"])
