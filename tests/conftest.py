@@ -30,3 +30,19 @@ def require_or_skip(env_var: str, reason: str) -> None:
     if os.environ.get(env_var) == "1":
         pytest.fail(f"{reason} (and {env_var}=1 forbids skipping)")
     pytest.skip(reason)
+
+
+def require_tool(module_or_command: str, *, command: bool = False) -> None:
+    """Skip (or fail under MEMEST_REQUIRE_DEPLOY=1) when a deploy-check tool is missing: a Python
+    module of the dev extra (build, kubernetes_validate) or a command (prometheus, kubectl)."""
+    import importlib.util
+    import shutil
+
+    found = (
+        shutil.which(module_or_command) is not None
+        if command
+        else importlib.util.find_spec(module_or_command) is not None
+    )
+    if not found:
+        kind = "command" if command else "module"
+        require_or_skip("MEMEST_REQUIRE_DEPLOY", f"{kind} {module_or_command} is not installed")

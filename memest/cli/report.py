@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from memest._version import install_hint
 from memest.analysis.stages import stage_bars
 from memest.cli._reports import load_report
 from memest.errors import CommandError
@@ -96,7 +97,7 @@ def _png(draw: object, path: Path) -> None:
     try:
         draw(path)  # type: ignore[operator]
     except ImportError as exc:
-        raise CommandError(f"--png needs matplotlib (pip install 'memest[plots]'): {exc}") from None
+        raise CommandError(f"--png needs matplotlib ({install_hint('plots')}): {exc}") from None
 
 
 COMMAND = ReportCommand()

@@ -5,18 +5,24 @@
 
 Settings also come from MEMEST_* environment variables (MEMEST_DATABASE_URL, MEMEST_WRITE_TOKEN,
 MEMEST_READ_TOKEN, MEMEST_MAX_REPORT_BYTES); options given here win. Without a write token the
-server makes one up and prints it, so writes always need a bearer token.
+server makes one up and prints it, so writes always need a bearer token; with --write-token-file
+(MEMEST_WRITE_TOKEN_FILE, set in the container image) it is made once, kept in that file and read
+back on every later start, never printed. Behind a TLS proxy, --forwarded-allow-ips names the
+proxies whose X-Forwarded-* headers are trusted.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
 import socket
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memest._version import install_hint
 from memest.errors import CommandError
 
 if TYPE_CHECKING:
@@ -43,6 +49,21 @@ class ServeCommand:
             help="migrate the database (and load the demo), print what is stored, then exit",
         )
         parser.add_argument("--log-level", default="warning", help="uvicorn log level")
+        parser.add_argument(
+            "--write-token-file",
+            default=os.environ.get("MEMEST_WRITE_TOKEN_FILE") or None,
+            metavar="PATH",
+            help="without MEMEST_WRITE_TOKEN: read the write token from PATH, or make one and "
+            "save it there (mode 0600) (default MEMEST_WRITE_TOKEN_FILE)",
+        )
+        parser.add_argument(
+            "--forwarded-allow-ips",
+            default=None,
+            metavar="IPS",
+            help="comma-separated proxy addresses (or '*') whose X-Forwarded-For/-Proto headers "
+            "are trusted, e.g. a TLS-terminating ingress (default: uvicorn's "
+            "FORWARDED_ALLOW_IPS or 127.0.0.1)",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         try:
@@ -52,7 +73,7 @@ class ServeCommand:
             from memest.service.config import Settings
         except ImportError as exc:
             raise CommandError(
-                f"the service needs its extra: pip install 'memest[service]' ({exc.name} missing)"
+                f"the service needs its extra: {install_hint('service')} ({exc.name} missing)"
             ) from None
         overrides: dict[str, object] = {}
         if args.database_url:
@@ -60,9 +81,9 @@ class ServeCommand:
         if args.demo:
             overrides["demo"] = True
         settings = Settings(**overrides)  # type: ignore[arg-type]
-        generated = None
+        generated = token_note = None
         if settings.write_token is None:
-            generated = new_write_token()
+            generated, token_note = _write_token(args.write_token_file)
             settings = settings.model_copy(update={"write_token": generated})
         app = _app(create_app, settings)
         if args.exit_after_load:
@@ -73,13 +94,16 @@ class ServeCommand:
         print(f"database: {_safe_url(settings.database_url)}", flush=True)
         if settings.demo:
             print("demo: published GB200 figures from the seed (source=published)", flush=True)
-        if generated is not None:
-            print(
-                f"write token (MEMEST_WRITE_TOKEN was unset): {generated}",
-                file=sys.stderr,
-                flush=True,
-            )
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        if token_note is not None:
+            print(token_note, file=sys.stderr, flush=True)
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            proxy_headers=True,
+            forwarded_allow_ips=args.forwarded_allow_ips,
+        )
         return 0
 
 
@@ -132,6 +156,30 @@ def _check_listen(host: str, port: int) -> None:
             raise CommandError(
                 f"cannot listen on {host}:{port}: {exc.strerror or exc} (try another --port)"
             ) from None
+
+
+def _write_token(path: str | None) -> tuple[str, str | None]:
+    """The write token when MEMEST_WRITE_TOKEN is unset, and the line to print about it (None:
+    nothing to say). Without a token file the token is new and printed, as the only way to learn
+    it; with one it is read back, or made and saved once, so it survives restarts and stays out
+    of the logs."""
+    if path is None:
+        token = new_write_token()
+        return token, f"write token (MEMEST_WRITE_TOKEN was unset): {token}"
+    file = Path(path)
+    try:
+        if file.is_file():
+            token = file.read_text().strip()
+            if not token:
+                raise CommandError(f"--write-token-file {path}: the file is empty")
+            return token, None
+        token = new_write_token()
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(token + "\n")
+    except OSError as exc:
+        raise CommandError(f"--write-token-file {path}: {exc.strerror or exc}") from None
+    return token, f"write token (MEMEST_WRITE_TOKEN was unset): made and saved to {path}"
 
 
 def new_write_token() -> str:

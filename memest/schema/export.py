@@ -1,5 +1,5 @@
-"""Export the JSON Schemas of RunReport and of pre-flight to reports/schema/ (a test fails when a
-file is stale)."""
+"""Export the JSON Schemas of RunReport and of pre-flight to memest/schema/json/ (a test fails when a
+file is stale). They ship in the wheel as package data; reports/schema/ links to that folder."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 from memest.schema.preflight import PreflightRequest, PreflightResult
 from memest.schema.report import RunReport
 
-SCHEMA_FILE = Path("reports/schema/run-report.v1.json")
-PREFLIGHT_SCHEMA_FILE = Path("reports/schema/preflight.v1.json")
+SCHEMA_FILE = Path("memest/schema/json/run-report.v1.json")
+PREFLIGHT_SCHEMA_FILE = Path("memest/schema/json/preflight.v1.json")
 
 
 def render() -> str:

@@ -1,4 +1,4 @@
-"""The memest service: FastAPI + SQLAlchemy, installed with ``pip install 'memest[service]'``.
+"""The memest service: FastAPI + SQLAlchemy, installed with ``pip install 'vllm-memest[service]'``.
 
 Usage::
 

@@ -28,7 +28,7 @@ README = ROOT / "README.md"
 
 NOT_RUN = {
     "bash scripts/test.sh": "the test command itself: .ci/run runs it",
-    "pip install 'memest[vllm]'": "installs vLLM 0.33.0 from the registry; scripts/test.sh "
+    "pip install 'vllm-memest[vllm]'": "installs vLLM 0.33.0 from the registry; scripts/test.sh "
     "installs the same extra",
     "MEMEST_ENABLE=1 MEMEST_OUTPUT_DIR=/var/memest vllm serve ...": "starts vLLM: needs a GPU "
     "(lab/serve_runs.py runs it on the lent H200)",
