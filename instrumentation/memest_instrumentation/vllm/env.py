@@ -55,8 +55,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "MEMEST_PUSH_TIMEOUT_S",
         "10",
-        "Upper bound in seconds on all push attempts of one report; the report is spooled "
-        "to <output dir>/spool/ when it runs out.",
+        "Upper bound in seconds on the whole push of one report (every attempt, wait and "
+        "read, and rank 0's delivery of the spool); the report is spooled to "
+        "<output dir>/spool/ when it runs out.",
     ),
     EnvVar("MEMEST_PUSH_RETRIES", "3", "Push attempts before spooling (backoff 0.5 s, doubling)."),
     EnvVar(

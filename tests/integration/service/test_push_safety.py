@@ -141,3 +141,20 @@ def test_a_timeout_or_backoff_that_is_not_finite_is_refused(
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
     assert "must be finite numbers" in captured.err
+
+
+def test_the_plugins_push_is_acknowledged_by_the_real_service(
+    tmp_path: Path, live_server: str
+) -> None:
+    """The acknowledgement the push waits for is the one the ingest route answers."""
+    from memest_instrumentation.vllm import sink
+    from memest_instrumentation.vllm.env import Settings
+
+    report = demo_report("minimax-m3-eagle3-k3", "main")
+    settings = Settings(service_url=live_server, token=TOKEN, output_dir=str(tmp_path))
+    assert sink.push(settings, report) == (True, [])
+    assert sink.push(settings, report) == (True, [])  # "exists" is stored too
+    wrong = Settings(service_url=live_server, token="wrong", output_dir=str(tmp_path))
+    ok, problems = sink.push(wrong, report)
+    assert not ok and problems[0].startswith("attempt 1: HTTP 401")
+    assert (tmp_path / "spool").is_dir() and not (tmp_path / "rejected").exists()
