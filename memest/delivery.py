@@ -385,13 +385,18 @@ def rejected_dir(spool: Path) -> Path:
     return spool.absolute().parent / REJECTED_FOLDER
 
 
+def reason_path(rejected: Path) -> Path:
+    """Where the reason a report in ``rejected/`` was refused is written."""
+    return rejected.with_name(rejected.name + ".reason.txt")
+
+
 def reject(path: Path, folder: Path, reason: str) -> Path:
     """Move a report the service refused for good out of its spool into ``folder``, with
     ``<name>.reason.txt`` saying why; returns where it went."""
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / path.name
     os.replace(path, target)
-    (folder / f"{path.name}.reason.txt").write_text(reason + "\n", encoding="utf-8")
+    reason_path(target).write_text(reason + "\n", encoding="utf-8")
     return target
 
 

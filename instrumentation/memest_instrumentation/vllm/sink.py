@@ -27,6 +27,7 @@ from memest.delivery import (
     PushResult,
     push_files,
     push_one,
+    reason_path,
     rejected_dir,
     report_json,
 )
@@ -130,7 +131,7 @@ def set_aside(settings: Settings, report: RunReport, result: PushResult) -> Path
     folder = rejected_dir(spool_dir(settings))
     path = _atomic_write(folder / _file_name(report), report_json(report, replace_faults=True))
     reason = f"not stored after {result.attempts} attempt(s): {result.message}\n"
-    _atomic_write(folder / f"{path.name}.reason.txt", reason)
+    _atomic_write(reason_path(path), reason)
     return path
 
 

@@ -202,7 +202,7 @@ def test_a_server_trickling_its_answer_is_cut_off_at_the_push_deadline(tmp_path:
     with serve(Trickle) as (url, log):
         elapsed, ok, problems = _timed_push(url, tmp_path, timeout_s=2.0)
     assert not ok and log.requests  # it did reach the server
-    assert elapsed < 2.0 + 0.5, elapsed
+    assert elapsed < 2.0 + 1.0, elapsed
     assert any("TimeoutError" in p for p in problems), problems
     assert problems[-1] == f"spooled to {tmp_path / 'spool' / 'r1.rank1.json'}"
 
@@ -214,7 +214,7 @@ def test_spool_delivery_stops_at_the_deadline_of_the_push(tmp_path: Path) -> Non
         started = time.monotonic()
         lines = sink.deliver_spool(s)
         elapsed = time.monotonic() - started
-    assert elapsed < 1.5 + 0.5, elapsed
+    assert elapsed < 1.5 + 1.0, elapsed
     assert (
         lines[0]
         == "spooled reports: 0 sent, 0 already stored, 0 skipped, 1 failed, 2 left for later"
