@@ -254,7 +254,7 @@ def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> _
         return _Answer(response.status, response.getheader("Content-Type") or "", data)
     except (OSError, http.client.HTTPException):
         if expired.is_set():
-            raise TimeoutError(f"no complete answer within {timeout_s:g} s") from None
+            raise TimeoutError(f"no complete answer within {timeout_s:.3g} s") from None
         raise
     finally:
         timer.cancel()
