@@ -433,8 +433,11 @@ def push_file(
     if not result.ok:
         detail = f"not stored after {result.attempts} attempt(s): {result.message}"
         if rejected is not None and result.refused:
-            detail += f"; moved to {printable(reject(path, rejected, detail))}"
-            return FileResult(path, "failed", detail, set_aside=True)
+            try:
+                moved = reject(path, rejected, detail)
+            except OSError as exc:  # kept in the spool: tried again next time, never lost
+                return FileResult(path, "failed", f"{detail}; not moved to {rejected}: {exc}")
+            return FileResult(path, "failed", f"{detail}; moved to {moved}", set_aside=True)
         return FileResult(path, "failed", detail)
     status = result.message
     outcome: Outcome = "exists" if status == "exists" else "sent"

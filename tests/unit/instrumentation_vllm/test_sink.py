@@ -299,3 +299,15 @@ def test_no_file_is_written_for_a_run_id_that_is_not_a_folder_name(
     with pytest.raises(ConfigError, match="run_id"):
         sink.spool(s, report)
     assert list(tmp_path.rglob("*")) == []
+
+
+def test_a_refused_spool_file_that_cannot_be_moved_stays_in_the_spool(tmp_path: Path) -> None:
+    log = Log(statuses=[422])
+    with serve(ServiceDouble, log) as (url, _):
+        s = Settings(service_url=url, output_dir=str(tmp_path))
+        (spooled,) = _spool_reports(s, 1)
+        (tmp_path / "rejected").write_text("a file where the rejected folder should be")
+        lines = sink.deliver_spool(s, clock=_Clock())
+    assert lines[0] == "spooled reports: 0 sent, 0 already stored, 0 skipped, 1 failed"
+    assert "not moved to" in lines[1]
+    assert spooled.exists()
