@@ -3,24 +3,45 @@
 Shared by ``memest push`` and the vLLM plugin (which delivers its spool on the next start), so a
 file is classified the same way everywhere: sent, already stored, skipped (not a report) or
 failed (the service refused it or could not be reached).
+
+A report counts as stored only when the service answers its acknowledgement, the JSON object of
+``POST /api/v1/reports`` (``{"status": "created" | "exists", "report_id": <this report's id>,
+...}``): a 2xx page from a proxy or a login screen is a failure. Redirects are never followed
+(a 3xx is a failure), so the bearer token only ever goes to the configured host. Each attempt
+has one deadline for the whole exchange (connect, send, every read), not one per read: a server
+that trickles its answer byte by byte is cut off at the deadline.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
+import re
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
 from memest.errors import MemestError
 from memest.files import load_report
+from memest.schema import RunReport
 
 REPORTS_PATH = "/api/v1/reports"
+ACK_STATUSES = ("created", "exists")
+"""The ``status`` values of the service's acknowledgement (memest.service.schemas.IngestResponse)."""
+REJECTED_FOLDER = "rejected"
+"""Beside a spool folder: the reports the service refused for good, each with a reason file."""
+_RESPONSE_LIMIT = 64 * 1024
+"""Bytes of an answer read at most: an acknowledgement is a few hundred."""
+_CONFIG_STATUSES = frozenset({401, 403, 404, 405, 407})
+"""4xx answers about the URL or the credentials, not the report: fixing the configuration makes
+the same report storable, so such a report is kept for a later push, never set aside."""
 
 Outcome = Literal["sent", "exists", "skipped", "failed"]
 OUTCOMES: tuple[Outcome, ...] = ("sent", "exists", "skipped", "failed")
@@ -33,21 +54,15 @@ OUTCOME_LABELS: dict[Outcome, str] = {
 
 
 @dataclass(frozen=True)
-class PushResult:
-    ok: bool
-    status: int | None
-    message: str
-    attempts: int
-
-
-@dataclass(frozen=True)
 class FileResult:
     path: Path
     outcome: Outcome
     detail: str
+    set_aside: bool = False
+    """Refused for good and moved to ``rejected/`` (a failed file of a spool)."""
 
     def describe(self) -> str:
-        return f"{self.path}: {self.detail}"
+        return printable(f"{self.path}: {self.detail}")
 
 
 @dataclass
@@ -61,6 +76,9 @@ class FolderResult:
 
     def summary(self) -> str:
         parts = [f"{self.count(o)} {OUTCOME_LABELS[o]}" for o in OUTCOMES]
+        moved = sum(1 for f in self.files if f.set_aside)
+        if moved:
+            parts[-1] += f" ({moved} moved to {REJECTED_FOLDER}/)"
         if self.left:
             parts.append(f"{self.left} left for later")
         return ", ".join(parts)
@@ -99,46 +117,258 @@ def check_service_url(url: str) -> str:
     return url
 
 
+class _Answer(NamedTuple):
+    status: int
+    content_type: str
+    body: bytes
+
+
+class _Attempt(NamedTuple):
+    kind: Literal["stored", "transient", "refused", "final"]
+    """stored: acknowledged; transient: worth another attempt; refused: the service will never
+    store this report; final: no use retrying now, but the report itself may be fine."""
+    status: int | None
+    message: str
+
+
+@dataclass(frozen=True)
+class PushResult:
+    ok: bool
+    status: int | None
+    message: str
+    """The acknowledgement's status (created or exists) when ok, else the last failure."""
+    attempts: int
+    refused: bool = False
+    """The service refused this report for good (a 4xx about the report itself)."""
+    problems: tuple[str, ...] = ()
+    """One line per failed attempt (``attempt N: ...``)."""
+
+
+class ReportEncodingError(MemestError, ValueError):
+    """A report holds text that cannot be sent as UTF-8 JSON (a lone surrogate)."""
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _first_lone_surrogate(value: Any, where: str = "") -> tuple[str, str] | None:
+    """(field path, the surrogate) of the first string, or key, holding a lone surrogate."""
+    if isinstance(value, str):
+        found = _LONE_SURROGATE.search(value)
+        return (where or "(report)", found.group()) if found else None
+    items: list[tuple[object, Any]] = []
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, list):
+        items = list(enumerate(value))
+    for key, item in items:
+        path = f"{where}.{key}" if where else str(key)
+        in_key = _first_lone_surrogate(key, path) if isinstance(key, str) else None
+        hit = in_key or _first_lone_surrogate(item, path)
+        if hit:
+            return hit
+    return None
+
+
+def _replace_lone_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_replace_lone_surrogates(k): _replace_lone_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_lone_surrogates(v) for v in value]
+    return value
+
+
+def report_json(
+    report: RunReport, *, replace_faults: bool = False, indent: int | None = None
+) -> str:
+    """The report as JSON text that encodes to UTF-8.
+
+    A lone surrogate (a file name decoded with surrogateescape, say) cannot be sent: the service
+    refuses it. ``replace_faults`` writes U+FFFD in its place (the vLLM plugin: a start's report
+    is kept, its odd characters replaced); otherwise it is an error naming the field.
+
+    Raises:
+        ReportEncodingError: a lone surrogate, and ``replace_faults`` is off.
+    """
+    data = report.model_dump(mode="json")
+    hit = _first_lone_surrogate(data)
+    if hit is not None:
+        if not replace_faults:
+            where, char = hit
+            raise ReportEncodingError(
+                f"field {where}: a lone surrogate {ascii(char)} cannot be encoded as UTF-8"
+            )
+        report = RunReport.model_validate(_replace_lone_surrogates(data))
+    return report.model_dump_json(indent=indent)
+
+
+def printable(text: object) -> str:
+    """``text`` with anything a UTF-8 terminal cannot print (a lone surrogate in a file name)
+    written as a backslash escape, so printing it never raises."""
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> _Answer:
+    """One POST whose whole exchange ends within ``timeout_s`` seconds; redirects not followed.
+
+    The socket timeout bounds each operation; a timer shuts the socket down at the deadline, so a
+    blocked read or write ends there however slowly the server trickles bytes. (Resolving a host
+    name is the one step the timer cannot cut short.)
+
+    Raises:
+        TimeoutError: the deadline passed.
+        OSError, http.client.HTTPException: the connection failed or the answer is malformed.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected http(s)://HOST[:PORT]")
+    https = parts.scheme == "https"
+    connection_class = http.client.HTTPSConnection if https else http.client.HTTPConnection
+    conn = connection_class(parts.hostname or "", parts.port, timeout=timeout_s)
+    expired = threading.Event()
+
+    def cut_off() -> None:
+        expired.set()  # before reading conn.sock: a socket made after this is checked below
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    timer = threading.Timer(min(timeout_s, threading.TIMEOUT_MAX), cut_off)
+    timer.daemon = True
+    timer.start()
+    try:
+        conn.connect()
+        if expired.is_set():
+            raise TimeoutError
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        conn.request("POST", target, body=body, headers=headers)
+        response = conn.getresponse()
+        data = response.read(_RESPONSE_LIMIT)
+        if expired.is_set():
+            raise TimeoutError
+        return _Answer(response.status, response.getheader("Content-Type") or "", data)
+    except (OSError, http.client.HTTPException):
+        if expired.is_set():
+            raise TimeoutError(f"no complete answer within {timeout_s:.3g} s") from None
+        raise
+    finally:
+        timer.cancel()
+        conn.close()
+
+
+def _json_object(data: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _classify(answer: _Answer, report_id: str | None) -> _Attempt:
+    """What one answer means for the report (see _Attempt.kind)."""
+    code = answer.status
+    payload = _json_object(answer.body)
+    if 200 <= code < 300:
+        if (
+            payload is not None
+            and payload.get("status") in ACK_STATUSES
+            and isinstance(payload.get("report_id"), str)
+            and (report_id is None or payload["report_id"] == report_id)
+        ):
+            return _Attempt("stored", code, str(payload["status"]))
+        kind = answer.content_type.split(";")[0].strip() or "no content type"
+        return _Attempt(
+            "final", code, f"HTTP {code} ({kind}) is not the memest service's acknowledgement"
+        )
+    if 300 <= code < 400:
+        return _Attempt("final", code, f"HTTP {code}: a redirect, not followed (check the URL)")
+    last = f"HTTP {code}: {_error_detail(payload, answer)}"
+    if code >= 500 or code in (408, 429):
+        return _Attempt("transient", code, last)
+    return _Attempt("final" if code in _CONFIG_STATUSES else "refused", code, last)
+
+
+def _error_detail(payload: dict[str, Any] | None, answer: _Answer) -> str:
+    if payload is None:
+        return http.client.responses.get(answer.status, "error")
+    where = payload.get("field")
+    detail = payload.get("detail", "")
+    return printable(f"{detail} (field: {where})" if where else detail)
+
+
+def _attempt(
+    body: bytes, url: str, headers: dict[str, str], timeout_s: float, report_id: str | None
+) -> _Attempt:
+    try:
+        return _classify(_post(url, body, headers, timeout_s), report_id)
+    except TimeoutError as exc:
+        return _Attempt("transient", None, f"TimeoutError: {exc}" if str(exc) else "TimeoutError")
+    except (OSError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        return _Attempt("transient", None, printable(f"{type(exc).__name__}: {reason}"))
+    except ValueError as exc:  # a malformed URL or header: another attempt cannot help
+        return _Attempt("final", None, f"bad service URL {url!r}: {exc}")
+
+
 def push_one(
     body: bytes,
     url: str,
     token: str | None,
     *,
+    report_id: str | None,
     retries: int,
     timeout_s: float,
     backoff_s: float = 0.5,
     sleep: Callable[[float], None] = time.sleep,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> PushResult:
     """POST one report body, retrying transient failures up to ``retries`` extra times.
 
-    Connection errors, 5xx, 408 and 429 are retried with exponential backoff; any other 4xx is
-    final (the service names the field at fault).
+    Connection errors, timeouts, 5xx, 408 and 429 are retried with exponential backoff. Any other
+    answer is final: a 4xx about the report (the service names the field at fault) sets
+    ``refused``; a 401/403/404/405/407, a redirect or a 2xx that is not the acknowledgement of
+    ``report_id`` (None: any report id) leave it unset. Each attempt ends within ``timeout_s``
+    and, with ``deadline`` (a ``clock`` value), every attempt and wait ends by the deadline.
     """
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    last = ""
+    problems: list[str] = []
+    status: int | None = None
     for attempt in range(1, retries + 2):
-        try:
-            req = urllib.request.Request(url, data=body, headers=headers, method="POST")
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                payload = json.loads(resp.read() or b"{}")
-                return PushResult(True, int(resp.status), str(payload.get("status", "")), attempt)
-        except urllib.error.HTTPError as exc:
-            detail = http_error_detail(exc)
-            last = f"HTTP {exc.code}: {detail}"
-            if exc.code < 500 and exc.code not in (408, 429):
-                return PushResult(False, exc.code, last, attempt)
-        except ValueError as exc:  # a malformed URL: another attempt cannot help
-            return PushResult(False, None, f"bad service URL {url!r}: {exc}", attempt)
-        except OSError as exc:
-            last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+        left = timeout_s if deadline is None else min(timeout_s, deadline - clock())
+        if left <= 0:
+            problems.append(f"attempt {attempt}: push deadline reached")
+            break
+        outcome = _attempt(body, url, headers, left, report_id)
+        if outcome.kind == "stored":
+            return PushResult(
+                True, outcome.status, outcome.message, attempt, False, tuple(problems)
+            )
+        status = outcome.status
+        problems.append(f"attempt {attempt}: {outcome.message}")
+        if outcome.kind != "transient":
+            refused = outcome.kind == "refused"
+            return PushResult(False, status, outcome.message, attempt, refused, tuple(problems))
         if attempt <= retries:
-            sleep(backoff_s * 2 ** (attempt - 1))
-    return PushResult(False, None, last, retries + 1)
+            wait = backoff_s * 2 ** (attempt - 1)
+            if deadline is not None:
+                wait = min(wait, deadline - clock())
+            if wait > 0:
+                sleep(wait)
+    attempts = sum(1 for p in problems if not p.endswith("push deadline reached"))
+    message = problems[-1].split(": ", 1)[1] if problems else "not tried"
+    return PushResult(False, status, message, attempts, False, tuple(problems))
 
 
 def http_error_detail(exc: urllib.error.HTTPError) -> str:
+    """The service's ``detail`` (and ``field``) of an error answer urllib raised."""
     try:
         data = json.loads(exc.read() or b"{}")
     except (ValueError, OSError):
@@ -150,27 +380,66 @@ def http_error_detail(exc: urllib.error.HTTPError) -> str:
     return str(data)
 
 
-def push_file(path: Path, options: PushOptions) -> FileResult:
-    """Load one report file and POST it; a file that is not a valid report is skipped."""
+def rejected_dir(spool: Path) -> Path:
+    """``rejected/`` beside the spool folder (outside it, so a later push never finds it there)."""
+    return spool.absolute().parent / REJECTED_FOLDER
+
+
+def reason_path(rejected: Path) -> Path:
+    """Where the reason a report in ``rejected/`` was refused is written."""
+    return rejected.with_name(rejected.name + ".reason.txt")
+
+
+def reject(path: Path, folder: Path, reason: str) -> Path:
+    """Move a report the service refused for good out of its spool into ``folder``, with
+    ``<name>.reason.txt`` saying why; returns where it went."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / path.name
+    os.replace(path, target)
+    reason_path(target).write_text(reason + "\n", encoding="utf-8")
+    return target
+
+
+def push_file(
+    path: Path,
+    options: PushOptions,
+    *,
+    rejected: Path | None = None,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> FileResult:
+    """Load one report file and POST it; a file that is not a valid report is skipped.
+
+    With ``rejected`` (a folder), a report the service refused for good is moved there.
+    """
     try:
         report = load_report(path)
+        body = report_json(report).encode()
     except MemestError as exc:
-        reason = str(exc).removeprefix(f"{path}: ")
+        reason = printable(str(exc).removeprefix(f"{path}: "))
         return FileResult(path, "skipped", f"skipped, not a valid report: {reason}")
     result = push_one(
-        report.model_dump_json().encode(),
+        body,
         options.reports_url,
         options.token,
+        report_id=report.report_id,
         retries=options.retries,
         timeout_s=options.timeout_s,
         backoff_s=options.backoff_s,
         sleep=options.sleep,
+        deadline=deadline,
+        clock=clock,
     )
     if not result.ok:
-        return FileResult(
-            path, "failed", f"not stored after {result.attempts} attempt(s): {result.message}"
-        )
-    status = result.message or "created"
+        detail = f"not stored after {result.attempts} attempt(s): {result.message}"
+        if rejected is not None and result.refused:
+            try:
+                moved = reject(path, rejected, detail)
+            except OSError as exc:  # kept in the spool: tried again next time, never lost
+                return FileResult(path, "failed", f"{detail}; not moved to {rejected}: {exc}")
+            return FileResult(path, "failed", f"{detail}; moved to {moved}", set_aside=True)
+        return FileResult(path, "failed", detail)
+    status = result.message
     outcome: Outcome = "exists" if status == "exists" else "sent"
     return FileResult(path, outcome, f"{status} ({report.report_id})")
 
@@ -180,6 +449,7 @@ def push_files(
     options: PushOptions,
     *,
     remove_delivered: bool = False,
+    rejected: Path | None = None,
     max_files: int | None = None,
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -187,17 +457,22 @@ def push_files(
 ) -> FolderResult:
     """Push each file in turn, going on past skipped and failed ones.
 
-    ``remove_delivered`` deletes a file once the service holds it (sent or already stored);
-    ``max_files`` and ``deadline`` (a ``clock`` value) leave the rest for a later delivery.
+    For a spool: ``remove_delivered`` deletes a file once the service holds it (sent or already
+    stored); ``rejected`` (a folder outside the spool, see rejected_dir) takes each file the
+    service refused for good, with its reason, so refused files never block the spool. ``max_files`` (reports sent, skipped files not
+    counted) and ``deadline`` (a ``clock`` value; no attempt runs past it) leave the rest for a
+    later delivery.
     """
     out = FolderResult()
+    tried = 0
     for i, path in enumerate(paths):
-        if (max_files is not None and i >= max_files) or (
+        if (max_files is not None and tried >= max_files) or (
             deadline is not None and clock() >= deadline
         ):
             out.left = len(paths) - i
             break
-        result = push_file(path, options)
+        result = push_file(path, options, rejected=rejected, deadline=deadline, clock=clock)
+        tried += result.outcome != "skipped"
         if remove_delivered and result.outcome in ("sent", "exists"):
             path.unlink(missing_ok=True)
         out.files.append(result)

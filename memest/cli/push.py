@@ -5,18 +5,24 @@
   memest push --spool memest-out/spool --url http://memest:8000
 
 The token comes from --token or MEMEST_WRITE_TOKEN; the URL from --url or MEMEST_SERVICE_URL.
-Folders are searched for *.json files. Connection errors, 5xx, 408 and 429 are retried with
-exponential backoff; any other 4xx is final (the service names the field at fault). A file that
-is not a valid report (or does not exist) is skipped and named; the others are still sent. --spool DIR sends the
-reports the vLLM plugin spooled when the service was unreachable and removes each one the service
-then holds. Prints one line per file, then: sent, already stored, skipped, failed. Exit 0 when
-nothing failed, 1 when a report was not stored or a named file does not exist (the others are
-still sent), 2 on bad arguments.
+Folders are searched for *.json files. A report counts as stored only when the service
+acknowledges it by id (a 2xx page that is not memest's answer is a failure); redirects are not
+followed, so the token goes to --url's host only. Connection errors, timeouts, 5xx, 408 and 429
+are retried with exponential backoff; any other answer is final (the service names the field at
+fault). --timeout bounds each attempt as a whole, however slowly the server answers. A file that
+is not a valid report (or does not exist, or holds a lone surrogate, which cannot be sent as
+UTF-8) is skipped and named; the others are still sent. --spool DIR sends the reports the vLLM
+plugin spooled when the service was unreachable, removes each one the service then holds, and
+moves each one it refused for good (a 4xx other than 401, 403, 404, 405, 407, 408, 429) to
+rejected/ beside DIR with a .reason.txt file. Prints one line per file, then: sent, already
+stored, skipped, failed. Exit 0 when nothing failed, 1 when a report was not stored or a named
+file does not exist (the others are still sent), 2 on bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -25,6 +31,7 @@ from memest.delivery import (
     PushOptions,
     check_service_url,
     push_files,
+    rejected_dir,
     report_files,
 )
 from memest.delivery import push_one as push_one  # re-exported: the retry loop's home
@@ -58,7 +65,9 @@ class PushCommand:
         parser.add_argument(
             "--retries", type=int, default=5, help="extra attempts on transient errors"
         )
-        parser.add_argument("--timeout", type=float, default=10.0, help="seconds per attempt")
+        parser.add_argument(
+            "--timeout", type=float, default=10.0, help="seconds per attempt, all of it"
+        )
         parser.add_argument("--backoff", type=float, default=0.5, help="first retry delay, seconds")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -67,6 +76,8 @@ class PushCommand:
         check_service_url(args.url)
         if args.retries < 0:
             raise CommandError("--retries must be >= 0")
+        if not (math.isfinite(args.timeout) and math.isfinite(args.backoff)):
+            raise CommandError("--timeout and --backoff must be finite numbers")
         if args.timeout <= 0 or args.backoff < 0:
             raise CommandError("--timeout must be > 0 and --backoff >= 0")
         files = self._files(args)
@@ -77,8 +88,13 @@ class PushCommand:
             timeout_s=args.timeout,
             backoff_s=args.backoff,
         )
+        spool = args.spool is not None
         result = push_files(
-            files, options, remove_delivered=args.spool is not None, on_result=_print_result
+            files,
+            options,
+            remove_delivered=spool,
+            rejected=rejected_dir(args.spool) if spool else None,
+            on_result=_print_result,
         )
         print(result.summary())
         missing = any(not p.exists() and not p.is_symlink() for p in args.reports or ())

@@ -1,17 +1,22 @@
 """Every MEMEST_* setting the vLLM plugin reads, with its help text.
 
 The plugin runs inside ``vllm serve`` worker processes, so it is configured only through the
-environment. ``Settings.from_env`` never raises: a malformed value falls back to its default and
-the problem is kept in ``Settings.problems`` (the plugin logs it once and records it in the report).
+environment. ``Settings.from_env`` never raises: a malformed value (a number that is not finite,
+or below its minimum; a run id that is not a safe folder name) falls back to its default and the
+problem is kept in ``Settings.problems`` (the plugin logs it once and records it in the report).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
+
+from memest.errors import ConfigError
+from memest.runid import check_run_id
 
 EstimateMode = Literal["off", "apply", "plan"]
 ESTIMATE_MODES: tuple[EstimateMode, ...] = ("off", "apply", "plan")
@@ -36,9 +41,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "MEMEST_RUN_ID",
         "",
-        "Run id shared by every rank of one launch. Empty: derived per launch from launch-wide "
-        "values (torchelastic/NCCL/vLLM ports, the parent process's pid and start time), "
-        "identical on all ranks and new for every launch.",
+        "Run id shared by every rank of one launch: 1-128 letters, digits, '.', '_' or '-', "
+        "starting with a letter or digit (it names a folder). Empty or not such a name: derived "
+        "per launch from launch-wide values (torchelastic/NCCL/vLLM ports, the parent process's "
+        "pid and start time), identical on all ranks and new for every launch.",
     ),
     EnvVar(
         "MEMEST_SERVICE_URL",
@@ -49,8 +55,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "MEMEST_PUSH_TIMEOUT_S",
         "10",
-        "Upper bound in seconds on all push attempts of one report; the report is spooled "
-        "to <output dir>/spool/ when it runs out.",
+        "Upper bound in seconds on the whole push of one report (every attempt, wait and "
+        "read, and rank 0's delivery of the spool); the report is spooled to "
+        "<output dir>/spool/ when it runs out.",
     ),
     EnvVar("MEMEST_PUSH_RETRIES", "3", "Push attempts before spooling (backoff 0.5 s, doubling)."),
     EnvVar(
@@ -188,11 +195,11 @@ class Settings:
             text = raw(name)
             try:
                 value = float(text)
-                if value <= 0:
+                if not math.isfinite(value) or value <= 0:  # float() takes "nan" and "inf"
                     raise ValueError
                 return value
             except ValueError:
-                problems.append(f"{name}={text!r}: expected a positive number")
+                problems.append(f"{name}={text!r}: expected a finite positive number")
                 return float(_default(name))
 
         mode_text = raw("MEMEST_ESTIMATE").lower()
@@ -211,7 +218,7 @@ class Settings:
         return cls(
             enabled=raw("MEMEST_ENABLE") == "1",
             output_dir=raw("MEMEST_OUTPUT_DIR") or "memest-out",
-            run_id=raw("MEMEST_RUN_ID"),
+            run_id=_run_id(raw("MEMEST_RUN_ID"), problems),
             service_url=raw("MEMEST_SERVICE_URL").rstrip("/"),
             token=raw("MEMEST_TOKEN"),
             push_timeout_s=number("MEMEST_PUSH_TIMEOUT_S"),
@@ -232,6 +239,17 @@ class Settings:
         )
 
 
+def _run_id(text: str, problems: list[str]) -> str:
+    """MEMEST_RUN_ID when it is a safe folder name; else empty (a derived id), the problem kept."""
+    if not text:
+        return ""
+    try:
+        return check_run_id(text)
+    except ConfigError as exc:
+        problems.append(f"{exc}; a run id derived for this launch is used instead")
+        return ""
+
+
 _LAUNCH_KEYS = (
     "TORCHELASTIC_RUN_ID",
     "MASTER_ADDR",
@@ -249,14 +267,15 @@ def derive_run_id(
 ) -> str:
     """A run id that is new for every launch and identical on every rank of it.
 
-    MEMEST_RUN_ID wins. Otherwise the id hashes launch-wide values that all ranks share
+    MEMEST_RUN_ID wins when it is a safe folder name (memest.runid; Settings.from_env names a
+    bad one). Otherwise the id hashes launch-wide values that all ranks share
     (torchelastic run id, rendezvous address and ports) and the launching process: vLLM's
     workers are children of the engine core, so they share its pid *and* its start time. The
     start time (and the boot id) make the id new when a re-run, or a restarted container whose
     processes get the same pids, launches the same configuration again.
     """
     env = os.environ if environ is None else environ
-    explicit = env.get("MEMEST_RUN_ID", "").strip()
+    explicit = _run_id(env.get("MEMEST_RUN_ID", "").strip(), [])
     if explicit:
         return explicit
     parts = [f"{k}={env[k]}" for k in _LAUNCH_KEYS if env.get(k)]

@@ -113,7 +113,9 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
         type(self).calls += 1
         self.rfile.read(int(self.headers["Content-Length"]))
         code, body = (
-            (503, b'{"detail":"busy"}') if type(self).calls <= 2 else (201, b'{"status":"created"}')
+            (503, b'{"detail":"busy"}')
+            if type(self).calls <= 2
+            else (201, b'{"status":"created","report_id":"r-1","run_id":"run-1"}')
         )
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -137,13 +139,31 @@ def flaky_url() -> Iterator[str]:
 
 def test_push_retries_transient_errors(flaky_url: str) -> None:
     waits: list[float] = []
-    r = push_one(b"{}", flaky_url, TOKEN, retries=3, timeout_s=5, backoff_s=0.1, sleep=waits.append)
-    assert r.ok and r.attempts == 3 and waits == [0.1, 0.2]
+    r = push_one(
+        b"{}",
+        flaky_url,
+        TOKEN,
+        report_id="r-1",
+        retries=3,
+        timeout_s=5,
+        backoff_s=0.1,
+        sleep=waits.append,
+    )
+    assert r.ok and r.attempts == 3 and waits == [0.1, 0.2] and r.message == "created"
 
 
 def test_push_gives_up_after_retries(flaky_url: str) -> None:
     waits: list[float] = []
-    r = push_one(b"{}", flaky_url, None, retries=1, timeout_s=5, backoff_s=0.1, sleep=waits.append)
+    r = push_one(
+        b"{}",
+        flaky_url,
+        None,
+        report_id="r-1",
+        retries=1,
+        timeout_s=5,
+        backoff_s=0.1,
+        sleep=waits.append,
+    )
     assert not r.ok and r.attempts == 2 and "HTTP 503" in r.message
 
 

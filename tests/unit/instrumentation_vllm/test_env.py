@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import dataclasses
+import math
+
+import pytest
 from memest_instrumentation.vllm.env import ENV_VARS, Settings, derive_run_id, help_text
 
 
@@ -61,3 +65,74 @@ def test_run_id_is_shared_by_ranks_of_one_launch() -> None:
     assert a == b and a.startswith("run-")
     assert a != other_launch
     assert derive_run_id({"MEMEST_RUN_ID": "mine"}, parent_pid=1) == "mine"
+
+
+# Every numeric setting with its documented default (README's table), written out by hand.
+NUMERIC_DEFAULTS: dict[str, float] = {
+    "MEMEST_PUSH_TIMEOUT_S": 10.0,
+    "MEMEST_PUSH_RETRIES": 3,
+    "MEMEST_STACK_DEPTH": 16,
+    "MEMEST_HISTORY_MAX_ENTRIES": 2_000_000,
+    "MEMEST_MARGIN_BYTES": 0,
+    "MEMEST_PLAN_FREE_TOLERANCE_BYTES": 268_435_456,
+    "MEMEST_WORK_BUDGET_S": 60.0,
+    "MEMEST_SLOW_HOOK_S": 20.0,
+}
+_FIELD = {
+    "MEMEST_PUSH_TIMEOUT_S": "push_timeout_s",
+    "MEMEST_PUSH_RETRIES": "push_retries",
+    "MEMEST_STACK_DEPTH": "stack_depth",
+    "MEMEST_HISTORY_MAX_ENTRIES": "history_max_entries",
+    "MEMEST_MARGIN_BYTES": "margin_bytes",
+    "MEMEST_PLAN_FREE_TOLERANCE_BYTES": "plan_free_tolerance_bytes",
+    "MEMEST_WORK_BUDGET_S": "work_budget_s",
+    "MEMEST_SLOW_HOOK_S": "slow_hook_s",
+}
+
+
+def test_the_numeric_settings_listed_here_are_all_of_them() -> None:
+    numeric = {
+        f.name
+        for f in dataclasses.fields(Settings)
+        if f.type in ("int", "float") or f.type in (int, float)
+    }
+    assert numeric == set(_FIELD.values())
+
+
+@pytest.mark.parametrize("name", sorted(NUMERIC_DEFAULTS))
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "Infinity", "-1", "1e999"])
+def test_a_numeric_setting_that_is_not_finite_or_is_negative_keeps_its_default(
+    name: str, text: str
+) -> None:
+    s = Settings.from_env({name: text})
+    value = getattr(s, _FIELD[name])
+    assert value == NUMERIC_DEFAULTS[name] and math.isfinite(value)
+    (problem,) = s.problems
+    assert problem.startswith(f"{name}={text!r}: expected a")
+
+
+def test_run_id_that_is_not_a_folder_name_falls_back_with_a_warning() -> None:
+    s = Settings.from_env({"MEMEST_RUN_ID": "../../x"})
+    assert s.run_id == ""
+    (problem,) = s.problems
+    assert problem.startswith("MEMEST_RUN_ID='../../x': expected 1-128 letters")
+    assert problem.endswith("a run id derived for this launch is used instead")
+    derived = derive_run_id({"MEMEST_RUN_ID": "../../x"}, parent_pid=4242)
+    assert derived == derive_run_id({}, parent_pid=4242) and derived.startswith("run-")
+    assert Settings.from_env({"MEMEST_RUN_ID": "S_llama8b.apply-1"}).run_id == "S_llama8b.apply-1"
+
+
+def test_a_bad_run_id_is_warned_about_and_replaced_inside_vllm(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memest_instrumentation.vllm import state as state_module
+
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    monkeypatch.setenv("MEMEST_RUN_ID", "../../x")
+    monkeypatch.setattr(state_module, "_STATE", None)
+    with caplog.at_level("WARNING"):
+        st = state_module.state()
+    assert st.run_id.startswith("run-")
+    assert any("MEMEST_RUN_ID='../../x'" in e for e in st.hook_errors)
+    assert "MEMEST_RUN_ID='../../x'" in caplog.text
+    monkeypatch.setattr(state_module, "_STATE", None)
