@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
+from memest.analysis.compare import Comparison
 from memest.analysis.stages import stage_bars
 from memest.reporters import plots
 from memest.reporters.markdown import (
@@ -13,7 +14,6 @@ from memest.reporters.markdown import (
     run_title,
 )
 from memest.reporters.table import to_html
-from memest.reporters.views import Comparison
 from memest.schema import RunReport
 
 _CSS = """

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from memest.analysis.compare import Comparison, Delta
+from memest.analysis.runs import build_label, config_summary, fingerprint, run_facts, runner_counts
 from memest.analysis.stages import stage_bars
 from memest.estimate import account
 from memest.reporters.owners import owner_label
@@ -15,17 +17,10 @@ from memest.reporters.table import Table, to_markdown
 from memest.reporters.views import (
     NEGATIVE_NOTE,
     NESTED_NOTE,
-    Comparison,
-    Delta,
     PhaseRow,
-    build_label,
-    config_summary,
     definition_line,
-    fingerprint,
     model_name,
     phase_rows,
-    run_facts,
-    runner_counts,
 )
 from memest.schema import RunReport
 from memest.units import count_cell, gib_cell, ratio_cell

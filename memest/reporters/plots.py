@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
+from memest.analysis.compare import Comparison
+from memest.analysis.history import History
 from memest.analysis.stages import StageBar
 from memest.estimate import BudgetSplit
 from memest.reporters.owners import owner_color, owner_label
-from memest.reporters.views import Comparison, History
 from memest.units import GiB, fmt_gib
 
 __all__ = ["owner_color", "owner_label"]

@@ -15,7 +15,9 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import pass_context
 from markupsafe import Markup, escape
 
+from memest.analysis.history import history
 from memest.analysis.ranks import rank_check
+from memest.analysis.runs import build_label, config_summary, fingerprint, run_facts, runner_counts
 from memest.analysis.stages import stage_bars
 from memest.errors import MemestError
 from memest.estimate import account, budget_splits, gpu_parts
@@ -25,17 +27,11 @@ from memest.reporters.owners import owner_label
 from memest.reporters.views import (
     NEGATIVE_NOTE,
     NESTED_NOTE,
-    build_label,
     compare,
-    config_summary,
     definition_line,
-    fingerprint,
-    history,
     model_name,
     notes,
     phase_rows,
-    run_facts,
-    runner_counts,
     short_paths,
 )
 from memest.schema import RunReport, StartAccounting
