@@ -451,3 +451,18 @@ def _line(frame: Sequence[Any]) -> int:
 
 def _fmt_frame(frame: Sequence[Any]) -> str:
     return f"{frame[2]} ({frame[0]}:{frame[1]})"
+
+
+def _inductor(owner: str) -> bool:
+    """``unattributed:call (<2 chars>/c<hash>.py)``: a frame of Inductor's generated code."""
+    prefix = f"{UNATTRIBUTED}:call ("
+    return (
+        owner.startswith(prefix)
+        and owner.endswith(")")
+        and generated_key(owner[len(prefix) : -1]) is not None
+    )
+
+
+def owner_key(owner: str) -> str:
+    """The owner a name stands for: Inductor's hashed file names are all ``compiled_piece``."""
+    return COMPILED_PIECE if _inductor(owner) else owner

@@ -41,6 +41,7 @@ from memest.cli._reports import load_report
 from memest.errors import CommandError
 from memest.files import MAX_REPORT_BYTES, load_json_file
 from memest.reporters.breakdown import render_markdown, render_text
+from memest.reporters.table import Table, markdown_grid
 from memest.schema.breakdown import PhaseRecord
 from memest.snapshot import load_snapshot
 from memest.units import fmt_gib, parse_bytes
@@ -178,11 +179,11 @@ def render_ranks(agg: RankAggregate) -> str:
     """The ranks of one run side by side, then the flags."""
     lines = [f"run {agg.run_id}: ranks {agg.ranks} of world size {agg.world_size}", ""]
     header = ["Figure", *[f"rank {r}" for r in agg.ranks]]
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "---|" * len(header))
-    for name, values in agg.figures.items():
-        cells = [_cell(name, values[r]) if r in values else "" for r in agg.ranks]
-        lines.append("| " + " | ".join([figure_label(name), *cells]) + " |")
+    rows = [
+        [figure_label(name), *[_cell(name, values[r]) if r in values else "" for r in agg.ranks]]
+        for name, values in agg.figures.items()
+    ]
+    lines += markdown_grid(Table("", header, rows))
     lines.append("")
     if agg.binding_rank is not None and len(agg.ranks) > 1:
         lines.append(

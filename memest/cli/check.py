@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memest.analysis.ranks import capture_stages
+from memest.analysis.runs import estimator_error, kv_sized_by, run_facts
 from memest.cli._reports import load_report
 from memest.errors import CommandError
-from memest.reporters.views import estimator_error, kv_sized_by, run_facts
 from memest.schema import RunReport
 from memest.units import fmt_bytes, parse_bytes
 

@@ -8,7 +8,9 @@ its stored figures, flagged as measured by an older definition.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import cast, get_args
 
 from memest.errors import MemestError
 from memest.estimate.compare import compare
@@ -22,6 +24,7 @@ from memest.estimate.startup_plan import graph_profiling_kept
 from memest.schema import (
     EstimateComparison,
     EstimateRecord,
+    KvSizedBy,
     RunReport,
     StartAccounting,
     VllmFigures,
@@ -40,6 +43,25 @@ def account(report: RunReport, *, margin_bytes: int = 0) -> StartAccounting:
         # cannot recompute, never a failure of the surface showing it.
         return _stored(report, f"{exc}".splitlines()[0])
     return _current(report, comparison)
+
+
+#: How reports written before RunReport.kv_sized_by said who sized the KV cache: the plugin's
+#: note ("KV cache of this start sized by vllm"), or, older still, the measured record's note
+#: ("this start, KV sized by memest: ...").
+_SIZED_BY_NOTE = re.compile(r"KV (?:cache of this start )?sized by ([a-z-]+)")
+
+
+def kv_sized_by(report: RunReport) -> KvSizedBy | None:
+    """Who sized the start's KV cache: the plugin's record, else what an older report's notes say
+    (the one place those notes are read), else None."""
+    if report.kv_sized_by is not None:
+        return report.kv_sized_by
+    records = [] if report.estimate is None else report.estimate.records
+    for text in [*report.notes, *(r.note for r in records if r.estimator == "measured")]:
+        m = _SIZED_BY_NOTE.search(text)
+        if m and m.group(1) in get_args(KvSizedBy):
+            return cast(KvSizedBy, m.group(1))
+    return None
 
 
 def _first_per_estimator(records: list[EstimateRecord]) -> list[EstimateRecord]:
@@ -91,6 +113,7 @@ def _current(report: RunReport, comparison: EstimateComparison) -> StartAccounti
     spec = report.kv_cache
     return StartAccounting(
         report_id=report.report_id,
+        kv_sized_by=kv_sized_by(report),
         usage_kind="end_of_init_plus_first_step_and_context_chunk"
         if terms.mla_context_bytes
         else "end_of_init_plus_first_step",
@@ -148,6 +171,7 @@ def _stored(report: RunReport, reason: str) -> StartAccounting:
     return StartAccounting(
         report_id=report.report_id,
         definition="stored",
+        kv_sized_by=kv_sized_by(report),
         definition_note="measured by an older definition: figures as stored in the report, "
         f"which memest cannot recompute ({reason})",
         usage_kind="end_of_init" if measured and measured.usage_minus_budget_bytes else None,

@@ -11,12 +11,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from memest.analysis.replay import NO_STAGE
+from memest.reporters.table import Table, markdown_lines, text_lines
 from memest.reporters.views import NEGATIVE_NOTE, NESTED_NOTE, phase_rows
 from memest.schema.breakdown import Breakdown, PhaseRecord, StageGrowth
 from memest.units import GiB, MiB
-
-#: (title, header, rows, footnotes)
-BreakdownTable = tuple[str, list[str], list[list[str]], list[str]]
 
 _UNITS = {"GiB": (GiB, 3), "MiB": (MiB, 1)}
 
@@ -36,7 +34,7 @@ def _stage_label(phase: str, stage: str) -> str:
     return f"{stage} [{phase}]" if phase and phase != "capture" else stage
 
 
-def _phase_table(bd: Breakdown, f: _Fmt, phases: Sequence[PhaseRecord]) -> BreakdownTable:
+def _phase_table(bd: Breakdown, f: _Fmt, phases: Sequence[PhaseRecord]) -> Table:
     """Added memory per phase, one column per phase: a phase that runs inside another follows
     it, marked ↳ (its bytes are in that phase too); a negative category is marked †."""
     rows_ = phase_rows(bd.phases, phases)
@@ -64,7 +62,7 @@ def _phase_table(bd: Breakdown, f: _Fmt, phases: Sequence[PhaseRecord]) -> Break
         notes.append(f"{NESTED_NOTE}.")
     if negative:
         notes.append(f"† {NEGATIVE_NOTE}.")
-    return ("Added GPU memory per phase", header, rows, notes)
+    return Table("Added GPU memory per phase", header, rows, notes)
 
 
 #: Why a PIECEWISE stage's count in a snapshot is larger than the capture plan's.
@@ -74,7 +72,7 @@ PIECEWISE_COUNT_NOTE = (
 )
 
 
-def _stage_table(staged: Sequence[StageGrowth], f: _Fmt) -> BreakdownTable:
+def _stage_table(staged: Sequence[StageGrowth], f: _Fmt) -> Table:
     """Graph counts and pool growth per capture stage (a Widest column only when known)."""
     u = f.unit
     widest = any(s.widest for s in staged)
@@ -106,19 +104,17 @@ def _stage_table(staged: Sequence[StageGrowth], f: _Fmt) -> BreakdownTable:
     notes = []
     if any(s.graph_count and s.stage.endswith(".piecewise") for s in staged):
         notes.append(f"{PIECEWISE_COUNT_NOTE}.")
-    return ("Measured graph counts and capture-stage memory", header, rows, notes)
+    return Table("Measured graph counts and capture-stage memory", header, rows, notes)
 
 
-def tables(
-    bd: Breakdown, unit: str = "GiB", phases: Sequence[PhaseRecord] = ()
-) -> list[BreakdownTable]:
-    """The breakdown as (title, header, rows, footnotes) tables, in the seed's order.
+def tables(bd: Breakdown, unit: str = "GiB", phases: Sequence[PhaseRecord] = ()) -> list[Table]:
+    """The breakdown as tables, in the seed's order.
 
     ``phases`` (the phase records with their windows) nests the phase table.
     """
     f = _Fmt(unit)
     u = f.unit
-    out: list[BreakdownTable] = []
+    out: list[Table] = []
     if bd.phases:
         out.append(_phase_table(bd, f, phases))
     # Eager phases have no capture stage; their growth is already in the phase table.
@@ -136,11 +132,10 @@ def tables(
         label = _stage_label(*key)
         rows.append([f"Total {label} pool increment", f(totals[key]), "", "", ""])
         out.append(
-            (
+            Table(
                 f"{label}: allocation that triggers new reserved space",
                 ["Owner", f"Added reserved {u}", "Segments", f"Requested {u}", "Frame"],
                 rows,
-                [],
             )
         )
     if bd.live_peaks:
@@ -150,7 +145,9 @@ def tables(
             if p.stage != "(none)" or not p.owner.startswith("unattr")
         ]
         out.append(
-            ("Live-tensor peak per stage and owner", ["Stage", "Owner", f"Live peak {u}"], rows, [])
+            Table(
+                "Live-tensor peak per stage and owner", ["Stage", "Owner", f"Live peak {u}"], rows
+            )
         )
     if bd.retained:
         rows = [
@@ -168,11 +165,10 @@ def tables(
             per_owner[r.owner] += r.bytes
         rows += [["Total", owner, "", f(n), ""] for owner, n in sorted(per_owner.items())]
         out.append(
-            (
+            Table(
                 "Retained: allocated in a capture stage, still live at the end",
                 ["Stage", "Owner", "Capture size", f"Retained {u}", "Tensors"],
                 rows,
-                [],
             )
         )
     if bd.unattributed:
@@ -181,11 +177,10 @@ def tables(
             for r in bd.unattributed
         ]
         out.append(
-            (
+            Table(
                 "Unattributed bytes by top frame",
                 ["Stage", "View", "Top frame", u, "Count"],
                 rows,
-                [],
             )
         )
     if bd.pools:
@@ -200,11 +195,10 @@ def tables(
             for p in bd.pools
         ]
         out.append(
-            (
+            Table(
                 "Allocator pools: replayed segment events and the final snapshot",
                 ["Pool", "Kind", f"Grown {u}", f"Released {u}", f"Reserved at snapshot {u}"],
                 rows,
-                [],
             )
         )
     return out
@@ -212,33 +206,13 @@ def tables(
 
 def render_markdown(bd: Breakdown, unit: str = "GiB", phases: Sequence[PhaseRecord] = ()) -> str:
     """Markdown tables (the seed's layout)."""
-    parts: list[str] = []
-    for title, header, rows, notes in tables(bd, unit, phases):
-        parts.append(f"### {title}\n")
-        parts.append("| " + " | ".join(header) + " |")
-        parts.append("|" + "|".join("---" for _ in header) + "|")
-        parts += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
-        parts.append("")
-        parts += [f"{n}\n" for n in notes]
-    parts += _footer(bd)
+    parts = markdown_lines(tables(bd, unit, phases)) + _footer(bd)
     return "\n".join(parts) + "\n"
-
-
-def _align(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r: Sequence[str]) -> str:
-        return "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip()
-
-    return [line(header), "  ".join("-" * w for w in widths), *[line(r) for r in rows]]
 
 
 def render_text(bd: Breakdown, unit: str = "GiB", phases: Sequence[PhaseRecord] = ()) -> str:
     """Aligned plain-text tables for a terminal."""
-    parts: list[str] = []
-    for title, header, rows, notes in tables(bd, unit, phases):
-        parts += [title, *_align(header, rows), *notes, ""]
-    parts += _footer(bd)
+    parts = text_lines(tables(bd, unit, phases)) + _footer(bd)
     return "\n".join(parts) + "\n"
 
 

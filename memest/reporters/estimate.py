@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from memest.estimate.phases import TERM_FIELDS, TERM_LABELS
+from memest.reporters.table import Table, markdown_grid
 from memest.schema import EstimateRecord, StartAccounting, WhatIf
 from memest.units import concurrency_text, count_cell, gib_cell, ratio_cell
 
@@ -15,9 +16,8 @@ _int = count_cell
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
+    """A markdown table without a heading (the text before it says what it holds)."""
+    return "\n".join(markdown_grid(Table("", header, rows))) + "\n"
 
 
 def _summary(acc: StartAccounting) -> str:

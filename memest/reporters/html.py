@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from html import escape
 
+from memest.analysis.compare import Comparison
 from memest.analysis.stages import stage_bars
 from memest.reporters import plots
 from memest.reporters.markdown import (
-    Table,
     comparison_tables,
     comparison_title,
     run_tables,
     run_title,
 )
-from memest.reporters.views import Comparison
+from memest.reporters.table import to_html
 from memest.schema import RunReport
 
 _CSS = """
@@ -25,25 +24,6 @@ th,td{border-bottom:1px solid #d9e2ec;padding:.25rem .6rem;text-align:left}
 th{background:#f5f7fa}td:not(:first-child){text-align:right;font-variant-numeric:tabular-nums}
 .meta{color:#616e7c}
 """
-
-
-def _cell(text: str) -> str:
-    if text.startswith("**") and text.endswith("**") and len(text) > 4:
-        return f"<strong>{escape(text[2:-2])}</strong>"
-    return escape(text)
-
-
-def _tables(tables: Sequence[Table]) -> str:
-    parts = []
-    for t in tables:
-        parts.append(f"<h2>{escape(t.title)}</h2><table><thead><tr>")
-        parts.extend(f"<th>{escape(h)}</th>" for h in t.header)
-        parts.append("</tr></thead><tbody>")
-        for row in t.rows:
-            parts.append("<tr>" + "".join(f"<td>{_cell(c)}</td>" for c in row) + "</tr>")
-        parts.append("</tbody></table>")
-        parts.extend(f'<p class="meta">{escape(n)}</p>' for n in t.notes)
-    return "".join(parts)
 
 
 def _page(title: str, meta: str, body: str) -> str:
@@ -61,7 +41,7 @@ def run_html(report: RunReport) -> str:
     return _page(
         run_title(report),
         meta,
-        svg + _tables(run_tables(report)),
+        svg + to_html(run_tables(report)),
     )
 
 
@@ -71,5 +51,5 @@ def comparison_html(cmp: Comparison) -> str:
     return _page(
         comparison_title(cmp),
         meta,
-        plots.compare_svg(cmp) + _tables(comparison_tables(cmp)),
+        plots.compare_svg(cmp) + to_html(comparison_tables(cmp)),
     )

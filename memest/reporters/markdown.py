@@ -1,42 +1,29 @@
 """A run or a comparison as markdown tables (the same figures the dashboard shows).
 
-Tables are built once as :class:`Table` (title, header, rows) so that markdown and HTML render the
-same cells; ``memest report`` writes both.
+Tables are built once as :class:`~memest.reporters.table.Table` so that markdown and HTML render
+the same cells; ``memest report`` writes both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
+from memest.analysis.compare import Comparison, Delta
+from memest.analysis.runs import build_label, config_summary, fingerprint, run_facts, runner_counts
 from memest.analysis.stages import stage_bars
 from memest.estimate import account
 from memest.reporters.owners import owner_label
+from memest.reporters.table import Table, to_markdown
 from memest.reporters.views import (
     NEGATIVE_NOTE,
     NESTED_NOTE,
-    Comparison,
-    Delta,
     PhaseRow,
-    build_label,
-    config_summary,
     definition_line,
-    fingerprint,
     model_name,
     phase_rows,
-    run_facts,
-    runner_counts,
 )
 from memest.schema import RunReport
 from memest.units import count_cell, gib_cell, ratio_cell
-
-
-@dataclass(frozen=True)
-class Table:
-    title: str
-    header: list[str]
-    rows: list[list[str]]
-    notes: list[str] = field(default_factory=list)
 
 
 def _g(v: int | None, digits: int = 3) -> str:
@@ -204,20 +191,6 @@ def comparison_tables(cmp: Comparison) -> list[Table]:
     return out
 
 
-def render_tables(tables: Sequence[Table]) -> str:
-    """Markdown for a list of tables (pipes in cells escaped)."""
-    parts: list[str] = []
-    for t in tables:
-        parts.append(f"### {t.title}\n")
-        parts.append("| " + " | ".join(c.replace("|", "\\|") for c in t.header) + " |")
-        parts.append("|" + "|".join("---" for _ in t.header) + "|")
-        for row in t.rows:
-            parts.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
-        parts.append("")
-        parts += [f"{n}\n" for n in t.notes]
-    return "\n".join(parts)
-
-
 def run_title(report: RunReport) -> str:
     """A run named by what it is: model, build and configuration."""
     return f"{model_name(report.model)} · {build_label(report)} · {config_summary(report.config)}"
@@ -236,7 +209,7 @@ def run_markdown(report: RunReport, images: Sequence[str] = ()) -> str:
         "",
     ]
     head += [f"![{img}]({img})\n" for img in images]
-    return "\n".join(head) + "\n" + render_tables(run_tables(report))
+    return "\n".join(head) + "\n" + to_markdown(run_tables(report))
 
 
 def comparison_title(cmp: Comparison) -> str:
@@ -277,4 +250,4 @@ def comparison_markdown(cmp: Comparison, images: Sequence[str] = ()) -> str:
     """A comparison in markdown, in the seed's "main → PR" layout."""
     head = [f"## {comparison_title(cmp)}", ""]
     head += [f"![{img}]({img})\n" for img in images]
-    return "\n".join(head) + "\n" + render_tables(comparison_tables(cmp))
+    return "\n".join(head) + "\n" + to_markdown(comparison_tables(cmp))

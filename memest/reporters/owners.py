@@ -16,8 +16,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import PurePosixPath
 
-from memest.analysis.inductor import NO_MODULE_MAP, generated_key
-from memest.analysis.owners import COMPILED_PIECE, NO_STACK, UNATTRIBUTED
+from memest.analysis.inductor import NO_MODULE_MAP
+from memest.analysis.owners import COMPILED_PIECE, NO_STACK, UNATTRIBUTED, owner_key
 from memest.analysis.stages import REMAINDER_OWNER
 
 #: Readable label per named owner (the analysis's owner names).
@@ -112,21 +112,6 @@ EXTRA_COLORS = (
     "#637939",
     "#843c39",
 )
-
-
-def _inductor(owner: str) -> bool:
-    """``unattributed:call (<2 chars>/c<hash>.py)``: a frame of Inductor's generated code."""
-    prefix = f"{UNATTRIBUTED}:call ("
-    return (
-        owner.startswith(prefix)
-        and owner.endswith(")")
-        and generated_key(owner[len(prefix) : -1]) is not None
-    )
-
-
-def owner_key(owner: str) -> str:
-    """The owner a name stands for: Inductor's hashed file names are all ``compiled_piece``."""
-    return COMPILED_PIECE if _inductor(owner) else owner
 
 
 def owner_label(owner: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memest.reporters.table import Align, Table, text_grid
 from memest.schema.plan import CapturePlan, RunnerRow
 
 
@@ -121,17 +122,9 @@ class PlanTable:
                 "",
             ]
         )
-        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-        numeric = {2, 3, 5, 6, 8}
-
-        def line(cells: list[str]) -> str:
-            return "  ".join(
-                c.rjust(w) if i in numeric else c.ljust(w)
-                for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-            ).rstrip()
-
-        out = [line(header), line(["-" * w for w in widths])]
-        out += [line(row) for row in body]
+        right: Align = "right"
+        align = tuple(right if i in {2, 3, 5, 6, 8} else None for i in range(len(header)))
+        out = text_grid(Table("", header, body, align=align))
         p = self.seed
         title = (
             f"Capture plan · {p.gpu} ({'SM100' if p.sm100 else 'not SM100'}) · "

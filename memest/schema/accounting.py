@@ -6,6 +6,7 @@ from typing import Literal
 
 from memest.schema._base import Bytes, Field, MemestModel, NonNegativeBytes
 from memest.schema.estimate import EstimateRecord, FullInitTerms
+from memest.schema.report import KvSizedBy
 
 #: "current": recomputed from the report's phase readings by this version of memest.
 #: "stored": the report lacks those readings, so its stored figures are shown as they are,
@@ -32,6 +33,11 @@ class StartAccounting(MemestModel):
     definition: Definition = "current"
     definition_note: str = Field(
         default="", description="Why the figures are stored ones, when definition is 'stored'"
+    )
+    kv_sized_by: KvSizedBy | None = Field(
+        default=None,
+        description="Who sized this start's KV cache: 'vllm', 'memest' (apply mode) or "
+        "'memest-plan' (a fixed KV size: a startup plan); None when the report does not say",
     )
     usage_kind: UsageKind | None = None
     budget_bytes: NonNegativeBytes | None = Field(

@@ -212,6 +212,12 @@ class CompiledCode(MemestModel):
     notes: list[str] = Field(default_factory=list)
 
 
+#: Who sized a start's KV cache: vLLM's own estimate ("vllm"), memest's budget in apply mode
+#: ("memest", MEMEST_ENABLE with MEMEST_ESTIMATE=apply), or a fixed KV size vLLM was given
+#: ("memest-plan": a startup plan's --kv-cache-memory-bytes, or that flag passed by hand).
+KvSizedBy = Literal["vllm", "memest", "memest-plan"]
+
+
 class RunReport(MemestModel):
     schema_version: Literal["1"] = "1"
     report_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
@@ -239,6 +245,11 @@ class RunReport(MemestModel):
         default=None,
         description="Allocation sites of Inductor's generated code and the FX nodes and modules "
         "behind them: the analysis names owners of compiled allocations from it",
+    )
+    kv_sized_by: KvSizedBy | None = Field(
+        default=None,
+        description="Who sized this start's KV cache, as the plugin recorded it (None: not "
+        "recorded; older reports say it in a note, which memest.estimate.account reads)",
     )
     notes: list[str] = Field(default_factory=list)
     hook_errors: list[str] = Field(

@@ -7,12 +7,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from memest.analysis.history import history
 from memest.analysis.ranks import rank_check
+from memest.analysis.runs import run_facts, runner_counts
 from memest.analysis.stages import stage_bars
 from memest.demo import demo_reports
 from memest.estimate import account
 from memest.preflight import preflight
-from memest.reporters.views import compare, history, notes, run_facts, runner_counts
+from memest.reporters.views import compare, notes
 from memest.schema.preflight import PreflightRequest
 
 _DEMO = demo_reports()

@@ -19,6 +19,7 @@ from memest.estimate.startup_plan import (
 )
 from memest.schema import (
     EstimateComparison,
+    KvSizedBy,
     RunReport,
     StartupPlanInputs,
     VllmGraphProfile,
@@ -79,9 +80,10 @@ def estimate_comparison(report: RunReport) -> EstimateComparison:
     if terms is not None:
         comparison.full_init = terms
         comparison.components.update(st.apply_terms.components())
-    sized_by = "memest" if st.apply_terms.terms is not None else "vllm"
+    sized_by: KvSizedBy = "memest" if st.apply_terms.terms is not None else "vllm"
     if st.plan.kv_cache_memory_bytes_given:
         sized_by = "memest-plan"
+    report.kv_sized_by = sized_by
     st.notes.append(f"KV cache of this start sized by {sized_by}")
     return comparison
 

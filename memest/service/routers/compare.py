@@ -6,7 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from memest.reporters.views import Comparison, compare
+from memest.analysis.compare import Comparison
+from memest.reporters.views import compare
 from memest.service import examples, store
 from memest.service.deps import CacheDep, ReadAuth, SessionDep
 

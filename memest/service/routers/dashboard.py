@@ -15,27 +15,23 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import pass_context
 from markupsafe import Markup, escape
 
+from memest.analysis.history import history
 from memest.analysis.ranks import rank_check
+from memest.analysis.runs import build_label, config_summary, fingerprint, run_facts, runner_counts
 from memest.analysis.stages import stage_bars
 from memest.errors import MemestError
 from memest.estimate import account, budget_splits, gpu_parts
 from memest.estimate.phases import total_bytes
-from memest.reporters import plots
+from memest.reporters import plots, plots_gpu, plots_history
 from memest.reporters.owners import owner_label
 from memest.reporters.views import (
     NEGATIVE_NOTE,
     NESTED_NOTE,
-    build_label,
     compare,
-    config_summary,
     definition_line,
-    fingerprint,
-    history,
     model_name,
     notes,
     phase_rows,
-    run_facts,
-    runner_counts,
     short_paths,
 )
 from memest.schema import RunReport, StartAccounting
@@ -83,7 +79,7 @@ templates.env.filters.update(
     ratio=ratio_cell,
     owner_color=plots.owner_color,
     owner_label=owner_label,
-    series_color=plots.series_color,
+    series_color=plots_history.series_color,
     model_name=model_name,
     short_paths=short_paths,
 )
@@ -200,7 +196,7 @@ def _whole_gpu(report: RunReport, accounting: StartAccounting, sized_by: str | N
     parts = gpu_parts(accounting, total)
     if not parts:
         return None
-    return plots.whole_gpu_svg(
+    return plots_gpu.whole_gpu_svg(
         parts,
         total_bytes=total,
         budget_bytes=accounting.budget_bytes,
@@ -272,7 +268,7 @@ def history_page(
         original_model=reports[-1].config.model if reports else model,
         hist=hist,
         numbers={p.run_id: i for i, p in enumerate(hist.points, start=1)},
-        svgs=plots.history_svgs(hist),
+        svgs=plots_history.history_svgs(hist),
     )
 
 

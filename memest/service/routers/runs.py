@@ -11,10 +11,11 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from memest.analysis.ranks import rank_check
+from memest.analysis.runs import build_label, run_facts, runner_counts
 from memest.analysis.stages import stage_bars
 from memest.errors import ConfigError, MemestError
 from memest.estimate import account
-from memest.reporters.views import build_label, notes, run_facts, runner_counts
+from memest.reporters.views import notes
 from memest.schema import RunReport
 from memest.service import examples, store
 from memest.service.deps import (

@@ -8,22 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from memest.analysis.compare import changes
+from memest.analysis.history import history
+from memest.analysis.runs import build_label, ran_plan, run_facts, runner_counts
 from memest.cli import main
 from memest.identity import stored_form
 from memest.reporters.breakdown import render_text
-from memest.reporters.views import (
-    NESTED_NOTE,
-    build_label,
-    changes,
-    compare,
-    definition_line,
-    history,
-    notes,
-    phase_rows,
-    ran_plan,
-    run_facts,
-    runner_counts,
-)
+from memest.reporters.views import NESTED_NOTE, compare, definition_line, notes, phase_rows
 from memest.schema import RunReport
 
 ROOT = Path(__file__).parents[3]

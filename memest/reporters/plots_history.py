@@ -1,0 +1,197 @@
+"""A model's history as SVG: one small chart per tracked figure, a colour per configuration,
+regressions marked."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from html import escape
+
+from memest.analysis.history import History
+from memest.reporters.svg import BAD_COLOR, nice_ticks, short_label, svg_open, tick_text
+from memest.units import GiB
+
+#: One colour per configuration of a model's history (series), in order of first appearance.
+SERIES_COLORS = ("#2471a3", "#e67e22", "#27ae60", "#8e44ad", "#16a085", "#c2185b", "#7f8c8d")
+
+
+def series_color(index: int) -> str:
+    """The colour of history series ``index`` (a configuration fingerprint)."""
+    return SERIES_COLORS[index % len(SERIES_COLORS)]
+
+
+@dataclass(frozen=True)
+class _Axis:
+    """A value axis: its ticks and the mapping from value to y."""
+
+    ticks: list[float]
+    top: float
+    height: float
+
+    def y(self, v: float) -> float:
+        lo, hi = self.ticks[0], self.ticks[-1]
+        return self.top + self.height - self.height * (v - lo) / (hi - lo)
+
+
+def _axis(values: Sequence[float], top: float, height: float, zero: bool) -> _Axis:
+    """Ticks around the values (0 kept on the axis when ``zero``), padded by 8 % of their span."""
+    lo, hi = min(values, default=0.0), max(values, default=1.0)
+    if zero:
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+    pad = (hi - lo) * 0.08 or abs(hi) * 0.02 or 1.0
+    lo = lo if zero and lo == 0 else lo - pad
+    hi = hi if zero and hi == 0 else hi + pad
+    return _Axis(nice_ticks(lo, hi), top, height)
+
+
+def series_svg(
+    labels: Sequence[str],
+    values: Sequence[float | None],
+    bad: Sequence[bool],
+    *,
+    title: str,
+    unit: str,
+    metric: str,
+    raw: Sequence[int | None],
+    series: Sequence[int] = (),
+    zero: bool = False,
+    titles: Sequence[str] = (),
+) -> str:
+    """A history metric: one line per configuration (``series``); regressions are red rings.
+
+    Ticks fall on nice steps of the unit; ``zero`` keeps 0 on the axis (signed figures);
+    ``titles`` (default: the labels) are the points' tooltips.
+    """
+    # Room under the axis for the rotated x labels (short labels such as #3 need little).
+    bottom = min(112, 36 + 6 * max((len(label) for label in labels), default=0))
+    width, left, right, top, plot_h = 440, 84, 14, 34, 154
+    height, plot_w = top + plot_h + bottom, width - left - right
+    groups = list(series) if series else [0] * len(values)
+    axis = _axis([v for v in values if v is not None], top, plot_h, zero)
+    step = axis.ticks[1] - axis.ticks[0]
+    out = svg_open(width, height, title, "history", metric=metric)
+    out.append(
+        f'<text x="0" y="18" font-size="13" font-weight="bold">{escape(title)} '
+        f"({escape(unit)})</text>"
+    )
+    for v in axis.ticks:
+        yv = axis.y(v)
+        stroke = "#999" if v == 0 and zero else "#e5e5e5"
+        out.append(
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{yv:.1f}" y2="{yv:.1f}" '
+            f'stroke="{stroke}"/><text x="{left - 6}" y="{yv + 4:.1f}" text-anchor="end" '
+            f'font-size="10">{tick_text(v, step, unit)}</text>'
+        )
+    n = len(labels)
+    xs = [left + plot_w * (i + 0.5) / max(n, 1) for i in range(n)]
+    for g in sorted(set(groups)):
+        pts = [
+            f"{x:.1f},{axis.y(v):.1f}"
+            for x, v, s in zip(xs, values, groups, strict=True)
+            if v is not None and s == g
+        ]
+        if len(pts) > 1:
+            out.append(
+                f'<polyline points="{" ".join(pts)}" fill="none" stroke="{series_color(g)}" '
+                'stroke-width="2"/>'
+            )
+    names = list(titles) if titles else list(labels)
+    out += _history_points(labels, names, values, bad, raw, groups, xs, axis, top + plot_h)
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _history_points(
+    labels: Sequence[str],
+    titles: Sequence[str],
+    values: Sequence[float | None],
+    bad: Sequence[bool],
+    raw: Sequence[int | None],
+    groups: Sequence[int],
+    xs: Sequence[float],
+    axis: _Axis,
+    base_y: float,
+) -> list[str]:
+    """Each run's point (a red ring when it regressed) and its rotated x label."""
+    out = []
+    last_label = -1e9
+    for i, (x, val) in enumerate(zip(xs, values, strict=True)):
+        if x - last_label >= 14:  # skip labels that would overlap their neighbour
+            last_label = x
+            ly = base_y + 10
+            out.append(
+                f'<text x="{x:.1f}" y="{ly:.1f}" text-anchor="end" font-size="10" '
+                f'transform="rotate(-40 {x:.1f} {ly:.1f})">{escape(short_label(labels[i], 20))}'
+                f"<title>{escape(titles[i])}</title></text>"
+            )
+        if val is None:
+            continue
+        color = series_color(groups[i])
+        ring = f' stroke="{BAD_COLOR}" stroke-width="3"' if bad[i] else ""
+        out.append(
+            f'<circle class="point{" regression" if bad[i] else ""}" cx="{x:.1f}" '
+            f'cy="{axis.y(val):.1f}" r="{6 if bad[i] else 4}" fill="{color}"{ring} '
+            f'data-value="{raw[i]}"><title>{escape(titles[i])}: {val:,.3f}</title></circle>'
+        )
+    return out
+
+
+def history_labels(hist: History) -> list[str]:
+    """x labels: the build when every run has its own and it is short, else the run's number on
+    the page (#1 oldest; the history table numbers its rows the same way). Each point's run id
+    is its tooltip."""
+    builds = [p.build for p in hist.points]
+    if all(builds) and len(set(builds)) == len(builds) and max(map(len, builds)) <= 16:
+        return builds
+    return [f"#{i}" for i in range(1, len(hist.points) + 1)]
+
+
+def history_svgs(hist: History) -> dict[str, str]:
+    """The history page's three series: KV tokens, graph-pool GiB, estimator error GiB."""
+    labels = history_labels(hist)
+    groups = [p.series for p in hist.points]
+
+    def one(
+        metric: str,
+        raw: list[int | None],
+        to_unit: Callable[[int], float],
+        title: str,
+        unit: str,
+        zero: bool = False,
+    ) -> str:
+        return series_svg(
+            labels,
+            [to_unit(v) if v is not None else None for v in raw],
+            [metric in p.regressions for p in hist.points],
+            title=title,
+            unit=unit,
+            metric=metric,
+            raw=raw,
+            series=groups,
+            zero=zero,
+            titles=[p.run_id for p in hist.points],
+        )
+
+    def gib(v: int) -> float:
+        return v / GiB
+
+    return {
+        "kv_tokens": one(
+            "kv_tokens", [p.kv_tokens for p in hist.points], float, "KV capacity", "tokens"
+        ),
+        "graph_pool_bytes": one(
+            "graph_pool_bytes",
+            [p.graph_pool_bytes for p in hist.points],
+            gib,
+            "Graph-pool growth",
+            "GiB",
+        ),
+        "estimator_error_bytes": one(
+            "estimator_error_bytes",
+            [p.estimator_error_bytes for p in hist.points],
+            gib,
+            "Usage minus budget, vLLM's estimate",
+            "GiB",
+            zero=True,
+        ),
+    }
