@@ -130,8 +130,23 @@ def test_cli_prints_the_flag_for_the_new_grid(
     grid = '{"max_num_seqs": 512}'
     assert main(["estimate", "--from", str(REPORT_PATH), "--grid", grid, "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
-    expected = what_if(report, {"max_num_seqs": 512}).kv_budget_bytes_to
-    assert payload["kv_cache_memory_bytes_to"] == expected
+    # The flag is G''s budget less every non-KV term at G', summed here from the printed terms.
+    to = payload["what_if"]["terms_to"]
+    non_kv = sum(
+        to[t]
+        for t in (
+            "baseline_torch_bytes",
+            "weights_bytes",
+            "profile_peak_activation_bytes",
+            "mla_context_bytes",
+            "outside_torch_bytes",
+            "graph_pool_bytes",
+            "runner_buffer_bytes",
+            "profiling_residue_bytes",
+            "margin_bytes",
+        )
+    )
+    assert payload["kv_cache_memory_bytes_to"] == to["requested_bytes"] - non_kv
     assert payload["kv_cache_memory_bytes_to"] != payload["kv_cache_memory_bytes"]
 
 
