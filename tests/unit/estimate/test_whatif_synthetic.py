@@ -5,8 +5,8 @@ model with and without an EAGLE3 drafter (reports/vllm/raw)."""
 from __future__ import annotations
 
 import importlib.util
-import sys
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
