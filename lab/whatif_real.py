@@ -25,10 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from whatif_tools import grid_changes
+
 from memest.analysis.replay import analyze
 from memest.estimate.poolreplay import pool_trace, replay
 from memest.estimate.whatif import measured_plan, pool_predictions
-from memest.plan.overlay import grid_changes
 from memest.schema import Breakdown, RunReport
 from memest.snapshot import Snapshot, load_snapshot
 

@@ -20,12 +20,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from whatif_tools import grid_changes  # noqa: E402
+
 from memest.cli._reports import load_report  # noqa: E402
 from memest.estimate import full_init_kv_budget, full_init_terms, what_if  # noqa: E402
 from memest.estimate.phases import TERM_FIELDS  # noqa: E402
 from memest.estimate.runner_buffers import ModelDims  # noqa: E402
-from memest.plan.overlay import grid_changes  # noqa: E402
-from memest.preflight.calibration import drafter_activation_factor  # noqa: E402
+from memest.preflight.calibration import what_if_calibration  # noqa: E402
 from memest.schema import RunReport  # noqa: E402
 
 RAW = ROOT / "reports" / "vllm" / "raw"
@@ -41,8 +42,8 @@ MiB = 1 << 20
 
 
 def pair(a: RunReport, b: RunReport, dims: ModelDims | None) -> dict[str, Any]:
-    factor = drafter_activation_factor(a)
-    result = what_if(a, grid_changes(b.config), dims=dims, drafter_activation_factor=factor)
+    cal = what_if_calibration(a)
+    result = what_if(a, grid_changes(b.config), dims=dims, calibration=cal)
     measured = full_init_terms(b)
     assert result.terms_to is not None and result.terms_from is not None
     rows = {}

@@ -6,6 +6,11 @@ can print one line and the service can answer 4xx with the field named.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class MemestError(Exception):
     """Base class of every memest error."""
@@ -58,3 +63,22 @@ class CommandError(MemestError):
     def __init__(self, message: str, exit_code: int = 2) -> None:
         self.exit_code = exit_code
         super().__init__(message)
+
+
+class FieldError(NamedTuple):
+    """The first thing pydantic refuses in a value: where, why, and the value it read."""
+
+    field: str  #: dotted location ("runners.0.sizes"); "" when pydantic names none
+    message: str
+    value: object
+
+
+def first_error(exc: ValidationError) -> FieldError:
+    """The first of a pydantic ValidationError's errors, as every surface names it in one line
+    (the CLI's exit 2, the service's 422, a core ConfigError)."""
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return FieldError("", str(exc), None)
+    first = errors[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return FieldError(where, str(first.get("msg", "invalid")), first.get("input"))

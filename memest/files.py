@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
-from memest.errors import ConfigError, MemestError, ReportFormatError
+from memest.errors import ConfigError, MemestError, ReportFormatError, first_error
 from memest.schema import SCHEMA_VERSION, RunReport
 from memest.units import GiB, MiB, fmt_bytes, parse_bytes
 
@@ -208,9 +208,8 @@ def load_report(path: Path) -> RunReport:
     except RecursionError:
         raise ReportFormatError(f"{path}: nested too deeply") from None
     except ValidationError as exc:
-        first = exc.errors(include_url=False, include_input=False)[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ReportFormatError(f"{path}: field {where}: {first['msg']}") from None
+        where, message, _ = first_error(exc)
+        raise ReportFormatError(f"{path}: field {where}: {message}") from None
 
 
 def load_json_object(

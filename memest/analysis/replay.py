@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from memest.analysis.owners import UNATTRIBUTED, OwnerRules
 from memest.analysis.tags import DEFAULT_POOL, StageTag, parse_tag
-from memest.errors import InvariantError, SnapshotFormatError
+from memest.errors import InvariantError, SnapshotFormatError, first_error
 from memest.schema.breakdown import (
     Breakdown,
     LivePeak,
@@ -361,9 +361,8 @@ def _with_compiled_code(snap: Snapshot, rules: OwnerRules) -> OwnerRules:
     try:
         return rules.with_compiled(CompiledCode.model_validate(data))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise SnapshotFormatError(f"snapshot.compiled_code.{where}: {first['msg']}") from None
+        where, message, _ = first_error(exc)
+        raise SnapshotFormatError(f"snapshot.compiled_code.{where}: {message}") from None
 
 
 def _stage_rows(snap: Snapshot, replay: _Replay) -> tuple[list[StageGrowth], dict[int, int]]:

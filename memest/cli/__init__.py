@@ -22,7 +22,7 @@ from typing import NoReturn, Protocol
 from pydantic import ValidationError
 
 from memest._version import __version__
-from memest.errors import CommandError, ConfigError, DoesNotFitError, MemestError
+from memest.errors import CommandError, ConfigError, DoesNotFitError, MemestError, first_error
 
 
 class Command(Protocol):
@@ -135,9 +135,8 @@ def _silence_stdout() -> None:
 
 
 def _first_error(exc: ValidationError) -> str:
-    first = exc.errors(include_url=False, include_input=False)[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return f"input leads to an invalid {exc.title}.{where}: {first['msg']}"
+    where, message, _ = first_error(exc)
+    return f"input leads to an invalid {exc.title}.{where}: {message}"
 
 
 def entry() -> None:

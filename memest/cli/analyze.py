@@ -38,7 +38,7 @@ from memest.analysis.ranks import (
     aggregate_ranks,
 )
 from memest.cli._reports import load_report
-from memest.errors import CommandError
+from memest.errors import CommandError, first_error
 from memest.files import MAX_REPORT_BYTES, load_json_file
 from memest.reporters.breakdown import render_markdown, render_text
 from memest.reporters.table import Table, markdown_grid
@@ -58,9 +58,8 @@ def _load_phases(path: Path) -> list[PhaseRecord]:
         try:
             records.append(PhaseRecord.model_validate(item))
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise CommandError(f"{path}: phases[{i}].{where}: {first['msg']}") from None
+            where, message, _ = first_error(exc)
+            raise CommandError(f"{path}: phases[{i}].{where}: {message}") from None
     return records
 
 

@@ -62,19 +62,13 @@ from typing import Any
 
 from memest.cli._reports import load_report
 from memest.errors import CommandError, ConfigError, DoesNotFitError
-from memest.estimate import (
-    account,
-    compare,
-    startup_plan_document,
-    what_if,
-    write_startup_plan,
-)
+from memest.estimate import account, compare, startup_plan_document, write_startup_plan
 from memest.estimate.runner_buffers import ModelDims
-from memest.estimate.whatif import term_rows
+from memest.estimate.whatif import TermRow, WhatIfAnswer, WhatIfQuestion, answer
 from memest.files import load_json_file, load_json_object
-from memest.preflight.calibration import drafter_activation_factor
+from memest.preflight.calibration import what_if_calibration
 from memest.reporters.estimate import render_accounting, render_what_if
-from memest.schema import EstimateComparison, WhatIf
+from memest.schema import EstimateComparison, RunReport, WhatIf
 from memest.snapshot import load_snapshot
 from memest.units import gib_cell, parse_bytes
 
@@ -168,44 +162,43 @@ class EstimateCommand:
                 raise ConfigError("--model-config", str(args.model_config), "only used with --grid")
         comparison = compare(report, margin_bytes=margin)
         accounting = account(report, margin_bytes=margin)
-        target = _target_tokens(args, report)
-        grid_result = _cli_errors(_what_if, args, report, args.grid, margin)
-        inverse = None
-        if target is not None:
-            # Without --grid the inverse is asked of the start's own grid (no what-if shown).
-            grid = load_grid(args.grid or "{}")
-            base = grid_result or _cli_errors(_what_if, args, report, "{}", margin)
-            inverse = _cli_errors(_inverse, args, report, base, target, grid, margin)
+        result = _cli_errors(_answer, args, report, margin)
+        shown = result if args.grid is not None else None  # the inverse alone shows no what-if
         memest = accounting.estimator("memest")
         kv_bytes = memest.kv_cache_bytes if memest is not None else None
         plan_path = _write_plan(args, comparison, kv_bytes)
         out = {
             "accounting": accounting,
             "comparison": comparison,
-            "what_if": grid_result,
+            "what_if": shown.what_if if shown is not None else None,
+            "terms": shown.terms if shown is not None else [],
             "kv_cache_memory_bytes": kv_bytes,
-            "inverse": inverse,
+            "inverse": result.inverse if result is not None else None,
             "startup_plan_path": plan_path,
         }
         sys.stdout.write(_as_json(out) if args.json else _as_text(out))
         return 0
 
 
-def _what_if(
-    args: argparse.Namespace, report: Any, grid_text: str | None, margin: int
-) -> WhatIf | None:
-    """The what-if for --grid (or the start's own grid when only the inverse is asked)."""
-    if grid_text is None:
+def _answer(args: argparse.Namespace, report: RunReport, margin: int) -> WhatIfAnswer | None:
+    """The what-if of --grid and the inverse answers of --kv-tokens / --concurrency (without
+    --grid, asked of the start's own grid, with no what-if shown); None when neither is asked."""
+    if args.grid is None and args.kv_tokens is None and args.concurrency is None:
         return None
-    snapshot = load_snapshot(args.snapshot) if args.snapshot is not None else None
-    return what_if(
-        report,
-        load_grid(grid_text),
+    question = WhatIfQuestion(
+        grid=load_grid(args.grid or "{}"),
         margin_bytes=margin,
+        kv_tokens=args.kv_tokens,
+        concurrency=args.concurrency,
+    )
+    snapshot = load_snapshot(args.snapshot) if args.snapshot is not None else None
+    return answer(
+        report,
+        question,
+        calibration=what_if_calibration(report),
+        dims=_dims(args, report),
         snapshot=snapshot,
         snapshot_source=str(args.snapshot),
-        dims=_dims(args, report),
-        drafter_activation_factor=drafter_activation_factor(report),
     )
 
 
@@ -294,7 +287,7 @@ def _as_text(out: dict[str, Any]) -> str:
     parts = [render_accounting(out["accounting"])]
     if grid_result is not None:
         parts.append("\nWhat-if\n\n" + render_what_if(grid_result))
-        parts.append(_render_terms(grid_result))
+        parts.append(_render_terms(out["terms"]))
     if out["kv_cache_memory_bytes"]:
         parts.append(
             "\nvLLM flag for memest's budget: "
@@ -312,53 +305,14 @@ def _as_text(out: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _render_terms(result: WhatIf) -> str:
+def _render_terms(terms: list[TermRow]) -> str:
     """Every full-initialization term at G and G' with the law that moved it."""
     lines = ["\n| term | G GiB | G' GiB | law |", "|---|---|---|---|"]
-    for row in term_rows(result):
+    for row in terms:
         lines.append(
-            f"| {row['label']} | {gib_cell(row['bytes_from'])} | {gib_cell(row['bytes_to'])} "
-            f"| {row['law']} |"
+            f"| {row.label} | {gib_cell(row.bytes_from)} | {gib_cell(row.bytes_to)} | {row.law} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def _target_tokens(args: argparse.Namespace, report: Any) -> int | None:
-    """N of --kv-tokens, or --concurrency x max_model_len."""
-    from memest.estimate.inverse import target_tokens
-
-    try:
-        return target_tokens(report, args.kv_tokens, args.concurrency)
-    except ConfigError as exc:
-        raise ConfigError(f"--{exc.field.replace('_', '-')}", exc.value, exc.reason) from None
-
-
-def _inverse(
-    args: argparse.Namespace,
-    report: Any,
-    result: Any,
-    tokens: int,
-    grid: dict[str, Any],
-    margin: int,
-) -> dict[str, Any]:
-    from memest.estimate.inverse import inverse_answer
-    from memest.estimate.whatif import is_overlay
-
-    factor = drafter_activation_factor(report)
-    dims = _dims(args, report)
-    question = (
-        ("concurrency", args.concurrency) if args.concurrency is not None else ("kv_tokens", tokens)
-    )
-    return inverse_answer(
-        report,
-        result,
-        tokens,
-        grid if is_overlay(grid) else None,
-        lambda r, g: what_if(
-            r, g, margin_bytes=margin, dims=dims, drafter_activation_factor=factor
-        ),
-        question,
-    )
 
 
 def _render_inverse(answer: dict[str, Any]) -> str:

@@ -26,11 +26,8 @@ moment is ``free_completed``: a block used on another stream completes its free 
 from __future__ import annotations
 
 import bisect
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
-from typing import Literal
 
 from memest.errors import InvariantError
 
@@ -64,27 +61,6 @@ def should_split(small: bool, block_bytes: int, rounded: int) -> bool:
     if small:
         return remaining >= MIN_BLOCK_BYTES
     return remaining > SMALL_SIZE_BYTES
-
-
-@dataclass(frozen=True, slots=True)
-class SimEvent:
-    """One allocator event of the pool.
-
-    Attributes:
-        kind: "alloc" or "free".
-        handle: names the allocation (the trace's address); a free names the alloc it ends.
-        size: requested bytes (alloc only; a free's size is ignored).
-        stream: the allocation's stream; blocks are reused only on their own stream.
-        index: position in the source trace, reported with triggers.
-        scales: whether :func:`simulate`'s ``scale`` applies to this request.
-    """
-
-    kind: Literal["alloc", "free"]
-    handle: int
-    size: int = 0
-    stream: int = 0
-    index: int = -1
-    scales: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +139,6 @@ class PoolSim:
         assert prev is not None
         self._next_addr = max(self._next_addr, prev.addr + prev.size + ROUND_LARGE_BYTES)
 
-    def apply(self, ev: SimEvent) -> None:
-        if ev.kind == "alloc":
-            self.alloc(ev.handle, ev.size, ev.stream, ev.index)
-        else:
-            self.free(ev.handle)
-
     def alloc(self, handle: int, size: int, stream: int, index: int = -1) -> None:
         """Serve a request; reserve a segment when no free block fits.
 
@@ -239,21 +209,3 @@ class PoolSim:
             return None
         _, _, addr = keys.pop(i)
         return self._free_at.pop(addr)
-
-
-def simulate(events: Iterable[SimEvent], *, scale: Fraction | float = 1) -> SimResult:
-    """Replay one pool's alloc / free events in order; the segments the allocator reserves.
-
-    Args:
-        events: the pool's events in trace order.
-        scale: requests of events with ``scales`` set become ``ceil(size * scale)`` bytes
-            (exact: a float is read as the fraction it holds).
-    """
-    factor = Fraction(scale)
-    sim = PoolSim()
-    for ev in events:
-        if ev.kind == "alloc" and ev.scales and factor != 1:
-            sim.alloc(ev.handle, max(math.ceil(ev.size * factor), 1), ev.stream, ev.index)
-        else:
-            sim.apply(ev)
-    return sim.result()

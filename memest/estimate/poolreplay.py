@@ -114,6 +114,169 @@ def _pool_of(tag: StageTag, window_pool: dict[int, str]) -> str:
     return DEFAULT_POOL
 
 
+def _capture_windows(
+    snap: Snapshot, phase: str, source: str
+) -> tuple[dict[str, list[int]], dict[int, str]]:
+    """The capture windows of ``phase`` per stage (sorted), and the pool each window captured
+    into where the snapshot says so."""
+    windows: dict[str, list[int]] = defaultdict(list)
+    window_pool: dict[int, str] = {}
+    for w in snap.get("windows", []):
+        if not isinstance(w, dict) or w.get("window") is None:
+            continue
+        t = parse_tag(str(w.get("tag") or ""))
+        if w.get("pool"):
+            window_pool[int(w["window"])] = str(w["pool"])
+        if w.get("kind", "capture") == "capture" and t.phase == phase and t.stage:
+            windows[t.stage].append(int(w["window"]))
+    if not windows:
+        raise ReportFormatError(f"{source}: no CUDA-graph capture windows in phase {phase!r}")
+    for ws in windows.values():
+        ws.sort()
+    return dict(windows), window_pool
+
+
+def _graph_of_window(
+    windows: dict[str, list[int]], plan: CapturePlan, phase: str, source: str
+) -> dict[int, tuple[str, int]]:
+    """(stage, capture size) of each window: graphs are captured widest first, a PIECEWISE graph
+    one window per piece."""
+    sizes_of = {r.runner: sorted(r.sizes, reverse=True) for r in plan.runners}
+    out: dict[int, tuple[str, int]] = {}
+    for stage, ws in windows.items():
+        sizes = sizes_of.get(stage)
+        if not sizes:
+            continue
+        if len(ws) % len(sizes):
+            raise ReportFormatError(
+                f"{source}: stage {stage} has {len(ws)} capture windows in phase {phase!r}, "
+                f"not a multiple of its {len(sizes)} graphs in grid G"
+            )
+        pieces = len(ws) // len(sizes)
+        for k, w in enumerate(ws):
+            out[w] = (stage, sizes[k // pieces])
+    return out
+
+
+class _Cutter:
+    """Walks the snapshot's events once: segments of the capture pools (measured growth, charged
+    to the (stage, owner) of their stack) and each graph's requests and frees."""
+
+    def __init__(
+        self,
+        snap: Snapshot,
+        phase: str,
+        rules: OwnerRules,
+        windows: tuple[dict[str, list[int]], dict[int, str]],
+        graph_of_window: dict[int, tuple[str, int]],
+    ) -> None:
+        self.phase, self.rules = phase, rules
+        self.frames, self.stacks = snap["frames"], snap["stacks"]
+        self.tags = [parse_tag(t) for t in snap["tags"]]
+        stage_windows, self.window_pool = windows
+        self.graph_of_window = graph_of_window
+        self.pools = {
+            self.window_pool[w]
+            for ws in stage_windows.values()
+            for w in ws
+            if w in self.window_pool
+        }
+        self.pools |= {
+            t.pool for t in self.tags if t.pool and t.phase == phase and t.stage in stage_windows
+        }
+        self.seg_starts: list[int] = []
+        self.seg_end: dict[int, tuple[int, str]] = {}
+        self.frame_cache: dict[int, tuple[str | None, bool]] = {}
+        self.owner_cache: dict[int, str] = {}
+        self.graphs: dict[tuple[str, int], Graph] = {}
+        self.order: list[tuple[str, int]] = []
+        self.live: dict[int, tuple[str, int]] = {}
+        self.current: dict[str, tuple[str, int]] = {}
+        self.measured: dict[tuple[str, str], int] = defaultdict(int)
+        self.segments: dict[str, int] = defaultdict(int)
+
+    def owner(self, stack: int) -> str:
+        hit = self.owner_cache.get(stack)
+        if hit is None:
+            indices = self.stacks[stack] if stack >= 0 else []
+            hit = self.rules.classify_indexed(self.frames, indices, self.frame_cache)[0]
+            self.owner_cache[stack] = hit
+        return hit
+
+    def in_pool(self, addr: int) -> bool:
+        i = bisect.bisect_right(self.seg_starts, addr) - 1
+        if i < 0:
+            return False
+        end, pool = self.seg_end[self.seg_starts[i]]
+        return addr < end and pool in self.pools
+
+    def segment_added(self, addr: int, size: int, tag: StageTag, stack: int) -> None:
+        # The pool of a segment is known from its tag only; addresses recur across pools.
+        pool = _pool_of(tag, self.window_pool)
+        bisect.insort(self.seg_starts, addr)
+        self.seg_end[addr] = (addr + size, pool)
+        if pool in self.pools and tag.phase == self.phase:
+            self.measured[(tag.stage, self.owner(stack))] += size
+            self.segments[tag.stage] += 1
+
+    def segment_removed(self, addr: int) -> None:
+        if addr in self.seg_end:
+            del self.seg_end[addr]
+            self.seg_starts.pop(bisect.bisect_left(self.seg_starts, addr))
+
+    def request(self, i: int, addr: int, size: int, stream: int, tag: StageTag, stack: int) -> None:
+        if tag.phase != self.phase or not self.in_pool(addr):
+            return
+        key = self.graph_of_window.get(tag.window) if tag.window is not None else None
+        if tag.capture_size is not None and tag.stage:
+            key = (tag.stage, tag.capture_size)
+        key = key or self.current.get(tag.stage)
+        if key is None:
+            return  # before the stage's first window: not a graph's request
+        self.current[key[0]] = key
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self.graphs[key] = Graph(key[0], key[1])
+            self.order.append(key)
+        graph.ops.append(_Alloc(addr, size, stream, self.owner(stack), i))
+        self.live[addr] = key
+
+    def freed(self, addr: int) -> None:
+        key = self.live.pop(addr, None)
+        if key is not None and self.order[-1] == key:
+            self.graphs[key].ops.append(addr)
+
+    def walk(self, snap: Snapshot) -> None:
+        ev, actions = snap["events"], snap["actions"]
+        free_action = "free_completed" if "free_completed" in actions else "free_requested"
+        for i, (a, addr, size, stream, tag_i, stack) in enumerate(
+            zip(
+                ev["action"],
+                ev["addr"],
+                ev["size"],
+                ev["stream"],
+                ev["tag"],
+                ev["stack"],
+                strict=True,
+            )
+        ):
+            act, tag = actions[a], self.tags[tag_i]
+            if act in ("segment_alloc", "segment_map"):
+                self.segment_added(addr, size, tag, stack)
+            elif act in ("segment_free", "segment_unmap"):
+                self.segment_removed(addr)
+            elif act == "alloc":
+                self.request(i, addr, size, stream, tag, stack)
+            elif act == free_action:
+                self.freed(addr)
+
+    def trace(self, source: str) -> PoolTrace:
+        stages: dict[str, list[Graph]] = {}
+        for key in self.order:
+            stages.setdefault(key[0], []).append(self.graphs[key])
+        return PoolTrace(source, stages, dict(self.measured), dict(self.segments))
+
+
 def pool_trace(
     snapshot: Snapshot,
     plan: CapturePlan,
@@ -134,107 +297,11 @@ def pool_trace(
             cannot be mapped onto its graphs.
     """
     snap = validate(snapshot, source=source)
-    rules = rules or OwnerRules.default()
-    tags = [parse_tag(t) for t in snap["tags"]]
-    windows: dict[str, list[int]] = defaultdict(list)
-    window_pool: dict[int, str] = {}
-    for w in snap.get("windows", []):
-        if not isinstance(w, dict) or w.get("window") is None:
-            continue
-        t = parse_tag(str(w.get("tag") or ""))
-        if w.get("pool"):
-            window_pool[int(w["window"])] = str(w["pool"])
-        if w.get("kind", "capture") == "capture" and t.phase == phase and t.stage:
-            windows[t.stage].append(int(w["window"]))
-    if not windows:
-        raise ReportFormatError(f"{source}: no CUDA-graph capture windows in phase {phase!r}")
-    pools = {window_pool[w] for ws in windows.values() for w in ws if w in window_pool}
-    pools |= {t.pool for t in tags if t.pool and t.phase == phase and t.stage in windows}
-
-    sizes_of = {r.runner: sorted(r.sizes, reverse=True) for r in plan.runners}
-    graph_of_window: dict[int, tuple[str, int]] = {}
-    for stage, ws in windows.items():
-        sizes = sizes_of.get(stage)
-        if not sizes:
-            continue
-        ws.sort()
-        if len(ws) % len(sizes):
-            raise ReportFormatError(
-                f"{source}: stage {stage} has {len(ws)} capture windows in phase {phase!r}, "
-                f"not a multiple of its {len(sizes)} graphs in grid G"
-            )
-        pieces = len(ws) // len(sizes)
-        for k, w in enumerate(ws):
-            graph_of_window[w] = (stage, sizes[k // pieces])
-
-    ev = snap["events"]
-    actions = snap["actions"]
-    free_action = "free_completed" if "free_completed" in actions else "free_requested"
-    seg_starts: list[int] = []
-    seg_end: dict[int, tuple[int, str]] = {}
-    frames, stacks = snap["frames"], snap["stacks"]
-    frame_cache: dict[int, tuple[str | None, bool]] = {}
-    owner_cache: dict[int, str] = {}
-    graphs: dict[tuple[str, int], Graph] = {}
-    order: list[tuple[str, int]] = []
-    live: dict[int, tuple[str, int]] = {}
-    current: dict[str, tuple[str, int]] = {}
-    measured: dict[tuple[str, str], int] = defaultdict(int)
-    segments: dict[str, int] = defaultdict(int)
-
-    def owner(stack: int) -> str:
-        hit = owner_cache.get(stack)
-        if hit is None:
-            indices = stacks[stack] if stack >= 0 else []
-            hit = rules.classify_indexed(frames, indices, frame_cache)[0]
-            owner_cache[stack] = hit
-        return hit
-
-    def in_pool(addr: int) -> bool:
-        i = bisect.bisect_right(seg_starts, addr) - 1
-        return i >= 0 and addr < seg_end[seg_starts[i]][0] and seg_end[seg_starts[i]][1] in pools
-
-    for i, (a, addr, size, stream, tag_i, stack) in enumerate(
-        zip(ev["action"], ev["addr"], ev["size"], ev["stream"], ev["tag"], ev["stack"], strict=True)
-    ):
-        act = actions[a]
-        tag = tags[tag_i]
-        if act in ("segment_alloc", "segment_map"):
-            # The pool of a segment is known from its tag only; addresses recur across pools.
-            pool = _pool_of(tag, window_pool)
-            bisect.insort(seg_starts, addr)
-            seg_end[addr] = (addr + size, pool)
-            if pool in pools and tag.phase == phase:
-                measured[(tag.stage, owner(stack))] += size
-                segments[tag.stage] += 1
-        elif act in ("segment_free", "segment_unmap"):
-            if addr in seg_end:
-                del seg_end[addr]
-                seg_starts.pop(bisect.bisect_left(seg_starts, addr))
-        elif act == "alloc":
-            if tag.phase != phase or not in_pool(addr):
-                continue
-            key = graph_of_window.get(tag.window) if tag.window is not None else None
-            if tag.capture_size is not None and tag.stage:
-                key = (tag.stage, tag.capture_size)
-            key = key or current.get(tag.stage)
-            if key is None:
-                continue  # before the stage's first window: not a graph's request
-            current[key[0]] = key
-            graph = graphs.get(key)
-            if graph is None:
-                graph = graphs[key] = Graph(key[0], key[1])
-                order.append(key)
-            graph.ops.append(_Alloc(addr, size, stream, owner(stack), i))
-            live[addr] = key
-        elif act == free_action:
-            key = live.pop(addr, None)
-            if key is not None and order[-1] == key:
-                graphs[key].ops.append(addr)
-    stages: dict[str, list[Graph]] = {}
-    for key in order:
-        stages.setdefault(key[0], []).append(graphs[key])
-    return PoolTrace(source, stages, dict(measured), dict(segments))
+    windows = _capture_windows(snap, phase, source)
+    graph_of_window = _graph_of_window(windows[0], plan, phase, source)
+    cutter = _Cutter(snap, phase, rules or OwnerRules.default(), windows, graph_of_window)
+    cutter.walk(snap)
+    return cutter.trace(source)
 
 
 def _resized(src: Graph, ref: Graph | None, size: int) -> list[_Alloc | int]:

@@ -13,14 +13,17 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from memest.errors import ConfigError
+from pydantic import ValidationError
+
+from memest.errors import ConfigError, first_error
 from memest.plan.inputs import (
     PlanInput,
     check_compilation_fields,
     check_scheduler,
+    gpu_preset,
     plan_input_from_compilation_config,
 )
-from memest.schema import GpuInfo, RunConfig
+from memest.schema import CapturePlan, GpuInfo, RunConfig
 
 # The compilation_config keys that decide capture sizes; other keys do not change the plan.
 CAPTURE_KEYS = (
@@ -130,37 +133,12 @@ def overlay_config(config: RunConfig, changes: Mapping[str, Any]) -> RunConfig:
     merged = {**config.model_dump(), **update}
     try:
         out = RunConfig.model_validate(merged)
-    except Exception as exc:  # pydantic's ValidationError, named by its first field
-        errors = getattr(exc, "errors", None)
-        first = errors()[0] if callable(errors) else {"loc": ("grid",), "msg": str(exc)}
-        loc = ".".join(str(x) for x in first.get("loc", ())) or "grid"
-        raise ConfigError(f"grid.{loc}", first.get("input"), str(first.get("msg"))) from None
+    except ValidationError as exc:
+        where, message, value = first_error(exc)
+        raise ConfigError(f"grid.{where or 'grid'}", value, message) from None
     if out.max_num_seqs is not None and out.max_num_batched_tokens is not None:
         check_scheduler(out.max_num_seqs, out.max_num_batched_tokens, out.max_model_len)
     return out
-
-
-def grid_changes(config: RunConfig, *, capture_sizes: bool = False) -> dict[str, Any]:
-    """A start's grid as the changes ``--grid`` takes (vLLM's flag names): overlaid on another
-    start's configuration, it asks the what-if for this one. ``capture_sizes`` adds the start's
-    explicit capture sizes (else G's sizing rule picks them for the new grid)."""
-    spec = None
-    if config.speculative_method:
-        spec = {
-            "method": config.speculative_method,
-            "num_speculative_tokens": config.num_speculative_tokens,
-        }
-    changes: dict[str, Any] = {
-        "max_num_seqs": config.max_num_seqs,
-        "max_num_batched_tokens": config.max_num_batched_tokens,
-        "max_model_len": config.max_model_len,
-        "gpu_memory_utilization": config.gpu_memory_utilization,
-        "speculative_config": spec,
-    }
-    if capture_sizes:
-        sizes = config.cudagraph_capture_sizes
-        changes["compilation_config"] = {"cudagraph_capture_sizes": sizes} if sizes else {}
-    return changes
 
 
 def is_sm100(gpu: GpuInfo | None) -> bool:
@@ -188,3 +166,23 @@ def plan_input(config: RunConfig, *, sm100: bool, gpu: str = "") -> PlanInput:
         num_speculative_tokens=config.num_speculative_tokens,
         gpu=gpu,
     )
+
+
+def overlay_plan(
+    config: RunConfig, changes: Mapping[str, Any], gpu: GpuInfo | str | None
+) -> tuple[CapturePlan, RunConfig]:
+    """``config`` with ``changes`` overlaid, and the capture plan vLLM 0.33.0 sizes for it.
+
+    ``gpu``: a start's GpuInfo, or a preset name (``h200``), which decides vLLM's capture ceiling.
+
+    Raises:
+        ConfigError: an unknown field or a refused value, named.
+    """
+    from memest.plan.resolve import resolve
+
+    out = overlay_config(config, changes)
+    if isinstance(gpu, str):
+        sm100, label = gpu_preset(gpu), gpu.lower()
+    else:
+        sm100, label = is_sm100(gpu), gpu.name if gpu is not None else ""
+    return resolve(plan_input(out, sm100=sm100, gpu=label), "vllm-0.33.0"), out

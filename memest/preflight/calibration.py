@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from memest.errors import ConfigError
+from memest.estimate.whatif.models import WhatIfCalibration
 from memest.schema import RunReport
 from memest.schema._base import MemestModel
 from memest.schema.preflight import VllmOvershoot
@@ -118,11 +119,14 @@ def calibration_of(gpu_name: str) -> Calibration | None:
     return load_calibration(kind) if kind is not None else None
 
 
-def drafter_activation_factor(report: RunReport) -> float | None:
-    """The fitted drafter factor of memest.estimate.activation for a start's GPU kind (what the
-    what-if adds or removes for a drafter the start does not have or drops), None if uncalibrated."""
+def what_if_calibration(report: RunReport) -> WhatIfCalibration:
+    """What the what-if takes from the fit for a start's GPU kind: the drafter factor of
+    memest.estimate.activation (what it adds or removes for a drafter the start does not have or
+    drops); every factor None when the GPU kind is uncalibrated."""
     cal = calibration_of(report.gpu.name if report.gpu is not None else "")
-    return cal.coefficients.activation_drafter_factor if cal is not None else None
+    if cal is None:
+        return WhatIfCalibration()
+    return WhatIfCalibration(drafter_activation_factor=cal.coefficients.activation_drafter_factor)
 
 
 def overshoot_line(o: VllmOvershoot) -> str:

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memest.errors import ConfigError
+from memest.errors import ConfigError, first_error
 from memest.estimate.activation import activation_bytes
 from memest.estimate.kv import (
     kv_page_bytes,
@@ -55,8 +55,8 @@ from memest.estimate.runner_buffers import (
     term_bytes,
 )
 from memest.estimate.synthetic_trace import pool_bytes
-from memest.plan import SERVE_DEFAULTS, gpu_preset, resolve
-from memest.plan.overlay import overlay_config, plan_input
+from memest.plan import SERVE_DEFAULTS, gpu_preset
+from memest.plan.overlay import overlay_plan
 from memest.preflight.backends import kv_block_size
 from memest.preflight.calibration import Calibration, load_calibration
 from memest.preflight.shape import parameter_bytes
@@ -162,12 +162,11 @@ def setup(req: PreflightRequest) -> Setup:
         }
     if req.compilation_config is not None:
         changes["compilation_config"] = req.compilation_config
-    config = overlay_config(base, changes)
+    plan, config = overlay_plan(base, changes, req.gpu)  # the what-if's grid edge too
     drafter = None
     if config.speculative_method:
         draft_cfg = _drafter_config(req, cfg, config.speculative_method)
         drafter = model_shape(draft_cfg, tp=req.tensor_parallel_size, dtype=req.dtype)
-    plan = resolve(plan_input(config, sm100=sm100, gpu=req.gpu.lower()), "vllm-0.33.0")
     block, backend = kv_block_size(
         mla=target.family == "mla",
         sm100=sm100,
@@ -440,6 +439,5 @@ def request_from(fields: Mapping[str, Any]) -> PreflightRequest:
     try:
         return PreflightRequest.model_validate(dict(fields))
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        loc = ".".join(str(x) for x in err.get("loc", ())) or "request"
-        raise ConfigError(loc, err.get("input"), str(err.get("msg"))) from None
+        loc, message, value = first_error(exc)
+        raise ConfigError(loc or "request", value, message) from None

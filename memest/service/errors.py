@@ -1,4 +1,12 @@
-"""Service errors, mapped to HTTP in one handler (business code never raises HTTPException)."""
+"""Service errors, mapped to HTTP here once (business code never raises HTTPException).
+
+- ServiceError (NotFound, BadRequest, ...): its status and message, naming its field;
+- memest's domain errors, raised by the core under any route: ConfigError (DoesNotFitError
+  included) is a 422 naming the refused field, any other MemestError a 422 saying the input
+  cannot be used;
+- pydantic's ValidationError, raised where a route validates a body (or a figure computed from
+  absurd input falls out of range): a 422 naming the first field (memest.errors.first_error).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,9 @@ from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
+from pydantic import ValidationError
+
+from memest.errors import ConfigError, MemestError, first_error
 
 
 class ServiceError(Exception):
@@ -59,7 +70,28 @@ def _wants_page(request: Request) -> bool:
     return request.method == "GET" and "text/html" in accept
 
 
+def _answer(status: int, detail: str, field: str | None) -> JSONResponse:
+    body: dict[str, object] = {"detail": detail}
+    if field is not None:
+        body["field"] = field
+    return JSONResponse(status_code=status, content=body)
+
+
 def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ConfigError)
+    async def _config_error(request: Request, exc: ConfigError) -> Response:
+        return _answer(422, str(exc), exc.field)
+
+    @app.exception_handler(MemestError)
+    async def _memest_error(request: Request, exc: MemestError) -> Response:
+        return _answer(422, f"memest cannot use this input: {exc}", "body")
+
+    @app.exception_handler(ValidationError)
+    async def _validation_error(request: Request, exc: ValidationError) -> Response:
+        where, message, _ = first_error(exc)
+        field = where or "body"
+        return _answer(422, f"invalid {exc.title}: {field}: {message}", field)
+
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> Response:
         if exc.status_code == 401 and _wants_page(request):

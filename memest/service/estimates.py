@@ -2,57 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from memest.errors import ConfigError
-from memest.schema import EstimateComparison, RunReport, WhatIf
-
-
-def _estimate_attr(name: str) -> Callable[..., Any] | None:
-    try:
-        module = importlib.import_module("memest.estimate")
-    except ImportError:
-        return None
-    fn = getattr(module, name, None)
-    return fn if callable(fn) else None
-
-
-def estimate_available() -> str | None:
-    """None when memest.estimate.compare exists, else the reason it cannot be used."""
-    if _estimate_attr("compare") is None:
-        return "memest.estimate.compare is not available"
-    return None
-
-
-def compare_report(report: RunReport) -> EstimateComparison:
-    """memest.estimate.compare(report).
-
-    Raises:
-        LookupError: memest.estimate has no ``compare`` (the service answers 503).
-    """
-    fn = _estimate_attr("compare")
-    if fn is None:
-        raise LookupError("memest.estimate.compare is not available")
-    result = fn(report)
-    if not isinstance(result, EstimateComparison):
-        raise LookupError(f"memest.estimate.compare returned {type(result).__name__}")
-    return result
-
-
-def what_if(report: RunReport, plan: Any) -> Any:
-    """memest.estimate.what_if(report, plan): predicted owners and KV budget under another grid.
-
-    Raises:
-        LookupError: memest.estimate has no ``what_if`` (the service answers 503).
-    """
-    fn = _estimate_attr("what_if")
-    if fn is None:
-        raise LookupError("memest.estimate.what_if is not available")
-    return fn(report, plan)
+from memest.estimate.whatif import TermRow, WhatIfQuestion, answer
+from memest.schema import RunReport, WhatIf
 
 
 class RunEstimateRequest(BaseModel):
@@ -90,14 +46,6 @@ class RunEstimateRequest(BaseModel):
     rank: int | None = Field(default=None, ge=0, le=65535, description="Default: the lowest")
 
 
-class TermRow(BaseModel):
-    term: str
-    label: str
-    bytes_from: int
-    bytes_to: int
-    law: str
-
-
 class RunEstimateResponse(BaseModel):
     run_id: str
     rank: int
@@ -110,17 +58,14 @@ class RunEstimateResponse(BaseModel):
 
 
 def run_estimate(report: RunReport, req: RunEstimateRequest) -> RunEstimateResponse:
-    """memest.estimate.what_if (and the inverse questions) on a stored report.
+    """The what-if (and the inverse questions) on a stored report (memest.estimate.whatif).
 
     Raises:
         ConfigError: a field of the request is refused (named).
         MemestError: the estimator cannot use the report.
     """
-    from memest.estimate import what_if as core_what_if
-    from memest.estimate.inverse import inverse_answer, target_tokens
     from memest.estimate.runner_buffers import ModelDims
-    from memest.estimate.whatif import term_rows
-    from memest.preflight.calibration import drafter_activation_factor
+    from memest.preflight.calibration import what_if_calibration
 
     grid = dict(req.grid)
     if req.gpu_memory_utilization is not None:
@@ -132,28 +77,15 @@ def run_estimate(report: RunReport, req: RunEstimateRequest) -> RunEstimateRespo
     if req.drafter_dims is not None and req.model_dims is None and report.config.model_dims is None:
         raise ConfigError("drafter_dims", "...", "needs model_dims (the run records none)")
     dims = ModelDims.from_report(report, req.model_dims, drafter=req.drafter_dims)
-    tokens = target_tokens(report, req.kv_tokens, req.concurrency)
-    factor = drafter_activation_factor(report)
-    result = core_what_if(report, grid, dims=dims, drafter_activation_factor=factor)
-    inverse = None
-    if tokens is not None:
-        inverse = inverse_answer(
-            report,
-            result,
-            tokens,
-            grid,
-            lambda r, g: core_what_if(r, g, dims=dims, drafter_activation_factor=factor),
-            ("concurrency", req.concurrency)
-            if req.concurrency is not None
-            else ("kv_tokens", tokens),
-        )
+    question = WhatIfQuestion(grid=grid, kv_tokens=req.kv_tokens, concurrency=req.concurrency)
+    result = answer(report, question, calibration=what_if_calibration(report), dims=dims)
     return RunEstimateResponse(
         run_id=report.run_id,
         rank=report.rank,
-        what_if=result,
-        terms=[TermRow(**row) for row in term_rows(result)],
-        kv_cache_memory_bytes_to=result.kv_budget_bytes_to,
-        concurrency_from=result.concurrency_from,
-        concurrency_to=result.concurrency_to,
-        inverse=inverse,
+        what_if=result.what_if,
+        terms=result.terms,
+        kv_cache_memory_bytes_to=result.kv_cache_memory_bytes_to,
+        concurrency_from=result.what_if.concurrency_from,
+        concurrency_to=result.what_if.concurrency_to,
+        inverse=result.inverse,
     )

@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from memest.errors import SnapshotFormatError
+from memest.errors import SnapshotFormatError, first_error
 from memest.schema.breakdown import PhaseRecord
 from memest.units import MAX_BYTES
 
@@ -234,6 +234,5 @@ def _check_phases(phases: list[Any], source: str) -> None:
         try:
             PhaseRecord.model_validate(phase)
         except ValidationError as exc:
-            first = exc.errors(include_url=False, include_input=False)[0]
-            loc = ".".join(str(p) for p in first["loc"])
-            raise SnapshotFormatError(f"{source}.phases[{i}].{loc}: {first['msg']}") from None
+            loc, message, _ = first_error(exc)
+            raise SnapshotFormatError(f"{source}.phases[{i}].{loc}: {message}") from None

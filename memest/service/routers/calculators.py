@@ -1,19 +1,20 @@
 """The calculators over HTTP: GET /api/v1/plan (memest.plan), POST /api/v1/estimate and
-POST /api/v1/what-if (memest.estimate). A missing calculator is a 503 that names it."""
+POST /api/v1/what-if (memest.estimate). Refusals are mapped to HTTP in memest.service.errors."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from memest.errors import ConfigError, MemestError
+from memest.estimate import compare
+from memest.estimate.whatif import what_if
+from memest.preflight.calibration import what_if_calibration
 from memest.schema import CapturePlan, EstimateComparison, RunReport, WhatIf
 from memest.service import examples
 from memest.service.deps import ReadAuth, SettingsDep
-from memest.service.errors import BadRequest, Unavailable
-from memest.service.estimates import compare_report, what_if
+from memest.service.errors import Unavailable
 from memest.service.ingest import check_storable, load_json, parse_report, read_body
 from memest.service.plans import resolve_plan
 from memest.service.routers.reports import _REPORT_BODY
@@ -85,8 +86,6 @@ def capture_plan(
         )
     except LookupError as exc:
         raise Unavailable(str(exc), field="memest.plan") from None
-    except ConfigError as exc:
-        raise BadRequest(str(exc), field=exc.field) from None
 
 
 def _checked_config(text: str | None) -> dict[str, Any] | str | None:
@@ -107,7 +106,6 @@ def _checked_config(text: str | None) -> dict[str, Any] | str | None:
         413: {"description": "Body larger than MEMEST_MAX_REPORT_BYTES"},
         415: {"description": "Not application/json"},
         422: {"description": "Not a valid RunReport, or the estimator cannot use it (why)"},
-        503: {"description": "memest.estimate.compare is not available"},
     },
 )
 async def estimate(request: Request, settings: SettingsDep) -> EstimateComparison:
@@ -115,15 +113,7 @@ async def estimate(request: Request, settings: SettingsDep) -> EstimateCompariso
     and the measured end state, side by side (memest.estimate.compare). The report must be a
     complete start: phase readings, KV-cache spec and vLLM's figures."""
     body = await read_body(request, settings.max_report_bytes)
-    report = parse_report(body)
-    try:
-        return compare_report(report)
-    except LookupError as exc:
-        raise Unavailable(str(exc), field="memest.estimate") from None
-    except ConfigError as exc:
-        raise BadRequest(str(exc), field=exc.field) from None
-    except MemestError as exc:
-        raise BadRequest(f"memest.estimate cannot use this report: {exc}", field="body") from None
+    return compare(parse_report(body))
 
 
 class WhatIfRequest(BaseModel):
@@ -143,7 +133,6 @@ class WhatIfRequest(BaseModel):
         413: {"description": "Body larger than MEMEST_MAX_REPORT_BYTES"},
         415: {"description": "Not application/json"},
         422: {"description": "Invalid body, or the estimator cannot use the report (why)"},
-        503: {"description": "memest.estimate.what_if is not available"},
     },
     openapi_extra={
         "requestBody": {
@@ -158,23 +147,6 @@ async def what_if_route(request: Request, settings: SettingsDep) -> WhatIf:
     """Predict each owner's pool memory and the KV budget of a measured start under another capture
     plan (memest.estimate.what_if)."""
     body = await read_body(request, settings.max_report_bytes)
-    try:
-        req = WhatIfRequest.model_validate_json(body)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_input=False)
-        field = ".".join(str(p) for p in errors[0]["loc"]) if errors else "body"
-        raise BadRequest(
-            f"invalid what-if request: {errors[0]['msg'] if errors else exc}", field=field
-        ) from None
+    req = WhatIfRequest.model_validate_json(body)
     check_storable(req.report)
-    try:
-        result = what_if(req.report, req.plan)
-    except LookupError as exc:
-        raise Unavailable(str(exc), field="memest.estimate") from None
-    except ConfigError as exc:
-        raise BadRequest(str(exc), field=exc.field) from None
-    except MemestError as exc:
-        raise BadRequest(f"memest.estimate cannot use this report: {exc}", field="report") from None
-    if not isinstance(result, WhatIf):
-        raise Unavailable("memest.estimate.what_if returned no WhatIf", field="memest.estimate")
-    return result
+    return what_if(req.report, req.plan, calibration=what_if_calibration(req.report))

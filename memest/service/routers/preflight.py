@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
 
 from memest.errors import ConfigError
 from memest.preflight import preflight
@@ -43,16 +42,10 @@ async def preflight_route(request: Request, settings: SettingsDep) -> PreflightR
     model's config.json (inline, field ``model_config``) and vLLM's flags (memest.preflight)."""
     body = await read_body(request, settings.max_report_bytes)
     parsed = load_json(body, field="body")
-    try:
-        req = PreflightRequest.model_validate(parsed)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_input=False)
-        field = ".".join(str(p) for p in errors[0]["loc"]) if errors else "body"
-        msg = errors[0]["msg"] if errors else str(exc)
-        raise BadRequest(f"invalid pre-flight request: {msg}", field=field) from None
+    req = PreflightRequest.model_validate(parsed)
     try:
         return preflight(req)
-    except ConfigError as exc:
-        raise BadRequest(str(exc), field=exc.field) from None
+    except ConfigError:
+        raise  # a refused field: mapped to a 422 naming it (memest.service.errors)
     except (ValueError, ArithmeticError) as exc:  # absurd dimensions overflow a figure
         raise BadRequest(f"the config leads to no valid prediction: {exc}", field="body") from None

@@ -7,14 +7,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from memest.analysis.ranks import rank_check
 from memest.analysis.runs import build_label, run_facts, runner_counts
 from memest.analysis.stages import stage_bars
-from memest.errors import ConfigError, MemestError
-from memest.estimate import account
+from memest.estimate import account, compare
 from memest.reporters.views import notes
 from memest.schema import RunReport
 from memest.service import examples, store
@@ -27,12 +25,10 @@ from memest.service.deps import (
     SettingsDep,
     WriteAuth,
 )
-from memest.service.errors import BadRequest, NotFound
+from memest.service.errors import NotFound
 from memest.service.estimates import (
     RunEstimateRequest,
     RunEstimateResponse,
-    compare_report,
-    estimate_available,
     run_estimate,
 )
 from memest.service.ingest import load_json, read_body
@@ -133,13 +129,11 @@ def read_run(run_id: RunIdPath, session: SessionDep, cache: CacheDep) -> RunDeta
     rows = store.run_reports(session, run_id)
     reports = [cache.get(r) for r in rows]
     lead = reports[0]
-    computed = None
-    reason = estimate_available()
-    if reason is None:
-        try:
-            computed = compare_report(lead)
-        except Exception as exc:  # the estimator rejects this report: show why, keep the page
-            reason = f"memest.estimate.compare failed: {exc}"
+    computed, reason = None, None
+    try:
+        computed = compare(lead)
+    except Exception as exc:  # the estimator rejects this report: show why, keep the page
+        reason = f"memest.estimate.compare failed: {exc}"
     bd = lead.breakdown
     lead_notes = notes(lead)
     return RunDetail(
@@ -296,13 +290,7 @@ async def estimate_run(
     inverse questions (kv_tokens / concurrency), by memest.estimate. Every refusal is a 4xx
     {"detail", "field"} naming the request field."""
     parsed = load_json(await read_body(request, settings.max_report_bytes), field="body")
-    try:
-        body = RunEstimateRequest.model_validate(parsed)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_input=False)
-        field = ".".join(str(p) for p in errors[0]["loc"]) if errors else "body"
-        msg = errors[0]["msg"] if errors else str(exc)
-        raise BadRequest(f"invalid estimate request: {field}: {msg}", field=field) from None
+    body = RunEstimateRequest.model_validate(parsed)
     return await run_in_threadpool(_estimate_body, factory, cache, run_id, body)
 
 
@@ -318,9 +306,4 @@ def _estimate_body(
             if not rows:
                 raise NotFound(f"run {run_id!r} has no rank {body.rank}", field="rank")
         report = cache.get(rows[0])
-    try:
-        return run_estimate(report, body)
-    except ConfigError as exc:
-        raise BadRequest(str(exc), field=exc.field) from None
-    except MemestError as exc:
-        raise BadRequest(f"memest.estimate cannot use this run: {exc}", field="run_id") from None
+    return run_estimate(report, body)

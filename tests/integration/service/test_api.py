@@ -313,7 +313,8 @@ def test_estimate_endpoint_explains_an_incomplete_report(client: TestClient) -> 
     r = client.post("/api/v1/estimate", content=body, headers={"Content-Type": "application/json"})
     # A published report has no phase readings: memest.estimate refuses it with a reason.
     assert r.status_code == 422
-    assert "memest.estimate" in r.json()["detail"]
+    assert "cannot use this input" in r.json()["detail"]
+    assert "phase 'weights' is missing" in r.json()["detail"]
 
 
 def test_metrics_export_stored_series_and_ingest_counters(demo_client: TestClient) -> None:

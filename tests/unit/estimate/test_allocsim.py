@@ -11,24 +11,10 @@ from __future__ import annotations
 import pytest
 
 from memest.errors import InvariantError
-from memest.estimate.allocsim import (
-    PoolSim,
-    SimEvent,
-    round_size,
-    segment_size,
-    simulate,
-)
+from memest.estimate.allocsim import PoolSim, round_size, segment_size
 from memest.units import MiB
 
 KiB = 1024
-
-
-def alloc(handle: int, size: int, stream: int = 0) -> SimEvent:
-    return SimEvent("alloc", handle, size, stream, index=handle)
-
-
-def free(handle: int) -> SimEvent:
-    return SimEvent("free", handle)
 
 
 @pytest.mark.parametrize(
@@ -53,33 +39,6 @@ def test_segment_size(rounded: int, segment: int) -> None:
     assert segment_size(rounded) == segment
 
 
-def test_small_requests_pack_four_to_a_segment() -> None:
-    # 512 KiB each: a 2 MiB small segment holds 4; the 5th live request needs another one.
-    result = simulate([alloc(i, 512 * KiB) for i in range(5)])
-    assert result.segments == [2 * MiB, 2 * MiB]
-    assert [(t.request_bytes, t.event_index) for t in result.triggers] == [
-        (512 * KiB, 0),
-        (512 * KiB, 4),
-    ]
-
-
-def test_small_and_large_pools_do_not_share_blocks() -> None:
-    # A free 2 MiB small block does not serve a 1.5 MiB (large) request ...
-    assert simulate([alloc(1, 512), free(1), alloc(2, 1536 * KiB)]).segments == [2 * MiB, 20 * MiB]
-    # ... nor a free 20 MiB large block 512 KiB (small) requests.
-    seq = [alloc(1, 1536 * KiB), free(1), *(alloc(h, 512 * KiB) for h in range(2, 6))]
-    assert simulate(seq).segments == [20 * MiB, 2 * MiB]
-
-
-def test_large_block_splits_only_when_more_than_1_mib_remains() -> None:
-    # 19 MiB -> 20 MiB segment, 1 MiB left: not > 1 MiB, so not split; 1.5 MiB needs a segment.
-    unsplit = simulate([alloc(1, 19 * MiB), alloc(2, 1536 * KiB)])
-    assert unsplit.segments == [20 * MiB, 20 * MiB]
-    # 18.5 MiB -> 20 MiB segment, 1.5 MiB left: split, and the 1.5 MiB request fits there.
-    split = simulate([alloc(1, 18 * MiB + 512 * KiB), alloc(2, 1536 * KiB)])
-    assert split.segments == [20 * MiB]
-
-
 def test_small_block_splits_when_512_bytes_remain() -> None:
     # 1 MiB, then 1 MiB - 512 B in the same 2 MiB small segment leaves 512 B: split off, so a
     # 512 B request fits there; one more request needs a second segment.
@@ -93,16 +52,6 @@ def test_small_block_splits_when_512_bytes_remain() -> None:
     assert sim.segments == [2 * MiB, 2 * MiB]
 
 
-def test_best_fit_takes_the_smallest_block_that_fits() -> None:
-    # One 20 MiB segment cut into C 8 | B 2 | A 4 | D 2 | E 4 MiB (E takes the last 4 MiB whole);
-    # C and A are freed and do not touch. A 4 MiB request must take A (exact fit), not C (first
-    # by address), else the 8 MiB request that follows finds no block.
-    c, b, a, d, e = range(5)
-    seq = [alloc(h, n * MiB) for h, n in ((c, 8), (b, 2), (a, 4), (d, 2), (e, 4))]
-    result = simulate([*seq, free(c), free(a), alloc(10, 4 * MiB), alloc(11, 8 * MiB)])
-    assert result.segments == [20 * MiB]
-
-
 def test_best_fit_ties_go_to_the_lower_address() -> None:
     sim = PoolSim()
     for h in range(4):
@@ -113,30 +62,6 @@ def test_best_fit_ties_go_to_the_lower_address() -> None:
     # not > 1 MiB, so the whole block goes).
     sim.alloc(9, 3 * MiB + 512 * KiB, 0)
     assert sorted(a for _, _, a in sim.free_blocks()) == [8 * MiB, 16 * MiB]
-
-
-def test_freed_neighbours_merge() -> None:
-    # X 6 | Y 6 | Z 8 MiB fill one 20 MiB segment. Freed X and Y merge into 12 MiB, which serves
-    # a 10 MiB request; unmerged they could not, and 10 MiB would get a segment of its own.
-    x, y, z, w = range(4)
-    seq = [alloc(x, 6 * MiB), alloc(y, 6 * MiB), alloc(z, 8 * MiB)]
-    merged = simulate([*seq, free(y), free(x), alloc(w, 10 * MiB)])
-    assert merged.segments == [20 * MiB]
-    apart = simulate([*seq, free(x), alloc(w, 10 * MiB)])
-    assert apart.segments == [20 * MiB, 10 * MiB]
-
-
-def test_blocks_are_reused_on_their_own_stream_only() -> None:
-    seq = [alloc(1, 4 * MiB, stream=1), free(1), alloc(2, 4 * MiB, stream=2)]
-    assert simulate(seq).segments == [20 * MiB, 20 * MiB]
-
-
-def test_scale_applies_to_scaling_requests_only() -> None:
-    # 3 MiB x 4 = 12 MiB: a 12 MiB segment; the non-scaling 512 B request keeps its 2 MiB.
-    seq = [alloc(1, 3 * MiB), SimEvent("alloc", 2, 512, scales=False)]
-    assert simulate(seq, scale=4).segments == [12 * MiB, 2 * MiB]
-    # 3 MiB / 4 = 768 KiB is a small request: it and the 512 B share one 2 MiB segment.
-    assert simulate(seq, scale=0.25).segments == [2 * MiB]
 
 
 def test_free_of_unknown_handle_is_ignored_and_double_alloc_is_refused() -> None:

@@ -4,7 +4,9 @@ model with and without an EAGLE3 drafter (reports/vllm/raw)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,7 @@ import memest.estimate.synthetic_trace as estimate_trace
 import memest.preflight.graphs as preflight_graphs
 from memest.estimate import account, full_init_kv_budget, full_init_terms, what_if
 from memest.estimate.runner_buffers import ModelDims
-from memest.plan.overlay import grid_changes
-from memest.preflight.calibration import drafter_activation_factor, load_calibration
+from memest.preflight.calibration import load_calibration, what_if_calibration
 from memest.schema import RunReport
 from memest.units import GiB, MiB
 
@@ -25,6 +26,19 @@ MODEL = json.loads((ROOT / "examples" / "llama8b.config.json").read_text())
 DRAFTER = json.loads((ROOT / "examples" / "eagle3_8b.config.json").read_text())
 S, B = "call9.S_llama8b_s128_t4096.apply", "call6.B_llama8b_s32_t2048.apply"
 C, E = "call6.C_llama8b_eagle3k3_s64_t4096.apply", "call8.E_llama8b_eagle3k5_s96_t4096_u088.apply"
+
+
+def _grid_changes() -> Any:
+    """lab/whatif_tools.grid_changes: a start's grid as the --grid changes that ask for it."""
+    spec = importlib.util.spec_from_file_location("whatif_tools", ROOT / "lab" / "whatif_tools.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module.grid_changes
+
+
+grid_changes = _grid_changes()
 ACTIVATION_RANGE = load_calibration("h200").uncertainty_bytes["profile_peak_activation_bytes"]
 
 
@@ -34,8 +48,8 @@ def _real(name: str) -> RunReport:
 
 def _predict(g: RunReport, g2: RunReport, *, drafter: bool = True, factor: bool = True) -> Any:
     dims = ModelDims.from_report(g, MODEL, drafter=DRAFTER if drafter else None)
-    f = drafter_activation_factor(g) if factor else None
-    return what_if(g, grid_changes(g2.config), dims=dims, drafter_activation_factor=f)
+    cal = what_if_calibration(g) if factor else None
+    return what_if(g, grid_changes(g2.config), dims=dims, calibration=cal)
 
 
 def test_preflight_and_what_if_share_one_trace() -> None:

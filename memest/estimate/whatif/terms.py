@@ -1,0 +1,334 @@
+"""Term movers: every full-initialization term of G moved to G' by the law that sizes it.
+
+The profile pass's activations follow max_num_batched_tokens (and an added or dropped drafter's
+share, with the calibration's factor); the budget follows gpu_memory_utilization; the
+grid-sized runner buffers move by f(G') - f(G) (memest.estimate.runner_buffers); an added or
+dropped drafter moves its weights, its KV-allocated buffers and its capture streams' cuBLAS
+workspaces; MLA's prefill workspace follows max_model_len and max_num_seqs; the graph pools and
+graph objects come from the pool predictors (memest.estimate.whatif.pools).
+"""
+
+from __future__ import annotations
+
+from memest.analysis.owners import COMPILED_PIECE, CUBLAS_WORKSPACE
+from memest.estimate.mla_context import run_mla_context_bytes
+from memest.estimate.phases import budget_bytes, phase, total_bytes
+from memest.estimate.runner_buffers import (
+    BUFFER_TERMS,
+    ModelDims,
+    RunnerGrid,
+    runner_buffer_bytes,
+)
+from memest.estimate.whatif.grid import Grids
+from memest.estimate.whatif.models import WhatIfCalibration
+from memest.estimate.whatif.pools import Pools
+from memest.estimate.whatif_synthetic import Shapes, drafter_activation
+from memest.schema import CapturePlan, FullInitTerms, RunConfig, RunReport
+
+#: Compiled drafter models that keep a default-pool workspace (vLLM 0.33.0 EAGLE3: the step-0
+#: PIECEWISE model and the later-step FULL model; real H200 starts C and E).
+DRAFTER_COMPILED_MODELS = 2
+
+
+def _activation(
+    terms: FullInitTerms,
+    plans: tuple[CapturePlan, CapturePlan],
+    configs: tuple[RunConfig, RunConfig],
+    s: Shapes,
+    drafter_factor: float | None,
+    notes: list[str],
+) -> tuple[int, str | None]:
+    """The profile pass's activation headroom at G' and the law that moved it.
+
+    The profile pass runs max_num_batched_tokens tokens: its activations are that many rows wide
+    (real vLLM, Llama-8B shape: 300 MiB at 2,048 tokens, 592 MiB at 4,096). A drafter added or
+    dropped adds or removes its share (memest.estimate.activation with ``drafter_factor``).
+    """
+    act = terms.profile_peak_activation_bytes
+    mbt, mbt2 = plans[0].max_num_batched_tokens, plans[1].max_num_batched_tokens
+    had, has = configs[0].speculative_method, configs[1].speculative_method
+    laws: list[str] = []
+    if had and not has and mbt:
+        share = drafter_activation(mbt, s, drafter_factor, had, notes)
+        if share is not None:
+            act = max(act - share, 0)
+            laws.append(f"drafter's share removed ({share} B at G)")
+    out = act
+    if mbt and mbt2 and mbt != mbt2:
+        out = round(act * mbt2 / mbt)
+        laws.insert(0, "max_num_batched_tokens")
+        notes.append(
+            f"activation headroom {act} -> {out} B "
+            f"(scales with max_num_batched_tokens {mbt} -> {mbt2})"
+        )
+    if has and not had and mbt2:
+        share = drafter_activation(mbt2, s, drafter_factor, has, notes)
+        if share is not None:
+            out += share
+            laws.append(
+                f"drafter: {drafter_factor:.3f} x max_num_batched_tokens x its layer's token bytes"
+            )
+    return out, "; ".join(laws) or None
+
+
+def _mla_context_to(report: RunReport, terms: FullInitTerms, config: RunConfig) -> int:
+    """MLA's prefill-over-context term at G' (memest.estimate.mla_context): its workspace follows
+    max_model_len and max_num_seqs."""
+    if not terms.mla_context_bytes:
+        return 0
+    block = report.kv_cache.block_size if report.kv_cache is not None else 16
+    return run_mla_context_bytes(config, block)
+
+
+def _buffer_terms(
+    report: RunReport,
+    terms: FullInitTerms,
+    configs: tuple[RunConfig, RunConfig],
+    dims: ModelDims | None,
+    notes: list[str],
+) -> tuple[dict[str, int], dict[str, str]]:
+    """The terms grid-sized runner buffers move, at G', and the law that moved each."""
+    if dims is None:
+        notes.append(
+            "model dimensions not recorded in the report nor given (the model's config.json): "
+            "the grid-sized runner buffers "
+            "(baseline, weights, profiling residue, runner buffers) are kept at G's bytes"
+        )
+        return {}, _unsized_drafter(configs, notes)
+    block = report.kv_cache.block_size if report.kv_cache is not None else 16
+    grid_g = RunnerGrid.from_config(configs[0], block_size=block)
+    grid_to = RunnerGrid.from_config(configs[1], block_size=block)
+    before, after = runner_buffer_bytes(dims, grid_g), runner_buffer_bytes(dims, grid_to)
+    if "fused_moe_workspace" not in before and _has_moe_owner(report):
+        notes.append(
+            "FUSED-MOE WORKSPACE NOT MOVED: the start ran MoE layers (moe_workspace in its "
+            "breakdown) but its model dimensions name no experts (a report from before the "
+            "plugin recorded them): the workspace, sized by max_num_batched_tokens, is kept at "
+            "G's bytes; give the model's config.json with --model-config"
+        )
+    moved: dict[str, int] = {}
+    names: dict[str, list[str]] = {}
+    for name in sorted(set(before) | set(after)):
+        change = after.get(name, 0) - before.get(name, 0)
+        if change:
+            term = BUFFER_TERMS[name]
+            moved[term] = moved.get(term, 0) + change
+            names.setdefault(term, []).append(name)
+    laws = {term: "runner buffers f(G') - f(G): " + ", ".join(n) for term, n in names.items()}
+    drafter_moves, drafter_laws = _drafter_terms(report, grid_g, grid_to, dims, notes)
+    for term, law in drafter_laws.items():
+        moved[term] = moved.get(term, 0) + drafter_moves.get(term, 0)
+        laws[term] = "; ".join(x for x in (laws.get(term), law) if x)
+    values = terms.model_dump()
+    out = {term: max(int(values[term]) + change, 0) for term, change in moved.items()}
+    return out, laws
+
+
+def _has_moe_owner(report: RunReport) -> bool:
+    bd = report.breakdown
+    if bd is None:
+        return False
+    owners = {p.owner for p in bd.live_peaks} | {t.owner for t in bd.triggers}
+    return "moe_workspace" in owners | {r.owner for r in bd.retained}
+
+
+def _kv_alloc_extra(report: RunReport) -> int:
+    """Bytes allocated with the KV cache beyond the KV cache itself (the kv_cache_alloc phase)."""
+    from memest.estimate.phases import measured_kv_bytes
+
+    record = phase(report, "kv_cache_alloc")
+    if record is None or report.kv_cache is None:
+        return 0
+    added = record.end.torch_allocated_bytes - record.start.torch_allocated_bytes
+    return max(added - measured_kv_bytes(report), 0)
+
+
+def _drafter_workspaces(report: RunReport) -> dict[str, tuple[int, int]]:
+    """Default-pool bytes each capture stage keeps, per phase: {stage: (kept after graph
+    profiling, kept after capture)} from the retained rows: the cuBLAS workspace of the stage's
+    capture stream (32 MiB on the H200 starts)."""
+    out: dict[str, tuple[int, int]] = {}
+    rows = [] if report.breakdown is None else report.breakdown.retained
+    for r in rows:
+        # Reports whose analysis could not name the block call it compiled_piece[:reason].
+        kept = r.owner in (CUBLAS_WORKSPACE, COMPILED_PIECE) or r.owner.startswith(
+            f"{COMPILED_PIECE}:"
+        )
+        if not kept or r.phase not in ("graph_profiling", "capture"):
+            continue
+        prof, cap = out.get(r.stage, (0, 0))
+        out[r.stage] = (
+            (prof + r.bytes, cap) if r.phase == "graph_profiling" else (prof, cap + r.bytes)
+        )
+    return out
+
+
+def _weights_not_moved(method: str, sign: int, notes: list[str]) -> dict[str, str]:
+    """The loud note and law when an added or dropped drafter's weights cannot be sized."""
+    notes.append(
+        f"DRAFTER WEIGHTS NOT MOVED: G' {'adds' if sign > 0 else 'drops'} the {method} drafter, "
+        "but this start records no drafter config and none was given, so the weights at G' are "
+        f"G's and too {'low' if sign > 0 else 'high'} by the drafter's weights (sized only for "
+        "an EAGLE / EAGLE3 drafter from its config.json)"
+    )
+    return {"weights_bytes": "NOT MOVED: drafter weights unknown (no drafter config)"}
+
+
+def _unsized_drafter(configs: tuple[RunConfig, RunConfig], notes: list[str]) -> dict[str, str]:
+    """Without the model's dimensions: say so when G' adds or drops the drafter."""
+    had, has = configs[0].speculative_method, configs[1].speculative_method
+    if bool(had) == bool(has):
+        return {}
+    return _weights_not_moved(str(has or had), 1 if has else -1, notes)
+
+
+def _drafter_weights(
+    method: str, dims: ModelDims | None, sign: int, notes: list[str]
+) -> tuple[dict[str, int], dict[str, str]]:
+    weights = dims.drafter_weight_bytes(method) if dims is not None else None
+    if weights is None:
+        return {}, _weights_not_moved(method, sign, notes)
+    return {"weights_bytes": sign * weights}, {
+        "weights_bytes": "drafter weights (its config's shapes)"
+    }
+
+
+def _drafter_terms(
+    report: RunReport,
+    grid_g: RunnerGrid,
+    grid_to: RunnerGrid,
+    dims: ModelDims | None,
+    notes: list[str],
+) -> tuple[dict[str, int], dict[str, str]]:
+    """What adding, dropping or resizing the drafter moves besides its grid-sized buffers.
+
+    - weights (memest.estimate.drafter_weights, from the drafter's config);
+    - buffers allocated with the KV cache: the target's once and one copy per speculative token
+      (real H200 starts: 4.06 MiB without a drafter, 16.25 MiB at K=3, 24.38 MiB at K=5);
+    - the cuBLAS workspace each of the drafter's capture streams keeps (torch allocates one per
+      handle and stream inside the first GEMM), once after graph profiling (profiling residue)
+      and once after capture (runner buffers): the step-0 PIECEWISE and the later-step FULL
+      models keep one each, as large as the target PIECEWISE stage's (32 MiB each on the EAGLE3
+      starts); a dropped drafter frees exactly what G's report retained.
+    """
+    k_g, k_to = grid_g.num_speculative_tokens, grid_to.num_speculative_tokens
+    added, dropped = grid_g.speculative_method is None, grid_to.speculative_method is None
+    if k_g == k_to and grid_g.speculative_method == grid_to.speculative_method:
+        return {}, {}
+    moves: dict[str, int] = {}
+    laws: dict[str, str] = {}
+    per_copy = _kv_alloc_extra(report) / (k_g + 1)
+    if k_to != k_g and per_copy:
+        moves["runner_buffer_bytes"] = round(per_copy * (k_to - k_g))
+        laws["runner_buffer_bytes"] = "drafter: one copy of the KV-allocated buffers per K"
+    if added == dropped:  # the drafter is kept (K or method changes)
+        return moves, laws
+    method = str(grid_to.speculative_method if dropped is False else grid_g.speculative_method)
+    sign = 1 if dropped is False else -1
+    weights, weight_laws = _drafter_weights(method, dims, sign, notes)
+    moves.update(weights)
+    laws.update(weight_laws)
+    kept = _drafter_workspaces(report)
+    if sign > 0:
+        prof, cap = kept.get("target.piecewise", (0, 0))
+        prof, cap = DRAFTER_COMPILED_MODELS * prof, DRAFTER_COMPILED_MODELS * cap
+    else:
+        drafts = [v for stage, v in kept.items() if stage.startswith("draft")]
+        prof, cap = -sum(p for p, _ in drafts), -sum(c for _, c in drafts)
+    for term, change in (("profiling_residue_bytes", prof), ("runner_buffer_bytes", cap)):
+        if change:
+            moves[term] = moves.get(term, 0) + change
+            law = "drafter: cuBLAS workspaces of its capture streams"
+            laws[term] = "; ".join(x for x in (laws.get(term), law) if x)
+    return moves, laws
+
+
+def _requested_to(
+    report: RunReport, terms: FullInitTerms, configs: tuple[RunConfig, RunConfig], notes: list[str]
+) -> int:
+    """The budget at G': gpu_memory_utilization x the GPU's total when G' changes it."""
+    util_from, util_to = configs[0].gpu_memory_utilization, configs[1].gpu_memory_utilization
+    if util_to is None or util_to == util_from:
+        return terms.requested_bytes
+    requested_to = budget_bytes(total_bytes(report), util_to)
+    notes.append(
+        f"budget {terms.requested_bytes} -> {requested_to} B "
+        f"(gpu_memory_utilization {util_from} -> {util_to})"
+    )
+    return requested_to
+
+
+def _laws(
+    terms: FullInitTerms,
+    terms_to: FullInitTerms,
+    pools: Pools,
+    replayed: bool,
+    moved: dict[str, str],
+) -> dict[str, str]:
+    """The law that moved each term (a term left out is constant)."""
+    laws = {
+        "graph_pool_bytes": "per-owner pool laws"
+        + (" (allocator replay)" if replayed else "")
+        + (f"; synthetic request trace: {', '.join(pools.synthetic)}" if pools.synthetic else ""),
+        "outside_torch_bytes": "graph objects (graph profiling and capture) scale with the "
+        "graph count x the layers each graph holds",
+        **(
+            {"mla_context_bytes": "MLA's chunked-prefill workspace (max_model_len, max_num_seqs)"}
+            if terms_to.mla_context_bytes != terms.mla_context_bytes
+            else {}
+        ),
+    }
+    laws.update(moved)
+    if terms_to.requested_bytes != terms.requested_bytes:
+        laws["requested_bytes"] = "gpu_memory_utilization"
+    return laws
+
+
+def move_terms(
+    report: RunReport,
+    terms: FullInitTerms,
+    pair: Grids,
+    pools: Pools,
+    s: Shapes,
+    dims: ModelDims | None,
+    calibration: WhatIfCalibration,
+    notes: list[str],
+    *,
+    replayed: bool,
+) -> tuple[FullInitTerms, FullInitTerms, dict[str, str]]:
+    """(terms at G as the KV budget reads them, terms at G', the law of each moved term)."""
+    if pools.bytes_from != terms.graph_pool_bytes:
+        notes.append(
+            f"owner rows sum to {pools.bytes_from} B, stage rows to {terms.graph_pool_bytes} B; "
+            "the KV budget uses the owner rows"
+        )
+    factor = calibration.drafter_activation_factor
+    activation_to, activation_law = _activation(terms, pair.plans, pair.configs, s, factor, notes)
+    requested_to = _requested_to(report, terms, pair.configs, notes)
+    buffers_to, moved = _buffer_terms(report, terms, pair.configs, dims, notes)
+    objects = pools.objects
+    terms_to = FullInitTerms.model_validate(
+        {
+            **terms.model_dump(),
+            **buffers_to,
+            "mla_context_bytes": _mla_context_to(report, terms, pair.configs[1]),
+            "requested_bytes": requested_to,
+            "profile_peak_activation_bytes": activation_to,
+            "graph_pool_bytes": pools.bytes_to,
+            "graph_pool_by_stage_bytes": pools.by_stage_to(),
+            "outside_torch_bytes": max(
+                terms.outside_torch_bytes - objects.measured_bytes + objects.predicted_bytes, 0
+            ),
+            "source": f"what-if from {terms.source}",
+        }
+    )
+    terms_from = FullInitTerms.model_validate(
+        {
+            **terms.model_dump(),
+            "graph_pool_bytes": pools.bytes_from,
+            "graph_pool_by_stage_bytes": {},
+        }
+    )
+    if activation_law is not None:
+        moved["profile_peak_activation_bytes"] = activation_law
+    return terms_from, terms_to, _laws(terms, terms_to, pools, replayed, moved)
