@@ -59,13 +59,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "tp": 2,
     },
     # `vllm serve`'s defaults: no scheduler flags at all. On an H200 vLLM 0.33.0 then takes
-    # max_num_seqs 1024, max_num_batched_tokens 8192, utilization 0.9 and the model's own
-    # max_model_len (8,192 for this config).
+    # max_num_seqs 1024, max_num_batched_tokens 8192, gpu_memory_utilization 0.92 (its log:
+    # "The current --gpu-memory-utilization=0.9200") and the model's own max_model_len (8,192).
     "V_llama8b_defaults": {
         "model": "llama8b",
         "max_num_seqs": 1024,
         "mbt": 8192,
-        "util": 0.9,
+        "util": 0.92,
         "tp": 1,
         "max_model_len": 8192,
         "defaults": True,
@@ -95,6 +95,7 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     # vllm serve's defaults: memest apply (it compiles), its plan, vLLM alone
     "defaults": [(V, "apply"), (V, "plan"), (V, "alone")],
 }
+UTIL_LINE = re.compile(r"The current --gpu-memory-utilization=([0-9.]+)")
 INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)")
 
 
@@ -312,11 +313,12 @@ def one_start(cfg_name: str, mode: str, gpus: Gpus, wait_s: float) -> dict[str, 
     text = log_path.read_text(errors="replace")
     m = INIT_LINE.search(text)
     rec["engine_init_s"] = float(m.group(1)) if m else None
+    rec["vllm_util"] = logged_util(text)
     rec["log"] = str(log_path.relative_to(OUT))
     if not ready:
         rec["log_tail"] = text[-3000:]
     rec["memest_reports"] = _reports(env["MEMEST_RUN_ID"])
-    _usage(rec)
+    usage(rec)
     return rec
 
 
@@ -325,15 +327,22 @@ def _architecture(model: str) -> str:
     return str((cfg.get("architectures") or ["?"])[0])
 
 
-def _usage(rec: dict[str, Any]) -> None:
-    """Per GPU: usage at the first full-size step minus ceil(util x CUDA total)."""
+def logged_util(log_text: str) -> float | None:
+    """The gpu_memory_utilization vLLM says it used (its default when the flag is not given)."""
+    m = UTIL_LINE.search(log_text)
+    return float(m.group(1)) if m else None
+
+
+def usage(rec: dict[str, Any]) -> None:
+    """Per GPU: usage at the first full-size step minus ceil(util x CUDA total), util as vLLM
+    logged it (else the configuration's)."""
     after = rec.get("gpu_after_step")
     if not after or rec.get("step_error"):
         return
     rows = []
     for g in after:
         total = g["total"] - g["reserved"]
-        budget = math.ceil(rec["util"] * total)
+        budget = math.ceil((rec.get("vllm_util") or rec["util"]) * total)
         rows.append(
             {"usage_bytes": g["used"], "budget_bytes": budget, "umb_bytes": g["used"] - budget}
         )
