@@ -38,6 +38,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -70,6 +71,8 @@ MLA_ATTENTION = {"attention_backend": "TRITON_MLA", "mla_prefill_backend": "FLAS
 OLD_TREE = ROOT / ".memest_old"
 CACHE = SHARED_TMP / "vllm_h200_cache"
 MAX_MODEL_LEN = 4096
+# vLLM's own timing of the engine's init (profile, KV cache, warm-up and capture)
+INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)")
 CONFIGS: dict[str, dict[str, Any]] = {
     "E_llama8b_eagle3k5_s96_t4096_u088": {
         "model": LLAMA,
@@ -337,6 +340,14 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("F_llama8b_s128_t4096_fp8kv", "plan"),
         ("F_llama8b_s128_t4096_fp8kv", "alone"),
         ("Q8_llama8b_fp8w_s128_t4096", "alone"),
+    ],
+    # The 4-layer shape: a compile cache filled without memest, a memest start that loads it
+    # (owners rebuilt from vLLM's cache), then alternating warm starts: vLLM alone and the
+    # plugin's defaults (startup overhead on a small model).
+    "small": [
+        ("T_llama8b4l_s128_t4096", "alone-cold"),
+        ("T_llama8b4l_s128_t4096", "enable"),
+        *[("T_llama8b4l_s128_t4096", "default"), ("T_llama8b4l_s128_t4096", "alone")] * 4,
     ],
     # An FP8 checkpoint (lab/fp8_standins.py quantizes): vLLM alone, memest apply, its plan.
     "fp8w": [
@@ -788,6 +799,8 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
             "rc": rc,
             "wall_s": round(wall, 1),
         }
+        init = INIT_LINE.search(log_path.read_text(errors="replace"))
+        rec["engine_init_s"] = float(init.group(1)) if init else None
         if res_path.exists():
             rec.update(json.loads(res_path.read_text()))
             rec["mode"] = mode_spec

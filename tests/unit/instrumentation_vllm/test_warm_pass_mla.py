@@ -114,3 +114,40 @@ def test_a_report_claiming_a_stand_in_free_pass_needs_that_pass() -> None:
     )
     with pytest.raises(ReportFormatError, match="mla_warm_pass_without_standin"):
         check_report(stripped)
+
+
+def test_the_warm_pass_skips_vllms_full_collection_and_restores_it() -> None:
+    """vLLM's profile_run ends with gc.collect(); inside memest's pass it collects nothing, and
+    the real gc.collect is back afterwards, also when the pass raises."""
+    import gc
+
+    from memest_instrumentation.vllm.hooks import warm_profile_peak
+    from memest_instrumentation.vllm.state import state
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    collected: list[int] = []
+
+    class Runner:
+        def profile_run(self, randomize_inputs: bool = False) -> None:
+            Cycle()
+            collected.append(gc.collect())
+
+    real = gc.collect
+    worker = types.SimpleNamespace(model_runner=Runner(), vllm_config=_vllm_config({}))
+    state().config = RunConfig(model="llama", max_num_seqs=64)
+    warm_profile_peak(worker)
+    assert collected == [0]
+    assert gc.collect is real
+    Cycle()
+    assert gc.collect() >= 1  # the cycle left by the pass is collected by the real call
+
+    class Failing:
+        def profile_run(self, randomize_inputs: bool = False) -> None:
+            raise RuntimeError("the pass failed")
+
+    with pytest.raises(RuntimeError):
+        warm_profile_peak(types.SimpleNamespace(model_runner=Failing(), vllm_config=None))
+    assert gc.collect is real
