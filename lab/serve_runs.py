@@ -12,6 +12,8 @@ Modes: alone (no memest), enable (MEMEST_ENABLE=1, defaults), lite (MEMEST_ENABL
 allocator history), apply (MEMEST_ESTIMATE=apply), plan (vLLM alone with
 VLLM_ENABLE_STARTUP_PLAN=1 reading the plan an earlier memest start wrote).
 
+A configuration with "batch_step" then sends one request fanned out to max_num_seqs sequences
+(all prefilled and sampled in one step, as the profile run's dummy sampler is sized).
 usage at the first full-size step = NVML `used` after the completion (the allocator keeps what
 the step reserved); budget = ceil(gpu_memory_utilization x CUDA total), CUDA total = NVML total -
 NVML reserved (what cudaMemGetInfo reports).
@@ -69,6 +71,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "tp": 1,
         "max_model_len": 8192,
         "defaults": True,
+        "batch_step": True,
     },
 }
 S = "S_llama8b_s128_t4096"
@@ -94,6 +97,8 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     "matrix": [(S, "apply"), (S, "plan"), (S, "alone")],
     # vllm serve's defaults: memest apply (it compiles), its plan, vLLM alone
     "defaults": [(V, "apply"), (V, "plan"), (V, "alone")],
+    # the same with a full-batch step after the first full-size step: memest apply, vLLM alone
+    "defaults2": [(V, "apply"), (V, "alone")],
 }
 UTIL_LINE = re.compile(r"The current --gpu-memory-utilization=([0-9.]+)")
 INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)")
@@ -232,6 +237,31 @@ def _first_full_step(cfg: dict[str, Any]) -> dict[str, Any]:
         return {"step_tokens": n, "step_error": repr(exc)[:300]}
 
 
+def _full_batch_step(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One request fanned out to max_num_seqs sequences (n), short enough that all of them
+    prefill in one step: the step samples max_num_seqs rows at once, as vLLM's profile run's
+    dummy sampler does (a first full-size step of one request samples one row)."""
+    body = {
+        "model": str(CARRY / "models" / cfg["model"]),
+        "prompt": [11, 12, 13, 14, 15, 16, 17],
+        "max_tokens": 1,
+        "n": cfg["max_num_seqs"],
+        "temperature": 1.0,
+        "seed": 0,
+        "ignore_eos": True,
+    }
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{PORT}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return {"batch_step_seqs": cfg["max_num_seqs"], "batch_step_status": r.status}
+    except Exception as exc:
+        return {"batch_step_seqs": cfg["max_num_seqs"], "batch_step_error": repr(exc)[:300]}
+
+
 def _stop(proc: subprocess.Popen[bytes], gpus: Gpus, baseline: list[dict[str, int]]) -> dict:
     """SIGINT to the server's process group; time the exit and the GPUs' release."""
     t0 = time.monotonic()
@@ -309,6 +339,9 @@ def one_start(cfg_name: str, mode: str, gpus: Gpus, wait_s: float) -> dict[str, 
         if ready:
             rec.update(_first_full_step(cfg))
             rec["gpu_after_step"] = gpus.read()
+            if cfg.get("batch_step"):
+                rec.update(_full_batch_step(cfg))
+                rec["gpu_after_batch_step"] = gpus.read()
         rec.update(_stop(proc, gpus, baseline))
     text = log_path.read_text(errors="replace")
     m = INIT_LINE.search(text)
@@ -339,6 +372,9 @@ def usage(rec: dict[str, Any]) -> None:
     after = rec.get("gpu_after_step")
     if not after or rec.get("step_error"):
         return
+    batch = rec.get("gpu_after_batch_step")
+    if batch and not rec.get("batch_step_error"):  # the allocator keeps what both steps reserved
+        after = [max(a, b, key=lambda g: g["used"]) for a, b in zip(after, batch, strict=True)]
     rows = []
     for g in after:
         total = g["total"] - g["reserved"]

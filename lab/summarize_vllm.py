@@ -228,7 +228,12 @@ def serve_records(r: dict) -> list[dict]:
                 "kv_bytes": kv_bytes,
                 "budget_bytes": g["budget_bytes"],
                 "usage_bytes": g["usage_bytes"],
-                "usage_kind": "first full-size step, NVML used on the GPU",
+                "usage_kind": (
+                    "larger of the first full-size step and a full-batch step (max_num_seqs "
+                    "sequences sampled at once), NVML used on the GPU"
+                    if r.get("gpu_after_batch_step") and not r.get("batch_step_error")
+                    else "first full-size step, NVML used on the GPU"
+                ),
                 "nvml_used_at_ready_bytes": at_ready,
                 "memest_end_of_init_used_bytes": reports.get(rank, {}).get("memest_end_used_bytes"),
                 "step_added_bytes": g["usage_bytes"] - at_ready,
