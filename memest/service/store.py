@@ -228,29 +228,33 @@ def delete_run(factory: sessionmaker[Session], run_id: str) -> list[str]:
 
 
 class ReportCache:
-    """Parsed reports by report id; safe because stored reports never change."""
+    """Parsed reports by (report id, content digest): a report id deleted and stored again with
+    other content is another key, so no read racing a delete or re-post, on this replica or
+    another, can be answered with the old content."""
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._items: OrderedDict[str, RunReport] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], RunReport] = OrderedDict()
         self._lock = threading.Lock()
 
     def drop(self, report_ids: list[str]) -> None:
         """Forget deleted reports (a report id may be stored again with other content)."""
         with self._lock:
-            for report_id in report_ids:
-                self._items.pop(report_id, None)
+            gone = set(report_ids)
+            for key in [k for k in self._items if k[0] in gone]:
+                del self._items[key]
 
     def get(self, row: Report) -> RunReport:
+        key = (row.report_id, row.payload_sha256)
         with self._lock:
-            hit = self._items.get(row.report_id)
+            hit = self._items.get(key)
             if hit is not None:
-                self._items.move_to_end(row.report_id)
+                self._items.move_to_end(key)
                 return hit
         parsed = RunReport.model_validate_json(row.payload)
         if self._size:
             with self._lock:
-                self._items[row.report_id] = parsed
+                self._items[key] = parsed
                 while len(self._items) > self._size:
                     self._items.popitem(last=False)
         return parsed
@@ -349,6 +353,16 @@ def run_reports(session: Session, run_id: str) -> list[Report]:
     return list(
         session.scalars(select(Report).where(Report.run_id == run_id).order_by(Report.rank)).all()
     )
+
+
+def report_keys(session: Session, run_id: str) -> list[tuple[str, int, str]]:
+    """(report id, rank, content digest) of a run's reports by rank, without their payloads."""
+    rows = session.execute(
+        select(Report.report_id, Report.rank, Report.payload_sha256)
+        .where(Report.run_id == run_id)
+        .order_by(Report.rank)
+    ).all()
+    return [(report_id, rank, digest) for report_id, rank, digest in rows]
 
 
 def lead_report(session: Session, run_id: str) -> Report:
