@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Protocol, TypeVar
+
 from pydantic import BaseModel, Field
 
 from memest.analysis.ranks import capture_stages
@@ -10,6 +14,20 @@ from memest.units import GiB
 
 #: Owner shown for the part of a stage's pool growth no trigger row claims.
 REMAINDER_OWNER = "unattributed:remainder"
+#: Owner of the segment that sums a stage's smaller owners once a surface caps them.
+OTHER_OWNER = "other"
+
+
+class _Staged(Protocol):
+    """A trigger or retained row: the stage (and phase) it belongs to."""
+
+    @property
+    def stage(self) -> str: ...
+    @property
+    def phase(self) -> str: ...
+
+
+_RowT = TypeVar("_RowT", bound=_Staged)
 
 
 class OwnerSegment(BaseModel):
@@ -31,35 +49,64 @@ class StageBar(BaseModel):
     owners: list[OwnerSegment] = Field(default_factory=list)
 
 
-def stage_bars(report: RunReport) -> list[StageBar]:
+def _group(rows: Iterable[_RowT]) -> dict[tuple[str, str], list[_RowT]]:
+    """Rows by (stage, phase), each group in the rows' order: one pass over all rows."""
+    out: dict[tuple[str, str], list[_RowT]] = defaultdict(list)
+    for row in rows:
+        out[(row.stage, row.phase)].append(row)
+    return out
+
+
+def _segments(rows: Iterable[tuple[str, int, str]]) -> dict[str, OwnerSegment]:
+    """(owner, bytes, note) rows summed per owner; the first row of an owner gives its note."""
+    owners: dict[str, OwnerSegment] = {}
+    for owner, size, note in rows:
+        seg = owners.get(owner)
+        if seg is None:
+            seg = owners[owner] = OwnerSegment(owner=owner, bytes=0, note=note)
+        seg.bytes += size
+    return owners
+
+
+def _capped(segments: list[OwnerSegment], max_owners: int | None) -> list[OwnerSegment]:
+    """The ``max_owners`` largest segments, the rest summed into one OTHER_OWNER segment."""
+    if max_owners is None or len(segments) <= max_owners:
+        return segments
+    kept = segments[: max_owners - 1] if max_owners > 1 else []
+    rest = segments[len(kept) :]
+    other = OwnerSegment(
+        owner=OTHER_OWNER, bytes=sum(s.bytes for s in rest), note=f"{len(rest)} more owners"
+    )
+    return [*kept, other]
+
+
+def stage_bars(report: RunReport, max_owners: int | None = None) -> list[StageBar]:
     """Pool growth per capture stage, split by the owners of the trigger rows.
 
     A stage without trigger rows is split by its retained rows instead. Growth no row claims becomes
-    ``unattributed:remainder``; a stage with no rows at all is one segment of that owner.
+    ``unattributed:remainder``; a stage with no rows at all is one segment of that owner. With
+    ``max_owners``, a stage keeps its largest ``max_owners - 1`` segments and sums the rest into
+    one ``other`` segment. Linear in the report's rows: triggers and retained rows are grouped by
+    stage once, not scanned once per stage.
     """
     bd = report.breakdown
     if bd is None:
         return []
+    triggers = _group(bd.triggers)
+    retained = _group(bd.retained)
     bars: list[StageBar] = []
     for st in capture_stages(report):
-        owners: dict[str, OwnerSegment] = {}
-        for t in bd.triggers:
-            if t.stage == st.stage and t.phase == st.phase:
-                seg = owners.setdefault(t.owner, OwnerSegment(owner=t.owner, bytes=0, note=t.note))
-                seg.bytes += t.bytes
+        key = (st.stage, st.phase)
+        owners = _segments((t.owner, t.bytes, t.note) for t in triggers.get(key, []))
         if not owners:
             # Without trigger rows, tensors retained in the stage's pool are the best-known owners.
-            for r in bd.retained:
-                if r.stage == st.stage and r.phase == st.phase:
-                    seg = owners.setdefault(
-                        r.owner,
-                        OwnerSegment(owner=r.owner, bytes=0, note="retained at end of init"),
-                    )
-                    seg.bytes += r.bytes
+            kept = retained.get(key, [])
+            owners = _segments((r.owner, r.bytes, "retained at end of init") for r in kept)
         claimed = sum(o.bytes for o in owners.values())
         rest = st.pool_growth_bytes - claimed
         if rest > 0 and (rest > GiB // 1000 or not owners):
             owners[REMAINDER_OWNER] = OwnerSegment(owner=REMAINDER_OWNER, bytes=rest)
+        segments = sorted(owners.values(), key=lambda o: -o.bytes)
         bars.append(
             StageBar(
                 stage=st.stage,
@@ -67,7 +114,7 @@ def stage_bars(report: RunReport) -> list[StageBar]:
                 pool_growth_bytes=st.pool_growth_bytes,
                 graph_count=st.graph_count,
                 widest=st.widest,
-                owners=sorted(owners.values(), key=lambda o: -o.bytes),
+                owners=_capped(segments, max_owners),
             )
         )
     return bars

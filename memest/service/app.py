@@ -23,6 +23,7 @@ from memest.service.config import Settings, get_settings
 from memest.service.deps import ReadAuth
 from memest.service.errors import Conflict, install_handlers
 from memest.service.metrics import ServiceMetrics
+from memest.service.metrics_cache import MetricsCache, metric_rows_json
 from memest.service.middleware import HardeningMiddleware
 from memest.service.routers import (
     calculators,
@@ -65,7 +66,8 @@ def load_demo(app: FastAPI) -> int:
     created = 0
     for report in demo_reports():
         try:
-            if store.ingest(app.state.sessionmaker, report).status == "created":
+            stored = store.ingest(app.state.sessionmaker, report, metric_rows_json(report))
+            if stored.status == "created":
                 created += 1
         except Conflict as exc:
             # A database filled by another memest version: keep what is stored, say so once.
@@ -135,11 +137,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.report_cache = store.ReportCache(settings.report_cache_size)
     app.state.response_cache = store.ResponseCache(settings.report_cache_size)
 
-    def latest() -> list[tuple[RunReport, str]]:
-        with app.state.sessionmaker() as session:
-            return store.latest_per_config(session, app.state.report_cache.get)
-
-    app.state.metrics = ServiceMetrics(latest)
+    app.state.metrics = ServiceMetrics()
+    app.state.metrics_cache = MetricsCache(app.state.sessionmaker, app.state.report_cache.get)
     install_handlers(app)
     app.add_middleware(HardeningMiddleware)
     for router in (

@@ -19,6 +19,10 @@ from memest.estimate import account
 from memest.identity import with_default_label
 from memest.schema import RunReport
 
+#: Owners per capture stage in memest_graph_pool_bytes: the largest, the rest summed as "other"
+#: (memest.analysis.stages.OTHER_OWNER), so a report with thousands of owners adds few series.
+OWNERS_PER_STAGE = 8
+
 
 def _gauge(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, labels=["model", "build", "config", *labels])
@@ -63,7 +67,7 @@ class _StoredReports(Collector):
             newest[key] = rep
         for (model, build, fp), rep in newest.items():
             labels = [model, build, fp]
-            for bar in stage_bars(rep):
+            for bar in stage_bars(rep, max_owners=OWNERS_PER_STAGE):
                 for seg in bar.owners:
                     pool.add_metric([*labels, bar.stage, seg.owner], seg.bytes)
             acc = account(rep)
@@ -84,7 +88,7 @@ class _StoredReports(Collector):
 class ServiceMetrics:
     """The app's registry, and its ingest counters."""
 
-    def __init__(self, latest: Callable[[], list[tuple[RunReport, str]]]) -> None:
+    def __init__(self, latest: Callable[[], list[tuple[RunReport, str]]] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.ingested = Counter(
             "memest_ingest_reports",
@@ -97,4 +101,5 @@ class ServiceMetrics:
         )
         for outcome in ("created", "exists", "rejected", "unauthorized"):
             self.ingested.labels(outcome=outcome)
-        self.registry.register(_StoredReports(latest))
+        if latest is not None:  # else served by memest.service.metrics_cache
+            self.registry.register(_StoredReports(latest))

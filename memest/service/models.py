@@ -41,7 +41,7 @@ class Report(Base):
     __table_args__ = (UniqueConstraint("run_id", "rank", name="uq_reports_run_rank"),)
 
     report_id: Mapped[str] = mapped_column(String(200), primary_key=True)
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id"), index=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id", ondelete="CASCADE"), index=True)
     rank: Mapped[int] = mapped_column(Integer)
     schema_version: Mapped[str] = mapped_column(String(16))
     payload: Mapped[str] = mapped_column(Text)
@@ -49,6 +49,9 @@ class Report(Base):
     size_bytes: Mapped[int] = mapped_column(Integer)
     graph_pool_bytes: Mapped[int | None] = mapped_column(BigInteger)
     kv_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    #: The report's /metrics samples as JSON (memest.service.metrics_cache), computed at ingest;
+    #: None for a report stored before they were (its samples are then computed when needed).
+    metric_rows: Mapped[str | None] = mapped_column(Text, deferred=True)
     ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
     run: Mapped[Run] = relationship(back_populates="reports")

@@ -107,7 +107,9 @@ def _same_once_stored(stored: str, payload: str) -> bool:
     return canonical_json(stored_form(before)) == payload
 
 
-def _ingest_once(factory: sessionmaker[Session], report: RunReport, payload: str) -> IngestResult:
+def _ingest_once(
+    factory: sessionmaker[Session], report: RunReport, payload: str, metric_rows: str | None
+) -> IngestResult:
     digest = hashlib.sha256(payload.encode()).hexdigest()
     now = datetime.now(UTC)
 
@@ -175,6 +177,7 @@ def _ingest_once(factory: sessionmaker[Session], report: RunReport, payload: str
                     _figure(graph_pool_bytes, report, "breakdown"), "breakdown"
                 ),
                 kv_tokens=_int64(_figure(kv_tokens, report, "kv_tokens"), "kv_tokens"),
+                metric_rows=metric_rows,
                 ingested_at=now,
             )
         )
@@ -182,8 +185,13 @@ def _ingest_once(factory: sessionmaker[Session], report: RunReport, payload: str
     return IngestResult("created", report.report_id, report.run_id)
 
 
-def ingest(factory: sessionmaker[Session], report: RunReport) -> IngestResult:
+def ingest(
+    factory: sessionmaker[Session], report: RunReport, metric_rows: str | None = None
+) -> IngestResult:
     """Store one report atomically; a repeat of a stored report id is a no-op.
+
+    ``metric_rows`` are its /metrics samples (memest.service.metrics_cache.metric_rows_json),
+    computed before the write transaction so that /metrics never parses the report.
 
     A concurrent writer of the same run or report id makes the first attempt fail on a unique key;
     the retry then sees the committed row and answers as for a repeat.
@@ -194,7 +202,7 @@ def ingest(factory: sessionmaker[Session], report: RunReport) -> IngestResult:
     payload = canonical_json(report)
     for attempt in range(3):
         try:
-            return _ingest_once(factory, report, payload)
+            return _ingest_once(factory, report, payload, metric_rows)
         except IntegrityError:
             if attempt == 2:
                 raise
@@ -220,29 +228,33 @@ def delete_run(factory: sessionmaker[Session], run_id: str) -> list[str]:
 
 
 class ReportCache:
-    """Parsed reports by report id; safe because stored reports never change."""
+    """Parsed reports by (report id, content digest): a report id deleted and stored again with
+    other content is another key, so no read racing a delete or re-post, on this replica or
+    another, can be answered with the old content."""
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._items: OrderedDict[str, RunReport] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], RunReport] = OrderedDict()
         self._lock = threading.Lock()
 
     def drop(self, report_ids: list[str]) -> None:
         """Forget deleted reports (a report id may be stored again with other content)."""
         with self._lock:
-            for report_id in report_ids:
-                self._items.pop(report_id, None)
+            gone = set(report_ids)
+            for key in [k for k in self._items if k[0] in gone]:
+                del self._items[key]
 
     def get(self, row: Report) -> RunReport:
+        key = (row.report_id, row.payload_sha256)
         with self._lock:
-            hit = self._items.get(row.report_id)
+            hit = self._items.get(key)
             if hit is not None:
-                self._items.move_to_end(row.report_id)
+                self._items.move_to_end(key)
                 return hit
         parsed = RunReport.model_validate_json(row.payload)
         if self._size:
             with self._lock:
-                self._items[row.report_id] = parsed
+                self._items[key] = parsed
                 while len(self._items) > self._size:
                     self._items.popitem(last=False)
         return parsed
@@ -343,6 +355,16 @@ def run_reports(session: Session, run_id: str) -> list[Report]:
     )
 
 
+def report_keys(session: Session, run_id: str) -> list[tuple[str, int, str]]:
+    """(report id, rank, content digest) of a run's reports by rank, without their payloads."""
+    rows = session.execute(
+        select(Report.report_id, Report.rank, Report.payload_sha256)
+        .where(Report.run_id == run_id)
+        .order_by(Report.rank)
+    ).all()
+    return [(report_id, rank, digest) for report_id, rank, digest in rows]
+
+
 def lead_report(session: Session, run_id: str) -> Report:
     """The lowest-rank report of a run (rank 0 when present)."""
     row = session.scalars(
@@ -389,11 +411,9 @@ def model_runs(session: Session, model: str) -> list[Run]:
     return list(runs)
 
 
-def latest_per_config(
-    session: Session, parse: Callable[[Report], RunReport]
-) -> list[tuple[RunReport, str]]:
+def latest_runs(session: Session, parse: Callable[[Report], RunReport]) -> list[tuple[str, str]]:
     """The newest run of every (model, build label, configuration fingerprint), oldest first:
-    its lead report and fingerprint; the series /metrics exports.
+    its run id and fingerprint; the runs /metrics exports.
 
     The fingerprint is the one stored on the run (no report is parsed to group runs); a run
     stored without one gets it from its lead report, computed the same way.
@@ -403,25 +423,59 @@ def latest_per_config(
             Run.created_at, Run.run_id
         )
     ).all()
-    latest: dict[tuple[str, str, str], tuple[str, Report | None]] = {}
+    latest: dict[tuple[str, str, str], str] = {}
     for run_id, model, build, stored in rows:
-        lead: Report | None = None
         fp = stored
         if fp is None:
             try:
-                lead = lead_report(session, run_id)
+                fp = fingerprint(parse(lead_report(session, run_id)))
             except NotFound:
                 continue
-            fp = fingerprint(parse(lead))
         key = (model, build, fp)
         latest.pop(key, None)  # re-inserted last: the dict stays in order of each key's newest
-        latest[key] = (run_id, lead)
+        latest[key] = run_id
+    return [(run_id, fp) for (_, _, fp), run_id in latest.items()]
+
+
+def latest_per_config(
+    session: Session, parse: Callable[[Report], RunReport]
+) -> list[tuple[RunReport, str]]:
+    """The lead report and fingerprint of every run latest_runs names, oldest first."""
     out = []
-    for (_, _, fp), (run_id, lead) in latest.items():
-        if lead is None:
-            try:
-                lead = lead_report(session, run_id)
-            except NotFound:
-                continue
+    for run_id, fp in latest_runs(session, parse):
+        try:
+            lead = lead_report(session, run_id)
+        except NotFound:
+            continue
         out.append((parse(lead), fp))
     return out
+
+
+#: Run ids per IN (...) list: far below every driver's limit on bound parameters.
+_IN_CHUNK = 500
+
+
+def lead_metric_rows(session: Session, run_ids: list[str]) -> dict[str, str | None]:
+    """Each run's lead report's stored metric rows (None where stored without them), read without
+    the report payloads; a run with no report left is absent."""
+    out: dict[str, tuple[int, str | None]] = {}
+    for start in range(0, len(run_ids), _IN_CHUNK):
+        chunk = run_ids[start : start + _IN_CHUNK]
+        rows = session.execute(
+            select(Report.run_id, Report.rank, Report.metric_rows).where(Report.run_id.in_(chunk))
+        ).all()
+        for run_id, rank, stored in rows:
+            if run_id not in out or rank < out[run_id][0]:
+                out[run_id] = (rank, stored)
+    return {run_id: stored for run_id, (_, stored) in out.items()}
+
+
+def stored_state(session: Session) -> tuple[int, int, str]:
+    """What changes whenever a report is stored or a run deleted, on any replica: the number of
+    runs and of reports, and the newest ingest time (an ingest adds a newer one, a delete lowers
+    a count). Cached answers derived from all stored reports are keyed by it."""
+    runs = session.scalar(select(func.count()).select_from(Run)) or 0
+    reports, newest = session.execute(
+        select(func.count(Report.report_id), func.max(Report.ingested_at))
+    ).one()
+    return runs, reports or 0, str(newest)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from memest.service.deps import MetricsDep, ReadAuth, SessionDep
+from memest.service.metrics_cache import MetricsCache
 
 router = APIRouter(tags=["health"])
 
@@ -37,8 +38,10 @@ def healthz(session: SessionDep) -> dict[str, str]:
         }
     },
 )
-def metrics(service_metrics: MetricsDep) -> Response:
+def metrics(service_metrics: MetricsDep, request: Request) -> Response:
     """Prometheus metrics: memest_graph_pool_bytes{model,build,stage,owner},
     memest_graph_pool_total_bytes, memest_kv_tokens, memest_kv_cache_bytes, memest_non_kv_bytes,
     memest_estimator_error_bytes{estimator} (newest run per model and build, from its accounting) and memest_ingest_reports_total{outcome}."""
-    return Response(generate_latest(service_metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    cache: MetricsCache = request.app.state.metrics_cache
+    text = generate_latest(service_metrics.registry) + cache.exposition()
+    return Response(text, media_type=CONTENT_TYPE_LATEST)

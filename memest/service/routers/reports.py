@@ -20,6 +20,7 @@ from memest.service.deps import (
 )
 from memest.service.errors import NotFound, ServiceError
 from memest.service.ingest import parse_report, read_body
+from memest.service.metrics_cache import metric_rows_json
 from memest.service.models import Report
 from memest.service.schemas import IngestResponse
 
@@ -114,7 +115,8 @@ async def ingest_report(
 
 
 def _parse_and_store(body: bytes, factory: sessionmaker[Session]) -> store.IngestResult:
-    return store.ingest(factory, parse_report(body))
+    report = parse_report(body)
+    return store.ingest(factory, report, metric_rows_json(report))
 
 
 @router.get(

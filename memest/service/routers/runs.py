@@ -32,7 +32,7 @@ from memest.service.estimates import (
     run_estimate,
 )
 from memest.service.ingest import load_json, read_body
-from memest.service.models import Run
+from memest.service.models import Report, Run
 from memest.service.schemas import (
     BreakdownResponse,
     DeleteResponse,
@@ -174,30 +174,43 @@ async def read_breakdown(
     ] = None,
 ) -> Response:
     """One rank's breakdown of a run: phase split, stage growth, owners, peaks, retained rows."""
-    key = (run_id, rank)
-    hit = responses.get(key)
-    if hit is not None:
-        return Response(content=hit, media_type="application/json")
-    body, lead_rank = await run_in_threadpool(_breakdown_body, factory, cache, run_id, rank)
-    # Stored reports never change, so the body for an explicit rank is final; the default
-    # (lowest) rank is final once rank 0 is stored.
-    if rank is not None or lead_rank == 0:
-        responses.put(key, body)
+    body = await run_in_threadpool(_breakdown_body, factory, cache, responses, run_id, rank)
     return Response(content=body, media_type="application/json")
 
 
 def _breakdown_body(
-    factory: sessionmaker[Session], cache: ReportCache, run_id: str, rank: int | None
-) -> tuple[bytes, int]:
+    factory: sessionmaker[Session],
+    cache: ReportCache,
+    responses: store.ResponseCache,
+    run_id: str,
+    rank: int | None,
+) -> bytes:
+    """The body for the stored report the database names now: bodies are cached by the report's
+    id and content digest, so a report deleted or stored again is never answered from the
+    cache with its old content."""
     with factory() as session:
-        rows = store.run_reports(session, run_id)
-        if not rows:
+        ranks = store.report_keys(session, run_id)
+        if not ranks:
             raise NotFound(f"no run {run_id!r}", field="run_id")
         if rank is not None:
-            rows = [r for r in rows if r.rank == rank]
-            if not rows:
+            ranks = [r for r in ranks if r[1] == rank]
+            if not ranks:
                 raise NotFound(f"run {run_id!r} has no rank {rank}", field="rank")
-        rep = cache.get(rows[0])
+        report_id, _, digest = ranks[0]
+        key = (run_id, report_id, digest)
+        hit = responses.get(key)
+        if hit is not None:
+            return hit
+        row = session.get(Report, report_id)
+        if row is None:
+            raise NotFound(f"no run {run_id!r}", field="run_id")
+        rep = cache.get(row)
+    body = _breakdown_json(rep)
+    responses.put(key, body)
+    return body
+
+
+def _breakdown_json(rep: RunReport) -> bytes:
     out = BreakdownResponse(
         run_id=rep.run_id,
         rank=rep.rank,
@@ -206,7 +219,7 @@ def _breakdown_body(
         breakdown=rep.breakdown,
         stages=stage_bars(rep),
     )
-    return out.model_dump_json().encode(), rep.rank
+    return out.model_dump_json().encode()
 
 
 @router.get(

@@ -41,7 +41,7 @@ def test_migrations_upgrade_idempotently_and_downgrade(db_url: str) -> None:
         names = set(inspect(engine).get_table_names())
         assert {"runs", "reports", "alembic_version"} <= names
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0003"
         from alembic import command
 
         cfg = db.alembic_config()
@@ -319,3 +319,21 @@ def test_a_report_stored_under_its_path_before_is_already_stored_when_sent_again
         rank1.update(report_id="w-900-r1", rank=1)
         other = c.post("/api/v1/reports", json=rank1, headers=AUTH)
         assert other.status_code == 201, other.text
+
+
+def test_deleting_a_run_row_deletes_its_reports_at_the_database(db_url: str) -> None:
+    """ON DELETE CASCADE (migration 0003): a run deleted by plain SQL takes its reports along."""
+    engine = db.make_engine(db_url)
+    try:
+        db.upgrade(engine)
+        factory = db.make_sessionmaker(engine)
+        store.ingest(factory, _variant(1, rank=0))
+        store.ingest(factory, _variant(1, rank=1))
+        store.ingest(factory, _variant(2))
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM runs WHERE run_id = 'w-1'"))
+        with engine.connect() as conn:
+            left = conn.execute(text("SELECT report_id FROM reports ORDER BY report_id")).all()
+        assert [r[0] for r in left] == ["w-2-r0"]
+    finally:
+        engine.dispose()
