@@ -34,6 +34,7 @@ from typing import Any
 from memest.errors import ConfigError, first_error
 from memest.estimate.activation import activation_bytes
 from memest.estimate.kv import (
+    kv_cache_dtype_bytes,
     kv_page_bytes,
     kv_tokens,
     layer_kv_bytes,
@@ -154,6 +155,7 @@ def setup(req: PreflightRequest) -> Setup:
         max_model_len=_max_model_len(req, cfg, target),
         gpu_memory_utilization=req.gpu_memory_utilization,
         tensor_parallel_size=req.tensor_parallel_size,
+        kv_cache_dtype=req.kv_cache_dtype,
     )
     changes: dict[str, Any] = {}
     if req.speculative_config is not None:
@@ -217,9 +219,11 @@ def _max_model_len(req: PreflightRequest, cfg: Mapping[str, Any], target: ModelS
 
 
 def kv_spec(s: Setup) -> KVCacheSpec:
-    """The KV-cache spec of one rank: MHA/GQA K and V per head, or MLA's latent, per layer."""
+    """The KV-cache spec of one rank: MHA/GQA K and V per head, or MLA's latent, per layer, in
+    --kv-cache-dtype (the drafter's layers share the target's blocks and dtype)."""
     shapes = [s.target] + ([s.drafter] if s.drafter is not None else [])
-    per_token = sum(layer_kv_bytes(m) * m.num_layers for m in shapes)
+    kv_dtype = s.config.kv_cache_dtype
+    per_token = sum(layer_kv_bytes(m, kv_dtype) * m.num_layers for m in shapes)
     layers = sum(m.num_layers for m in shapes)
     t = s.target
     extra: dict[str, Any] = {}
@@ -230,7 +234,8 @@ def kv_spec(s: Setup) -> KVCacheSpec:
         num_layers=layers,
         num_kv_heads=1 if t.family == "mla" else t.kv_heads,
         head_size=t.kv if t.family == "mla" else t.head_dim,
-        dtype_bytes=t.dtype_bytes,
+        dtype=kv_dtype or "auto",
+        dtype_bytes=kv_cache_dtype_bytes(kv_dtype, t.dtype_bytes),
         block_size=s.block_size,
         page_size_bytes=per_token * s.block_size,
         extra=extra,
