@@ -4,7 +4,8 @@
 term                           law (coefficients: memest.preflight.calibration, fitted from starts)
 =============================  =====================================================================
 baseline_torch_bytes           input, request-state and drafter buffers + fitted constant
-weights_bytes                  parameter shapes x dtype bytes / TP (memest.preflight.shape)
+weights_bytes                  parameter shapes x dtype bytes / TP (memest.preflight.shape;
+                               FP8 linear layers: 1 B per weight + float32 scales)
                                + penalties and structured-output masks + fitted constant
 profile_peak_activation_bytes  factor x max_num_batched_tokens x one layer's token bytes (+ drafter;
                                memest.estimate.activation)
@@ -146,7 +147,9 @@ def setup(req: PreflightRequest) -> Setup:
     """
     sm100 = gpu_preset(req.gpu)
     cfg = req.model_config_json
-    target = model_shape(cfg, tp=req.tensor_parallel_size, dtype=req.dtype)
+    target = model_shape(
+        cfg, tp=req.tensor_parallel_size, dtype=req.dtype, quantization=req.quantization
+    )
     seqs, mbt = SERVE_DEFAULTS[sm100]
     base = RunConfig(
         model=target.architecture,
@@ -156,6 +159,7 @@ def setup(req: PreflightRequest) -> Setup:
         gpu_memory_utilization=req.gpu_memory_utilization,
         tensor_parallel_size=req.tensor_parallel_size,
         kv_cache_dtype=req.kv_cache_dtype,
+        quantization=req.quantization or (target.fp8 and "fp8"),
     )
     changes: dict[str, Any] = {}
     if req.speculative_config is not None:
