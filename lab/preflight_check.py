@@ -57,7 +57,7 @@ TOLERANCE_BYTES = GIB // 4
 LAB_MAX_MODEL_LEN = 4096
 LAB_ATTENTION_BACKEND = "TRITON_ATTN"
 #: CONFIGS keys that change a start but are no input of the pre-flight question.
-NOT_ASKED = ("mla_prefill_backend", "standins")
+NOT_ASKED = ("mla_prefill_backend", "standins", "fp8_standins")
 MAX_RESULTS_BYTES = 64 << 20
 
 
@@ -92,6 +92,7 @@ def question(name: str) -> PreflightRequest:
         "speculative_config": spec,
         "compilation_config": cfg.get("compilation"),
         "attention_backend": cfg.get("attention_backend", LAB_ATTENTION_BACKEND),
+        "kv_cache_dtype": cfg.get("kv_cache_dtype", "auto"),
     }
     if cfg.get("mla_prefill_backend") == "FLASH_ATTN":
         fields["attention_config"] = {"flash_attn_version": 2}  # the lab's stand-in is FA2

@@ -4,14 +4,18 @@ memest preflight --model-config PATH/config.json --gpu h200 [--tensor-parallel-s
                  [--max-num-seqs N] [--max-num-batched-tokens N] [--max-model-len N]
                  [--gpu-memory-utilization F] [--speculative-config JSON]
                  [--compilation-config JSON] [--draft-model-config PATH] [--dtype DTYPE]
+                 [--kv-cache-dtype DTYPE] [--quantization METHOD]
                  [--block-size N] [--attention-backend NAME] [--json]
 
-Per rank: weights from the config's parameter shapes and dtype split by TP, the activation
+Per rank: weights from the config's parameter shapes and dtype split by TP (FP8 checkpoints and
+online FP8: the quantized linear layers at one byte per weight plus their scales, the rest in the
+model's dtype, as vLLM 0.33.0 allocates them), the activation
 headroom, memory outside PyTorch, graph pools (vLLM 0.33.0's capture plan, a synthetic per-graph
 request trace replayed through the allocator model), runner buffers and profiling residue, each
 with its uncertainty; vLLM 0.33.0's grid-sized buffers are computed as the what-if computes them
 (memest.estimate.runner_buffers), each in the term of the phase that allocates it. Then the KV
-budget, KV bytes, tokens and max concurrency. The KV block
+budget, KV bytes, tokens and max concurrency (--kv-cache-dtype fp8: one byte per K and V
+element). The KV block
 size is vLLM 0.33.0's for the attention backend (16 on an H200 unless --attention-backend FLASHMLA
 (64) or FLASHINFER_MLA (32), or --block-size, says otherwise). Coefficients come
 from measured starts on that GPU kind (reports/preflight/). An architecture, drafter or TP size
@@ -61,6 +65,19 @@ class _Preflight:
         )
         parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16, float32")
         parser.add_argument(
+            "--kv-cache-dtype",
+            default="auto",
+            metavar="DTYPE",
+            help="vLLM's flag: auto (the model's dtype), bfloat16, float16, fp8, fp8_e4m3, "
+            "fp8_e5m2 (FP8: one byte per element)",
+        )
+        parser.add_argument(
+            "--quantization",
+            metavar="METHOD",
+            help="vLLM's flag: fp8 (an FP8 checkpoint) or online fp8_per_tensor, "
+            "fp8_per_channel, fp8_per_block (default: the config's quantization_config)",
+        )
+        parser.add_argument(
             "--block-size",
             type=int,
             metavar="N",
@@ -91,6 +108,8 @@ class _Preflight:
             "speculative_config": _inline("--speculative-config", args.speculative_config),
             "compilation_config": _inline("--compilation-config", args.compilation_config),
             "dtype": args.dtype,
+            "kv_cache_dtype": args.kv_cache_dtype,
+            "quantization": args.quantization,
             "block_size": args.block_size,
             "attention_backend": args.attention_backend,
             "attention_config": _inline("--attention-config", args.attention_config),

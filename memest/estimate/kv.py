@@ -20,6 +20,36 @@ INDEXER_KEYS = (
     "indexer_num_layers",
 )
 
+#: Bytes per element of the KV cache for vLLM 0.33.0's --kv-cache-dtype values memest models
+#: (vllm/config/cache.py CacheDType, sized by vllm/utils/torch_utils.py STR_DTYPE_TO_TORCH_DTYPE: the FP8 forms are stored as uint8, so
+#: FullAttentionSpec.page_size_bytes halves against bf16). "auto" (None here) is the model's
+#: dtype. Scale tensors: every attention layer holds four float32 scalars (_k_scale, _v_scale,
+#: _q_scale, _prob_scale) whatever the dtype, so they are in the weights term, not per token.
+KV_CACHE_DTYPE_BYTES: dict[str, int | None] = {
+    "auto": None,
+    "bfloat16": 2,
+    "float16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+}
+
+
+def kv_cache_dtype_bytes(
+    kv_cache_dtype: str | None, model_dtype_bytes: int, *, field: str = "kv_cache_dtype"
+) -> int:
+    """Bytes per KV-cache element under ``--kv-cache-dtype`` (None or "auto": the model's).
+
+    Raises:
+        ConfigError: a dtype vLLM 0.33.0 does not take for the KV cache, or one memest does not
+            model (named).
+    """
+    name = "auto" if kv_cache_dtype is None else kv_cache_dtype
+    if not isinstance(name, str) or name.lower() not in KV_CACHE_DTYPE_BYTES:
+        raise ConfigError(field, name, f"expected one of {', '.join(KV_CACHE_DTYPE_BYTES)}")
+    size = KV_CACHE_DTYPE_BYTES[name.lower()]
+    return model_dtype_bytes if size is None else size
+
 
 def _int_extra(extra: dict[str, Any], key: str, default: int | None = None) -> int:
     value = extra.get(key, default)
@@ -69,12 +99,38 @@ def kv_bytes_per_token(spec: KVCacheSpec) -> int:
     return per_token
 
 
-def layer_kv_bytes(shape: ModelShape) -> int:
+def layer_kv_bytes(shape: ModelShape, kv_cache_dtype: str | None = None) -> int:
     """Bytes one token of KV cache takes in one attention layer of ``shape`` (per rank): K and V
-    per KV head, or MLA's latent vector."""
+    per KV head, or MLA's latent vector, in ``kv_cache_dtype`` (None or "auto": the model's)."""
+    size = kv_cache_dtype_bytes(kv_cache_dtype, shape.dtype_bytes)
     if shape.family == "mla":
-        return shape.kv * shape.dtype_bytes
-    return 2 * shape.kv_heads * shape.head_dim * shape.dtype_bytes
+        return shape.kv * size
+    return 2 * shape.kv_heads * shape.head_dim * size
+
+
+def rescale_kv_dtype(spec: KVCacheSpec, dtype_bytes: int, dtype: str) -> KVCacheSpec:
+    """``spec`` with its elements ``dtype_bytes`` wide: every layer's K and V (or latent) scale
+    with the element size, as FullAttentionSpec/MLAAttentionSpec.page_size_bytes do.
+
+    Raises:
+        ConfigError: the spec holds an indexer cache (its own dtype; not rescaled by memest).
+    """
+    if "indexer_head_dim" in spec.extra:
+        raise ConfigError(
+            "kv_cache_dtype", dtype, "a sparse-attention indexer cache is not rescaled by memest"
+        )
+    if dtype_bytes == spec.dtype_bytes:
+        return spec
+    per_token = kv_bytes_per_token(spec) * dtype_bytes // spec.dtype_bytes
+    return spec.model_copy(
+        update={
+            "dtype": dtype,
+            "dtype_bytes": dtype_bytes,
+            "page_size_bytes": per_token * spec.block_size,
+            "num_blocks": None,
+            "kv_tokens": None,
+        }
+    )
 
 
 def kv_page_bytes(spec: KVCacheSpec) -> int:

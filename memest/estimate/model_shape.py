@@ -21,6 +21,7 @@ from typing import Any, Literal
 from memest.errors import ConfigError
 
 Family = Literal["dense", "moe", "mla"]
+Fp8Scheme = Literal["tensor", "channel", "block"]
 
 #: Bytes per element of the dtypes vLLM accepts for --dtype (and config.json's torch_dtype).
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
@@ -55,6 +56,19 @@ def dtype_bytes(cfg: Mapping[str, Any], dtype: str = "auto") -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class Fp8Weights:
+    """How vLLM 0.33.0 holds a model's FP8 linear layers: one byte per weight and float32 scales
+    (per logical shard for ``tensor``; per output row for ``channel``; per ``block`` tile of the
+    fused output x input for ``block``), plus one input scale per shard when activations are
+    static. Embeddings, lm_head, norms and MoE router gates stay in the model's dtype."""
+
+    scheme: Fp8Scheme
+    block: tuple[int, int] = (128, 128)
+    static_input: bool = False
+    ignored: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ModelShape:
     """Per-rank dimensions of one model under tensor parallelism ``tp`` (sizes in elements)."""
 
@@ -83,6 +97,7 @@ class ModelShape:
     q_lora_rank: int = 0
     extra_input_hidden: int = 0  # EAGLE3 drafters concatenate hidden states: 2 x hidden input
     qk_norm: bool = False  # per-head q and k RMSNorm weights (QK_NORM_ARCHITECTURES)
+    fp8: Fp8Weights | None = None  # FP8 linear layers (fp8_weights); None: the model's dtype
 
     @property
     def qkv(self) -> int:
@@ -166,8 +181,131 @@ def _mla_fields(cfg: Mapping[str, Any]) -> dict[str, int]:
     }
 
 
-def model_shape(cfg: Mapping[str, Any], *, tp: int = 1, dtype: str = "auto") -> ModelShape:
-    """Per-rank dimensions of the model ``cfg`` (a config.json object) under TP ``tp``.
+#: vLLM 0.33.0's online FP8 shorthands (vllm/config/quantization.py _ONLINE_SHORTHANDS): an
+#: unquantized checkpoint quantized at load; ``--quantization fp8`` is for FP8 checkpoints only.
+ONLINE_FP8: dict[str, Fp8Scheme] = {
+    "fp8_per_tensor": "tensor",
+    "fp8_per_channel": "channel",
+    "fp8_per_block": "block",
+}
+#: ModelOpt's FP8 algorithms (vLLM 0.33.0 modelopt.py resolve): per-tensor with static input
+#: scales, per-channel with dynamic per-token activations, 128 x 128 blocks.
+MODELOPT_FP8: dict[str, tuple[Fp8Scheme, bool]] = {
+    "FP8": ("tensor", True),
+    "FP8_PER_CHANNEL_PER_TOKEN": ("channel", False),
+    "FP8_PB_WO": ("block", False),
+}
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+
+def _fp8_method(qc: Mapping[str, Any]) -> Fp8Weights:
+    """quant_method fp8 (vLLM's Fp8Config.from_config)."""
+    block = qc.get("weight_block_size")
+    ignored = _names(qc.get("ignored_layers")) or _names(qc.get("modules_to_not_convert"))
+    if block is None:
+        return Fp8Weights(
+            "tensor", static_input=qc.get("activation_scheme") == "static", ignored=ignored
+        )
+    if not (
+        isinstance(block, list)
+        and len(block) == 2
+        and all(isinstance(b, int) and b > 0 for b in block)
+    ):
+        raise ConfigError(
+            "model_config.quantization_config.weight_block_size", block, "expected [n, k]"
+        )
+    return Fp8Weights("block", (block[0], block[1]), ignored=ignored)
+
+
+def _compressed_tensors(qc: Mapping[str, Any]) -> Fp8Weights:
+    """quant_method compressed-tensors with FP8 weights (num_bits 8, type float) in every group."""
+    where = "model_config.quantization_config.config_groups"
+    groups = qc.get("config_groups")
+    if not isinstance(groups, Mapping) or not groups:
+        raise ConfigError(where, groups, "expected at least one quantization group")
+    schemes = set()
+    for name, group in groups.items():
+        weights = group.get("weights") if isinstance(group, Mapping) else None
+        if not isinstance(weights, Mapping) or (weights.get("num_bits"), weights.get("type")) != (
+            8,
+            "float",
+        ):
+            raise ConfigError(f"{where}.{name}.weights", weights, "memest sizes FP8 weights only")
+        acts = group.get("input_activations")
+        static = isinstance(acts, Mapping) and acts.get("dynamic") is False
+        block = weights.get("block_structure") or [128, 128]
+        schemes.add((str(weights.get("strategy")), tuple(block), static))
+    if len(schemes) > 1:
+        raise ConfigError(where, sorted(groups), "groups with different FP8 schemes")
+    strategy, block, static = schemes.pop()
+    if strategy not in ("tensor", "channel", "block"):
+        raise ConfigError(f"{where}.weights.strategy", strategy, "expected tensor, channel, block")
+    return Fp8Weights(strategy, (int(block[0]), int(block[1])), static, _names(qc.get("ignore")))  # type: ignore[arg-type]
+
+
+def _modelopt(qc: Mapping[str, Any]) -> Fp8Weights:
+    """quant_method modelopt: quant_algo at the top or under ``quantization``."""
+    nested = qc.get("quantization")
+    inner: Mapping[str, Any] = nested if isinstance(nested, Mapping) else qc
+    algo = inner.get("quant_algo")
+    if algo not in MODELOPT_FP8:
+        raise ConfigError(
+            "model_config.quantization_config.quant_algo", algo, f"expected {sorted(MODELOPT_FP8)}"
+        )
+    scheme, static = MODELOPT_FP8[algo]
+    ignored = _names(inner.get("ignore")) or _names(inner.get("exclude_modules"))
+    return Fp8Weights(scheme, static_input=static, ignored=ignored)
+
+
+CHECKPOINT_FP8 = {
+    "fp8": _fp8_method,
+    "compressed-tensors": _compressed_tensors,
+    "modelopt": _modelopt,
+}
+
+
+def fp8_weights(cfg: Mapping[str, Any], quantization: str | None = None) -> Fp8Weights | None:
+    """The FP8 weights of a config.json (its quantization_config) or of ``--quantization``.
+
+    Raises:
+        ConfigError: a method memest does not size, a checkpoint that is not FP8, or
+            ``--quantization fp8`` on an unquantized checkpoint (vLLM 0.33.0 refuses it).
+    """
+    qc = cfg.get("quantization_config") or cfg.get("compression_config")
+    if quantization in ONLINE_FP8 and not qc:
+        return Fp8Weights(ONLINE_FP8[quantization])
+    if not qc:
+        if quantization is None:
+            return None
+        reason = (
+            "vLLM 0.33.0 refuses online fp8: use fp8_per_tensor, fp8_per_channel or fp8_per_block"
+            if quantization == "fp8"
+            else f"not modelled; expected fp8 (an FP8 checkpoint) or {', '.join(ONLINE_FP8)}"
+        )
+        raise ConfigError("quantization", quantization, reason)
+    if not isinstance(qc, Mapping):
+        raise ConfigError("model_config.quantization_config", qc, "expected a JSON object")
+    method = qc.get("quant_method")
+    if quantization is not None and quantization != method:
+        raise ConfigError("quantization", quantization, f"the config's quant_method is {method}")
+    parse = CHECKPOINT_FP8.get(str(method))
+    if parse is None:
+        raise ConfigError(
+            "model_config.quantization_config.quant_method",
+            method,
+            f"not modelled: memest sizes FP8 weights ({', '.join(CHECKPOINT_FP8)})",
+        )
+    return parse(qc)
+
+
+def model_shape(
+    cfg: Mapping[str, Any], *, tp: int = 1, dtype: str = "auto", quantization: str | None = None
+) -> ModelShape:
+    """Per-rank dimensions of the model ``cfg`` (a config.json object) under TP ``tp``; FP8
+    linear layers from its quantization_config or ``quantization`` (fp8_weights).
 
     Raises:
         ConfigError: a field the shape needs is missing or not a positive integer, or a
@@ -203,6 +341,7 @@ def model_shape(cfg: Mapping[str, Any], *, tp: int = 1, dtype: str = "auto") -> 
         max_position=_int(cfg, "max_position_embeddings", VLLM_DEFAULT_MAX_MODEL_LEN),
         extra_input_hidden=hidden if "eagle3" in str(archs[0]).lower() else 0,
         qk_norm=str(archs[0]) in QK_NORM_ARCHITECTURES,
+        fp8=fp8_weights(cfg, quantization),
         **moe,
         **_mla_fields(cfg),
     )

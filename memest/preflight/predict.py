@@ -4,7 +4,8 @@
 term                           law (coefficients: memest.preflight.calibration, fitted from starts)
 =============================  =====================================================================
 baseline_torch_bytes           input, request-state and drafter buffers + fitted constant
-weights_bytes                  parameter shapes x dtype bytes / TP (memest.preflight.shape)
+weights_bytes                  parameter shapes x dtype bytes / TP (memest.preflight.shape;
+                               FP8 linear layers: 1 B per weight + float32 scales)
                                + penalties and structured-output masks + fitted constant
 profile_peak_activation_bytes  factor x max_num_batched_tokens x one layer's token bytes (+ drafter;
                                memest.estimate.activation)
@@ -34,6 +35,7 @@ from typing import Any
 from memest.errors import ConfigError, first_error
 from memest.estimate.activation import activation_bytes
 from memest.estimate.kv import (
+    kv_cache_dtype_bytes,
     kv_page_bytes,
     kv_tokens,
     layer_kv_bytes,
@@ -145,7 +147,9 @@ def setup(req: PreflightRequest) -> Setup:
     """
     sm100 = gpu_preset(req.gpu)
     cfg = req.model_config_json
-    target = model_shape(cfg, tp=req.tensor_parallel_size, dtype=req.dtype)
+    target = model_shape(
+        cfg, tp=req.tensor_parallel_size, dtype=req.dtype, quantization=req.quantization
+    )
     seqs, mbt = SERVE_DEFAULTS[sm100]
     base = RunConfig(
         model=target.architecture,
@@ -154,6 +158,8 @@ def setup(req: PreflightRequest) -> Setup:
         max_model_len=_max_model_len(req, cfg, target),
         gpu_memory_utilization=req.gpu_memory_utilization,
         tensor_parallel_size=req.tensor_parallel_size,
+        kv_cache_dtype=req.kv_cache_dtype,
+        quantization=req.quantization or (target.fp8 and "fp8"),
     )
     changes: dict[str, Any] = {}
     if req.speculative_config is not None:
@@ -217,9 +223,11 @@ def _max_model_len(req: PreflightRequest, cfg: Mapping[str, Any], target: ModelS
 
 
 def kv_spec(s: Setup) -> KVCacheSpec:
-    """The KV-cache spec of one rank: MHA/GQA K and V per head, or MLA's latent, per layer."""
+    """The KV-cache spec of one rank: MHA/GQA K and V per head, or MLA's latent, per layer, in
+    --kv-cache-dtype (the drafter's layers share the target's blocks and dtype)."""
     shapes = [s.target] + ([s.drafter] if s.drafter is not None else [])
-    per_token = sum(layer_kv_bytes(m) * m.num_layers for m in shapes)
+    kv_dtype = s.config.kv_cache_dtype
+    per_token = sum(layer_kv_bytes(m, kv_dtype) * m.num_layers for m in shapes)
     layers = sum(m.num_layers for m in shapes)
     t = s.target
     extra: dict[str, Any] = {}
@@ -230,7 +238,8 @@ def kv_spec(s: Setup) -> KVCacheSpec:
         num_layers=layers,
         num_kv_heads=1 if t.family == "mla" else t.kv_heads,
         head_size=t.kv if t.family == "mla" else t.head_dim,
-        dtype_bytes=t.dtype_bytes,
+        dtype=kv_dtype or "auto",
+        dtype_bytes=kv_cache_dtype_bytes(kv_dtype, t.dtype_bytes),
         block_size=s.block_size,
         page_size_bytes=per_token * s.block_size,
         extra=extra,

@@ -40,6 +40,19 @@ class PreflightRequest(MemestModel):
         default=None, description="vLLM's --compilation-config (capture-size fields)"
     )
     dtype: str = Field(default="auto", max_length=16, description="auto, bfloat16, float16")
+    kv_cache_dtype: str = Field(
+        default="auto",
+        max_length=16,
+        description="vLLM's --kv-cache-dtype: auto (the model's dtype), bfloat16, float16, fp8, "
+        "fp8_e4m3, fp8_e5m2",
+    )
+    quantization: str | None = Field(
+        default=None,
+        max_length=32,
+        description="vLLM's --quantization: fp8 (needs the config's FP8 quantization_config) or "
+        "the online fp8_per_tensor, fp8_per_channel, fp8_per_block; unset: the config's "
+        "quantization_config, if any",
+    )
     block_size: int | None = Field(
         default=None,
         ge=1,

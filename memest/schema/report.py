@@ -102,6 +102,16 @@ class RunConfig(MemestModel):
     max_cudagraph_capture_size: int | None = None
     compilation_config: dict[str, Any] = Field(default_factory=dict)
     model_runner: str | None = Field(default=None, description="v1 or v2")
+    kv_cache_dtype: str | None = Field(
+        default=None,
+        description="vLLM's --kv-cache-dtype (auto, fp8, fp8_e4m3, ...; recorded); None when not "
+        "recorded: the KV-cache spec's dtype is the start's",
+    )
+    quantization: str | None = Field(
+        default=None,
+        description="vLLM's resolved quantization method (fp8, compressed-tensors, ...; "
+        "recorded); None: unquantized or not recorded",
+    )
     model_dims: ModelShape | None = Field(
         default=None, description="The target model's dimensions (recorded by the plugin)"
     )

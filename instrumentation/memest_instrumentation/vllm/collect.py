@@ -52,6 +52,11 @@ def compute_fingerprint(worker: Any) -> str:
     )
 
 
+def _text(value: Any) -> str | None:
+    """A config value as text (vLLM's str enums and literals); None stays None."""
+    return None if value is None else str(getattr(value, "value", value))
+
+
 def read_config(worker: Any) -> None:
     """The resolved configuration (hook map 3.4)."""
     st = state()
@@ -76,6 +81,8 @@ def read_config(worker: Any) -> None:
         cudagraph_mode=str(getattr(cc.cudagraph_mode, "name", cc.cudagraph_mode)),
         model_runner="v2" if getattr(worker, "use_v2_model_runner", False) else "v1",
         compilation_config={"mode": str(getattr(cc, "mode", ""))},
+        kv_cache_dtype=_text(getattr(vc.cache_config, "cache_dtype", None)),
+        quantization=_text(getattr(mc, "quantization", None)),
     )
     from memest_instrumentation.vllm import dims
 

@@ -12,7 +12,15 @@ from typing import Any
 
 from memest.errors import ConfigError, ReportFormatError
 from memest.estimate.inverse import concurrency_at
-from memest.estimate.kv import kv_bytes_per_token, kv_tokens, layer_kv_bytes, require_fit
+from memest.estimate.kv import (
+    kv_bytes_per_token,
+    kv_cache_dtype_bytes,
+    kv_tokens,
+    layer_kv_bytes,
+    require_fit,
+    rescale_kv_dtype,
+)
+from memest.estimate.model_shape import DTYPE_BYTES
 from memest.estimate.phases import full_init_kv_budget, full_init_terms, non_kv_bytes
 from memest.estimate.runner_buffers import ModelDims
 from memest.estimate.whatif.grid import Grids, describe_grid, grids
@@ -30,7 +38,8 @@ def _drafter_kv(spec: KVCacheSpec, s: Shapes, notes: list[str]) -> tuple[int, in
     real H200 starts, Llama-8B: 33 layers and 135,168 B per token with it, 32 and 131,072
     without)."""
     if s.drafter is not None:
-        return s.drafter.num_layers, layer_kv_bytes(s.drafter) * s.drafter.num_layers
+        per_element = layer_kv_bytes(s.drafter) // s.drafter.dtype_bytes  # in the spec's dtype
+        return s.drafter.num_layers, per_element * spec.dtype_bytes * s.drafter.num_layers
     per_layer = kv_bytes_per_token(spec) // max(spec.num_layers, 1)
     notes.append(
         "the drafter's KV layer is taken as one layer as wide as the start's (no drafter config)"
@@ -38,12 +47,47 @@ def _drafter_kv(spec: KVCacheSpec, s: Shapes, notes: list[str]) -> tuple[int, in
     return 1, per_layer
 
 
+def _model_dtype_bytes(report: RunReport, spec: KVCacheSpec) -> int:
+    """Bytes per element of the model's dtype: its recorded dims, else the start's KV dtype when
+    that was "auto" (the model's)."""
+    dims = report.config.model_dims
+    if dims is not None and dims.dtype.lower() in DTYPE_BYTES:
+        return DTYPE_BYTES[dims.dtype.lower()]
+    if report.config.kv_cache_dtype in (None, "auto"):
+        return spec.dtype_bytes
+    raise ReportFormatError(
+        f"report {report.report_id}: the model's dtype is not recorded, so kv_cache_dtype "
+        "auto cannot be sized"
+    )
+
+
+def kv_dtype_to(
+    report: RunReport, configs: tuple[RunConfig, RunConfig], notes: list[str]
+) -> KVCacheSpec | None:
+    """The start's KV-cache spec in G''s --kv-cache-dtype (memest.estimate.kv)."""
+    spec = report.kv_cache
+    dtype = configs[1].kv_cache_dtype
+    if spec is None or dtype is None or dtype == configs[0].kv_cache_dtype:
+        return spec
+    size = kv_cache_dtype_bytes(
+        dtype, _model_dtype_bytes(report, spec), field="grid.kv_cache_dtype"
+    )
+    if size == spec.dtype_bytes:
+        return spec
+    out = rescale_kv_dtype(spec, size, dtype)
+    notes.append(
+        f"KV bytes per token {kv_bytes_per_token(spec):,} -> {kv_bytes_per_token(out):,} "
+        f"(kv_cache_dtype {dtype}: {size} B per element)"
+    )
+    return out
+
+
 def kv_spec_to(
     report: RunReport, configs: tuple[RunConfig, RunConfig], s: Shapes, notes: list[str]
 ) -> KVCacheSpec | None:
-    """The KV-cache spec at G': the start's, plus an added drafter's KV layers or less a dropped
-    drafter's (vLLM allocates the drafter's KV cache in the same blocks)."""
-    spec = report.kv_cache
+    """The KV-cache spec at G': the start's in G''s KV dtype, plus an added drafter's KV layers
+    or less a dropped drafter's (vLLM allocates the drafter's KV cache in the same blocks)."""
+    spec = kv_dtype_to(report, configs, notes)
     had, has = configs[0].speculative_method, configs[1].speculative_method
     if spec is None or bool(had) == bool(has):
         return spec

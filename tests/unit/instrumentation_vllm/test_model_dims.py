@@ -217,3 +217,29 @@ def test_no_mla_prefill_record_without_mla() -> None:
         )
     )
     assert st.config.mla_prefill_backend is None and st.config.mla_prefill_v_padded is None
+
+
+def test_kv_cache_dtype_and_quantization_are_recorded() -> None:
+    from memest_instrumentation.vllm import collect
+    from memest_instrumentation.vllm.state import state
+
+    cc = types.SimpleNamespace(
+        cudagraph_capture_sizes=[1, 2],
+        max_cudagraph_capture_size=2,
+        cudagraph_mode="FULL_AND_PIECEWISE",
+        mode="VLLM_COMPILE",
+    )
+    vc = types.SimpleNamespace(
+        compilation_config=cc,
+        scheduler_config=types.SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=64),
+        speculative_config=None,
+        model_config=types.SimpleNamespace(
+            served_model_name="m", model="m", max_model_len=64, quantization="fp8"
+        ),
+        cache_config=types.SimpleNamespace(gpu_memory_utilization=0.8, cache_dtype="fp8_e4m3"),
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=1),
+    )
+    collect.read_config(types.SimpleNamespace(vllm_config=vc))
+    config = state().config
+    assert config is not None
+    assert config.kv_cache_dtype == "fp8_e4m3" and config.quantization == "fp8"
