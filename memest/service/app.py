@@ -22,7 +22,7 @@ from memest.service import db, store
 from memest.service.config import Settings, get_settings
 from memest.service.deps import ReadAuth
 from memest.service.errors import Conflict, install_handlers
-from memest.service.metrics import ServiceMetrics
+from memest.service.metrics import ServiceMetrics, sizing_variant
 from memest.service.middleware import HardeningMiddleware
 from memest.service.routers import (
     calculators,
@@ -59,11 +59,13 @@ def _unique_id(route: APIRoute) -> str:
 
 
 def load_demo(app: FastAPI) -> int:
-    """Ingest the published demo reports (idempotent); returns how many were new."""
+    """Ingest the demo (idempotent): the seed's published figures and real H200 starts; returns
+    how many reports were new."""
     from memest.demo import demo_reports
+    from memest.demo.h200 import h200_reports
 
     created = 0
-    for report in demo_reports():
+    for report in [*demo_reports(), *h200_reports()]:
         try:
             if store.ingest(app.state.sessionmaker, report).status == "created":
                 created += 1
@@ -110,7 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         db.upgrade(app.state.engine)
         if settings.demo:
             n = load_demo(app)
-            log.info("demo: %d published reports loaded", n)
+            log.info("demo: %d reports loaded", n)
         yield
         app.state.engine.dispose()
 
@@ -137,7 +139,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     def latest() -> list[tuple[RunReport, str]]:
         with app.state.sessionmaker() as session:
-            return store.latest_per_config(session, app.state.report_cache.get)
+            return store.latest_per_config(session, app.state.report_cache.get, sizing_variant)
 
     app.state.metrics = ServiceMetrics(latest)
     install_handlers(app)

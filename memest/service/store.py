@@ -390,34 +390,39 @@ def model_runs(session: Session, model: str) -> list[Run]:
 
 
 def latest_per_config(
-    session: Session, parse: Callable[[Report], RunReport]
+    session: Session,
+    parse: Callable[[Report], RunReport],
+    variant: Callable[[RunReport], str] | None = None,
 ) -> list[tuple[RunReport, str]]:
     """The newest run of every (model, build label, configuration fingerprint), oldest first:
     its lead report and fingerprint; the series /metrics exports.
 
     The fingerprint is the one stored on the run (no report is parsed to group runs); a run
-    stored without one gets it from its lead report, computed the same way.
+    stored without one gets it from its lead report, computed the same way. ``variant`` splits
+    a configuration further by what the lead report says (/metrics: who sized the KV cache, so
+    an enable and an apply start of one configuration are two series); every run's lead report
+    is parsed then.
     """
     rows = session.execute(
         select(Run.run_id, Run.model, Run.build_label, Run.config_fingerprint).order_by(
             Run.created_at, Run.run_id
         )
     ).all()
-    latest: dict[tuple[str, str, str], tuple[str, Report | None]] = {}
+    latest: dict[tuple[str, str, str, str], tuple[str, Report | None]] = {}
     for run_id, model, build, stored in rows:
         lead: Report | None = None
         fp = stored
-        if fp is None:
+        if fp is None or variant is not None:
             try:
                 lead = lead_report(session, run_id)
             except NotFound:
                 continue
-            fp = fingerprint(parse(lead))
-        key = (model, build, fp)
+            fp = fp or fingerprint(parse(lead))
+        key = (model, build, fp, variant(parse(lead)) if variant and lead else "")
         latest.pop(key, None)  # re-inserted last: the dict stays in order of each key's newest
         latest[key] = (run_id, lead)
     out = []
-    for (_, _, fp), (run_id, lead) in latest.items():
+    for (_, _, fp, _), (run_id, lead) in latest.items():
         if lead is None:
             try:
                 lead = lead_report(session, run_id)
