@@ -25,3 +25,26 @@ def sized_by(accounting: StartAccounting) -> str:
 def start_mode(accounting: StartAccounting) -> str:
     """measure / apply / plan: the mode of the start (see the module's docstring)."""
     return MODES.get(accounting.kv_sized_by or "vllm", "measure")
+
+
+#: Run-to-run spread of repeated starts of one configuration, in bytes and tokens: reports/vllm
+#: holds six starts of S_llama8b_s128_t4096 in call 20 (vLLM alone and memest measuring,
+#: alternating) and three of A in call 16; every one has the same KV tokens, KV bytes, non-KV
+#: bytes, graph pool and usage minus budget, to the byte (reports/vllm/validation.json). A change
+#: larger than this spread is the build's, not the GPU's.
+RUN_TO_RUN_SPREAD = 0
+
+#: What the figures of a start look like when worse: less KV, more of everything else.
+LOWER_IS_WORSE = frozenset({"kv_tokens", "kv_cache_bytes"})
+
+
+def verdict(figure: str, before: int, after: int, threshold: float) -> str:
+    """'regression' (worse by more than ``threshold``, a fraction of ``before``), 'worse'
+    (worse, within the threshold), 'noise' (within the run-to-run spread), 'better'."""
+    change = after - before
+    if abs(change) <= RUN_TO_RUN_SPREAD:
+        return "noise"
+    worse = change < 0 if figure in LOWER_IS_WORSE else change > 0
+    if not worse:
+        return "better"
+    return "regression" if abs(change) > threshold * abs(before) else "worse"
