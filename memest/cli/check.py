@@ -2,13 +2,17 @@
 
   memest check report.rank0.json --max-graph-pool 6GiB --max-estimate-error 0.25GiB
   memest check pr.json --baseline main.json --max-kv-drop 0.05 --max-pool-growth 0.10
+  memest check pr.json --baseline main.json --markdown memory.md   # a PR comment, one row a figure
   memest check pr.json --max-stage target.full=4GiB --min-kv-tokens 6000000
 
 Every figure comes from the start's accounting (memest.estimate.account), as in `memest
 estimate`, the service and the dashboard. Estimator error is |usage minus budget| of one
 estimator's record (--estimator; "auto" takes the estimator that sized this start's KV cache, as
 the report says: vLLM's budget in an enable or lite start, memest's in an apply start; else the
-measured record, else vLLM's). A limit the report has no figure for is an error (exit 2), never a silent pass. Exit codes: 0 every limit holds, 1 a limit is breached, 2 bad input.
+measured record, else vLLM's). --baseline compares KV tokens, non-KV memory and graph pool with
+a start of the same model and mode (less KV or more of the others is worse; past its threshold,
+default 1% for KV and 5% for the others, a regression) and --markdown writes that diff with the
+command that reproduces each row. A limit the report has no figure for is an error (exit 2), never a silent pass. Exit codes: 0 every limit holds, 1 a limit is breached, 2 bad input.
 """
 
 from __future__ import annotations
@@ -20,6 +24,13 @@ from pathlib import Path
 from memest.analysis.ranks import capture_stages
 from memest.analysis.runs import estimator_error, kv_sized_by, run_facts
 from memest.cli._reports import load_report
+from memest.cli.check_diff import (
+    DEFAULT_GROWTH,
+    DEFAULT_KV_DROP,
+    check_comparable,
+    diff_rows,
+    markdown,
+)
 from memest.errors import CommandError
 from memest.schema import RunReport
 from memest.units import fmt_bytes, parse_bytes
@@ -91,10 +102,24 @@ class CheckCommand:
         parser.add_argument(
             "--max-pool-growth", type=_fraction, metavar="FRACTION", help="vs --baseline, e.g. 0.10"
         )
+        parser.add_argument(
+            "--max-non-kv-growth",
+            type=_fraction,
+            metavar="FRACTION",
+            help="vs --baseline, e.g. 0.02",
+        )
+        parser.add_argument(
+            "--markdown",
+            type=Path,
+            metavar="FILE",
+            help="with --baseline: write the diff as markdown (a PR comment) to FILE",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         report = load_report(args.report)
         baseline = load_report(args.baseline) if args.baseline else None
+        if args.markdown is not None and baseline is None:
+            raise CommandError("--markdown needs --baseline")
         outcomes = evaluate(report, baseline, args)
         if not outcomes:
             raise CommandError("no limit given (see memest check --help)")
@@ -180,33 +205,41 @@ def evaluate(
         out.append(
             Outcome(f"stage {stage}", v <= limit, f"{fmt_bytes(v)} (limit {fmt_bytes(limit)})")
         )
-    if (args.max_kv_drop is not None or args.max_pool_growth is not None) and baseline is None:
-        raise CommandError("--max-kv-drop and --max-pool-growth need --baseline")
+    relative = (args.max_kv_drop, args.max_pool_growth, args.max_non_kv_growth)
+    if any(v is not None for v in relative) and baseline is None:
+        raise CommandError(
+            "--max-kv-drop, --max-pool-growth and --max-non-kv-growth need --baseline"
+        )
     if baseline is not None:
-        base = run_facts(baseline)
-        if args.max_kv_drop is not None:
-            b = _need(base.kv_tokens, "KV token count", baseline)
-            v = _need(facts.kv_tokens, "KV token count", report)
-            drop = 1 - v / b if b else 0.0
-            out.append(
-                Outcome(
-                    "KV drop vs baseline",
-                    drop <= args.max_kv_drop,
-                    f"{drop:+.1%} ({b:,} → {v:,}; limit {args.max_kv_drop:.1%})",
-                )
-            )
-        if args.max_pool_growth is not None:
-            b = _need(base.graph_pool_bytes, "graph-pool figure", baseline)
-            v = _need(facts.graph_pool_bytes, "graph-pool figure", report)
-            growth = v / b - 1 if b else (0.0 if v == 0 else float("inf"))
-            out.append(
-                Outcome(
-                    "graph-pool growth vs baseline",
-                    growth <= args.max_pool_growth,
-                    f"{growth:+.1%} ({fmt_bytes(b)} → {fmt_bytes(v)}; limit {args.max_pool_growth:.1%})",
-                )
-            )
+        out += _against_baseline(report, baseline, args)
     return out
+
+
+def _against_baseline(
+    report: RunReport, baseline: RunReport, args: argparse.Namespace
+) -> list[Outcome]:
+    """One outcome per figure of the diff; writes --markdown when asked."""
+    note = check_comparable(report, baseline)
+    thresholds = {
+        "kv_tokens": _or(args.max_kv_drop, DEFAULT_KV_DROP),
+        "non_kv_bytes": _or(args.max_non_kv_growth, DEFAULT_GROWTH),
+        "graph_pool_bytes": _or(args.max_pool_growth, DEFAULT_GROWTH),
+    }
+    command = ["memest", "check", str(args.report), "--baseline", str(args.baseline)]
+    rows = diff_rows(report, baseline, thresholds, command)
+    if args.markdown is not None:
+        args.markdown.write_text(markdown(report, baseline, rows, note))
+    out = []
+    for r in rows:
+        change = r.value - r.baseline
+        pct = f"{change / r.baseline:+.1%}" if r.baseline else "new"
+        detail = f"{pct} ({r.cell(r.baseline)} → {r.cell(r.value)}; {r.verdict}, limit {r.threshold:.1%})"
+        out.append(Outcome(f"{r.label} vs baseline", r.verdict != "regression", detail))
+    return out
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 COMMAND = CheckCommand()

@@ -68,6 +68,7 @@ from memest.estimate.whatif import TermRow, WhatIfAnswer, WhatIfQuestion, answer
 from memest.files import load_json_file, load_json_object
 from memest.preflight.calibration import what_if_calibration
 from memest.reporters.estimate import render_accounting, render_what_if
+from memest.reporters.recommend import kv_cache_flag, recommended_kv_cache_bytes
 from memest.schema import EstimateComparison, RunReport, WhatIf
 from memest.snapshot import load_snapshot
 from memest.units import gib_cell, parse_bytes
@@ -164,8 +165,7 @@ class EstimateCommand:
         accounting = account(report, margin_bytes=margin)
         result = _cli_errors(_answer, args, report, margin)
         shown = result if args.grid is not None else None  # the inverse alone shows no what-if
-        memest = accounting.estimator("memest")
-        kv_bytes = memest.kv_cache_bytes if memest is not None else None
+        kv_bytes = recommended_kv_cache_bytes(accounting)
         plan_path = _write_plan(args, comparison, kv_bytes)
         out = {
             "accounting": accounting,
@@ -288,11 +288,9 @@ def _as_text(out: dict[str, Any]) -> str:
     if grid_result is not None:
         parts.append("\nWhat-if\n\n" + render_what_if(grid_result))
         parts.append(_render_terms(out["terms"]))
-    if out["kv_cache_memory_bytes"]:
-        parts.append(
-            "\nvLLM flag for memest's budget: "
-            f"--kv-cache-memory-bytes={out['kv_cache_memory_bytes']}\n"
-        )
+    flag = kv_cache_flag(out["accounting"])
+    if flag:
+        parts.append(f"\nvLLM flag for memest's budget: {flag}\n")
     if grid_result is not None and grid_result.kv_budget_bytes_to:
         parts.append(
             "vLLM flag for memest's budget under G': "

@@ -1,6 +1,6 @@
 """Run the memest service (FastAPI + uvicorn): API, dashboard and /metrics.
 
-  memest serve --demo                    published demo reports, SQLite ./memest.db, 127.0.0.1:8000
+  memest serve --demo                    demo: real H200 starts and published figures, SQLite ./memest.db, 127.0.0.1:8000
   memest serve --database-url postgresql+psycopg://memest@db:5432/memest --host 0.0.0.0
 
 Settings also come from MEMEST_* environment variables (MEMEST_DATABASE_URL, MEMEST_WRITE_TOKEN,
@@ -41,7 +41,9 @@ class ServeCommand:
             help="SQLAlchemy URL (default MEMEST_DATABASE_URL or sqlite:///./memest.db)",
         )
         parser.add_argument(
-            "--demo", action="store_true", help="load the published demo reports at startup"
+            "--demo",
+            action="store_true",
+            help="load the demo at startup: six real H200 starts (dense, EAGLE3, MoE, MLA, vllm serve) and the seed's published GB200 figures",
         )
         parser.add_argument(
             "--exit-after-load",
@@ -93,7 +95,7 @@ class ServeCommand:
         print(f"memest service: {url}  (API docs {url}docs, metrics {url}metrics)", flush=True)
         print(f"database: {_safe_url(settings.database_url)}", flush=True)
         if settings.demo:
-            print("demo: published GB200 figures from the seed (source=published)", flush=True)
+            print("demo: six real H200 starts and the seed's published GB200 figures", flush=True)
         if token_note is not None:
             print(token_note, file=sys.stderr, flush=True)
         uvicorn.run(

@@ -60,11 +60,13 @@ def _unique_id(route: APIRoute) -> str:
 
 
 def load_demo(app: FastAPI) -> int:
-    """Ingest the published demo reports (idempotent); returns how many were new."""
+    """Ingest the demo (idempotent): the seed's published figures and real H200 starts; returns
+    how many reports were new."""
     from memest.demo import demo_reports
+    from memest.demo.h200 import h200_reports
 
     created = 0
-    for report in demo_reports():
+    for report in [*demo_reports(), *h200_reports()]:
         try:
             stored = store.ingest(app.state.sessionmaker, report, metric_rows_json(report))
             if stored.status == "created":

@@ -33,7 +33,8 @@ class Settings(BaseSettings):
         default=4 * MiB, ge=1024, description="Largest accepted report body, in bytes"
     )
     demo: bool = Field(
-        default=False, description="Load the published demo reports at startup (idempotent)"
+        default=False,
+        description="Load the demo reports at startup: real H200 starts and published figures (idempotent)",
     )
     report_cache_size: int = Field(
         default=512, ge=0, description="Parsed reports kept in memory (reports are immutable)"

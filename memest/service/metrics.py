@@ -1,10 +1,12 @@
-"""Prometheus series: graph-pool bytes per model/build/configuration/stage/owner, estimator error,
-KV tokens, and ingest counters. One registry per app, so several apps (tests) never share series.
+"""Prometheus series: one family per figure of a start's accounting (budget, usage, usage minus
+budget per estimator, KV bytes and tokens, non-KV, graph pool in total and per stage and owner),
+and ingest counters. One registry per app, so several apps (tests) never share series.
 
-The stored series are labelled ``model``, ``build`` and ``config`` (the configuration
-fingerprint the history page shows): one set per configuration actually started with a build,
-so their number is bounded by the stored runs' distinct (model, build, configuration), never
-by the runs themselves."""
+The stored series are labelled ``model``, ``build``, ``config`` (the configuration fingerprint
+the history page shows), ``mode`` (measure / apply / plan) and ``sized_by`` (who sized the KV
+cache): one set per configuration and mode actually started with a build, so their number is
+bounded by the stored runs' distinct (model, build, configuration, mode), never by the runs
+themselves."""
 
 from __future__ import annotations
 
@@ -17,19 +19,104 @@ from prometheus_client.registry import Collector
 from memest.analysis.stages import stage_bars
 from memest.estimate import account
 from memest.identity import with_default_label
+from memest.reporters.owners import owner_label
+from memest.reporters.regression import sized_by, start_mode
 from memest.schema import RunReport
 
 #: Owners per capture stage in memest_graph_pool_bytes: the largest, the rest summed as "other"
 #: (memest.analysis.stages.OTHER_OWNER), so a report with thousands of owners adds few series.
 OWNERS_PER_STAGE = 8
 
+#: Labels of every stored series: the configuration's identity, then who sized the KV cache
+#: (memest.reporters.regression): an enable and an apply start of one configuration are two
+#: series, never one that jumps between them.
+STORED_LABELS = ("model", "build", "config", "mode", "sized_by")
+
 
 def _gauge(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, documentation, labels=["model", "build", "config", *labels])
+    return GaugeMetricFamily(name, documentation, labels=[*STORED_LABELS, *labels])
+
+
+def _families() -> dict[str, GaugeMetricFamily]:
+    """One family per quantity of the accounting, by its StartAccounting field (or role)."""
+    return {
+        "pool": _gauge(
+            "memest_graph_pool_bytes",
+            "Graph-pool growth of the newest run per model, build, configuration and mode, by "
+            "capture stage and owner (owner: what it is in words; owner_id: memest's name)",
+            "stage",
+            "owner",
+            "owner_id",
+        ),
+        "graph_pool_bytes": _gauge(
+            "memest_graph_pool_total_bytes",
+            "Graph-pool growth over capture of the newest run per model, build, configuration "
+            "and mode",
+        ),
+        "budget_bytes": _gauge(
+            "memest_budget_bytes", "vLLM's requested memory: gpu_memory_utilization x total"
+        ),
+        "usage_bytes": _gauge(
+            "memest_usage_bytes",
+            "Device memory in use at the end of init plus serving's first full-size step",
+        ),
+        "kv_tokens": _gauge("memest_kv_tokens", "KV-cache capacity in tokens"),
+        "kv_cache_bytes": _gauge("memest_kv_cache_bytes", "KV cache the start allocated, bytes"),
+        "non_kv_bytes": _gauge(
+            "memest_non_kv_bytes", "Usage minus the KV cache: every other byte kept"
+        ),
+        "error": _gauge(
+            "memest_estimator_error_bytes",
+            "Usage minus budget (positive = over budget), per estimator; 'measured' is the start "
+            "itself",
+            "estimator",
+        ),
+    }
+
+
+#: The accounting's start-wide figures, each a family of the same name in _families().
+FIGURES = (
+    "graph_pool_bytes",
+    "budget_bytes",
+    "usage_bytes",
+    "kv_tokens",
+    "kv_cache_bytes",
+    "non_kv_bytes",
+)
+
+
+def _add_start(families: dict[str, GaugeMetricFamily], labels: list[str], rep: RunReport) -> None:
+    """Every series of one start, read from its accounting (and its stage bars)."""
+    for bar in stage_bars(rep, max_owners=OWNERS_PER_STAGE):
+        for seg in bar.owners:
+            families["pool"].add_metric(
+                [*labels, bar.stage, owner_label(seg.owner), seg.owner], seg.bytes
+            )
+    acc = account(rep)
+    for field in FIGURES:
+        value = getattr(acc, field)
+        if value is not None:
+            families[field].add_metric(labels, value)
+    for rec in acc.estimators:
+        if rec.usage_minus_budget_bytes is not None:
+            families["error"].add_metric([*labels, rec.estimator], rec.usage_minus_budget_bytes)
+
+
+def start_labels(rep: RunReport, fingerprint: str) -> list[str]:
+    """The values of STORED_LABELS for one start."""
+    acc = account(rep)
+    return [
+        rep.model,
+        with_default_label(rep.build).label,
+        fingerprint,
+        start_mode(acc),
+        sized_by(acc),
+    ]
 
 
 class _StoredReports(Collector):
-    """Gauges computed at scrape time from the newest run of every (model, build, configuration).
+    """Gauges computed at scrape time from the newest run of every (model, build, configuration,
+    who sized the KV cache).
 
     ``latest`` gives each such run's lead report with its configuration fingerprint, oldest
     first. Every figure comes from the run's accounting (memest.estimate.account), one series
@@ -40,49 +127,15 @@ class _StoredReports(Collector):
         self._latest = latest
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        pool = _gauge(
-            "memest_graph_pool_bytes",
-            "Graph-pool growth of the newest run per model, build and configuration, by capture "
-            "stage and owner",
-            "stage",
-            "owner",
-        )
-        pool_total = _gauge(
-            "memest_graph_pool_total_bytes",
-            "Graph-pool growth over capture of the newest run per model, build and configuration",
-        )
-        kv = _gauge("memest_kv_tokens", "KV-cache capacity in tokens")
-        kv_bytes = _gauge("memest_kv_cache_bytes", "KV cache the start allocated, bytes")
-        non_kv = _gauge("memest_non_kv_bytes", "Usage minus the KV cache: every other byte kept")
-        err = _gauge(
-            "memest_estimator_error_bytes",
-            "Usage minus budget (positive = over budget), per estimator; 'measured' is the start "
-            "itself",
-            "estimator",
-        )
-        newest: dict[tuple[str, str, str], RunReport] = {}
+        families = _families()
+        newest: dict[tuple[str, ...], RunReport] = {}
         for rep, fp in self._latest():
-            key = (rep.model, with_default_label(rep.build).label, fp)
+            key = tuple(start_labels(rep, fp))
             newest.pop(key, None)
             newest[key] = rep
-        for (model, build, fp), rep in newest.items():
-            labels = [model, build, fp]
-            for bar in stage_bars(rep, max_owners=OWNERS_PER_STAGE):
-                for seg in bar.owners:
-                    pool.add_metric([*labels, bar.stage, seg.owner], seg.bytes)
-            acc = account(rep)
-            for family, value in (
-                (pool_total, acc.graph_pool_bytes),
-                (kv, acc.kv_tokens),
-                (kv_bytes, acc.kv_cache_bytes),
-                (non_kv, acc.non_kv_bytes),
-            ):
-                if value is not None:
-                    family.add_metric(labels, value)
-            for rec in acc.estimators:
-                if rec.usage_minus_budget_bytes is not None:
-                    err.add_metric([*labels, rec.estimator], rec.usage_minus_budget_bytes)
-        yield from (pool, pool_total, kv, kv_bytes, non_kv, err)
+        for labels, rep in newest.items():
+            _add_start(families, list(labels), rep)
+        yield from families.values()
 
 
 class ServiceMetrics:

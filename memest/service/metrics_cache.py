@@ -88,10 +88,13 @@ class MetricsCache:
                 return self._text
 
     def _build(self, session: Session) -> bytes:
-        latest = store.latest_runs(session, self._parse)
-        stored = store.lead_metric_rows(session, [run_id for run_id, _ in latest])
+        # Every run, oldest first: the newest sample per label set wins, and the labels name the
+        # configuration and who sized its KV cache, so an enable and an apply start of one
+        # configuration stay two series (memest.service.metrics.STORED_LABELS).
+        runs = [run[0] for run in store.runs_oldest_first(session, self._parse)]
+        stored = store.lead_metric_rows(session, runs)
         samples: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
-        for run_id, _ in latest:
+        for run_id in runs:
             if run_id not in stored:
                 continue  # deleted since the first query
             rows = stored[run_id]

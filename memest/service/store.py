@@ -411,9 +411,10 @@ def model_runs(session: Session, model: str) -> list[Run]:
     return list(runs)
 
 
-def latest_runs(session: Session, parse: Callable[[Report], RunReport]) -> list[tuple[str, str]]:
-    """The newest run of every (model, build label, configuration fingerprint), oldest first:
-    its run id and fingerprint; the runs /metrics exports.
+def runs_oldest_first(
+    session: Session, parse: Callable[[Report], RunReport]
+) -> list[tuple[str, str, str, str]]:
+    """Every run, oldest first: its run id, model, build label and configuration fingerprint.
 
     The fingerprint is the one stored on the run (no report is parsed to group runs); a run
     stored without one gets it from its lead report, computed the same way.
@@ -423,7 +424,7 @@ def latest_runs(session: Session, parse: Callable[[Report], RunReport]) -> list[
             Run.created_at, Run.run_id
         )
     ).all()
-    latest: dict[tuple[str, str, str], str] = {}
+    out = []
     for run_id, model, build, stored in rows:
         fp = stored
         if fp is None:
@@ -431,6 +432,15 @@ def latest_runs(session: Session, parse: Callable[[Report], RunReport]) -> list[
                 fp = fingerprint(parse(lead_report(session, run_id)))
             except NotFound:
                 continue
+        out.append((run_id, model, build, fp))
+    return out
+
+
+def latest_runs(session: Session, parse: Callable[[Report], RunReport]) -> list[tuple[str, str]]:
+    """The newest run of every (model, build label, configuration fingerprint), oldest first:
+    its run id and fingerprint."""
+    latest: dict[tuple[str, str, str], str] = {}
+    for run_id, model, build, fp in runs_oldest_first(session, parse):
         key = (model, build, fp)
         latest.pop(key, None)  # re-inserted last: the dict stays in order of each key's newest
         latest[key] = run_id

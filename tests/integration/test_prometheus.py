@@ -199,19 +199,20 @@ def test_relative_panel_divides_by_the_baseline(prometheus: str) -> None:
     variables = _variables(prometheus)
     (panel,) = [p for p in _dashboard()["panels"] if p["title"].startswith("KV capacity relative")]
     ratios = _query(prometheus, _resolve(panel["targets"][0]["expr"], variables))
+
+    def key(m: dict[str, str], build: str) -> tuple[str, str, str, str]:
+        return (m["model"], build, m["config"], m["mode"])
+
     tokens = {
-        (s["metric"]["model"], s["metric"]["build"], s["metric"]["config"]): float(s["value"][1])
+        key(s["metric"], s["metric"]["build"]): float(s["value"][1])
         for s in _query(prometheus, "memest_kv_tokens")
     }
     baseline = variables["baseline"]
-    assert baseline == (
-        "main" if any(b == "main" for _, b, _ in tokens) else sorted({b for _, b, _ in tokens})[0]
-    )
+    builds = {k[1] for k in tokens}
+    assert baseline == ("main" if "main" in builds else sorted(builds)[0])
     for series in ratios:
         m = series["metric"]
-        expected = (
-            tokens[(m["model"], m["build"], m["config"])]
-            / tokens[(m["model"], baseline, m["config"])]
-        )
+        # Divided by the baseline build's tokens of the same model, configuration and mode.
+        expected = tokens[key(m, m["build"])] / tokens[key(m, baseline)]
         assert float(series["value"][1]) == pytest.approx(expected)
     assert any(s["metric"]["build"] == baseline and float(s["value"][1]) == 1.0 for s in ratios)

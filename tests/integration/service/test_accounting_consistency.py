@@ -41,6 +41,8 @@ PAGE_IDS = {
     "non_kv_bytes": "fact-non-kv",
 }
 SERIES = {
+    "budget_bytes": "memest_budget_bytes",
+    "usage_bytes": "memest_usage_bytes",
     "kv_tokens": "memest_kv_tokens",
     "kv_cache_bytes": "memest_kv_cache_bytes",
     "graph_pool_bytes": "memest_graph_pool_total_bytes",
@@ -137,7 +139,17 @@ def test_every_surface_shows_the_same_figures(
     history = client.get("/api/v1/history", params={"model": model}).json()
     (fingerprint,) = [p["config_fingerprint"] for p in history["points"]]
     assert fingerprint and fingerprint in client.get(f"/history/{quote(model, safe='')}").text
-    labels = (("build", build), ("config", fingerprint), ("model", model))
+    # The lab named each start by its mode: an apply start's KV cache memest sized, an enable,
+    # lite or default start's vLLM did.
+    mode, sized_by = ("apply", "memest") if ".apply" in path.name else ("measure", "vllm")
+    assert api["kv_sized_by"] == sized_by
+    labels = (
+        ("build", build),
+        ("config", fingerprint),
+        ("mode", mode),
+        ("model", model),
+        ("sized_by", sized_by),
+    )
     samples = _metric_samples(client.get("/metrics").text)
     for figure, name in SERIES.items():
         assert samples.get((name, labels)) == api[figure], figure
@@ -213,19 +225,31 @@ def test_one_series_per_configuration_of_a_model(make_client: MakeClient) -> Non
     assert scrapes[0] == scrapes[1]
     samples = scrapes[0]
     # THEN each configuration the history shows has one series, the newest run of it
-    newest: dict[tuple[str, str, str], str] = {}
+    # and who sized its KV cache (an enable and an apply start of one configuration: two series)
+    newest: dict[tuple[str, str, str, str], str] = {}
     for model in models:
         points = client.get("/api/v1/history", params={"model": model}).json()["points"]
         for p in points:  # oldest first
-            newest[(model, p["build"], p["config_fingerprint"])] = p["run_id"]
-    assert len({fp for _, _, fp in newest}) > 1
+            key = (model, p["build"], p["config_fingerprint"], p["kv_sized_by"])
+            newest[key] = p["run_id"]
+    assert len({fp for _, _, fp, _ in newest}) > 1
+    assert len({(fp, by) for _, _, fp, by in newest}) > len({fp for _, _, fp, _ in newest})
     kv = {k[1]: v for k, v in samples.items() if k[0] == "memest_kv_tokens"}
     expected = {}
-    for (model, build, fp), run_id in newest.items():
+    modes = {"vllm": "measure", "memest": "apply"}
+    for (model, build, fp, by), run_id in newest.items():
         run = client.get(f"/api/v1/runs/{quote(run_id, safe='')}").json()
         if run["accounting"]["kv_tokens"] is not None:
-            labels = (("build", build), ("config", fp), ("model", model))
+            labels = (
+                ("build", build),
+                ("config", fp),
+                ("mode", modes[by]),
+                ("model", model),
+                ("sized_by", by),
+            )
             expected[labels] = run["accounting"]["kv_tokens"]
     assert kv == expected
     stored = [dict(labels) for _, labels in samples if "model" in dict(labels)]
-    assert stored and all((s["model"], s["build"], s["config"]) in newest for s in stored)
+    assert stored and all(
+        (s["model"], s["build"], s["config"], s["sized_by"]) in newest for s in stored
+    )

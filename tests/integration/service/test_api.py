@@ -83,7 +83,7 @@ def test_read_token_guards_reads_when_set(make_client: MakeClient) -> None:
     assert c.get("/models/nvidia/MiniMax-M3-NVFP4").status_code == 401
     assert c.get("/metrics").status_code == 401
     ok = c.get("/api/v1/models", headers={"Authorization": "Bearer reader"})
-    assert ok.status_code == 200 and ok.json()["count"] == 2
+    assert ok.status_code == 200 and ok.json()["count"] == 5  # 2 published, 3 real H200 models
     assert c.get("/healthz").status_code == 200
 
 
@@ -195,7 +195,8 @@ def test_run_detail_shows_all_ranks_and_their_agreement(client: TestClient) -> N
 
 def test_run_filters(demo_client: TestClient) -> None:
     c = demo_client
-    assert c.get("/api/v1/runs").json()["count"] == 4
+    # The demo: 4 published GB200 runs (2026-01-01) and 6 real H200 starts (2026-12-01/02)
+    assert c.get("/api/v1/runs").json()["count"] == 10
     by_model = c.get("/api/v1/runs", params={"model": "nvidia/MiniMax-M3-NVFP4"}).json()
     assert {r["run_id"] for r in by_model["data"]} == {MM_MAIN, MM_PR}
     by_build = c.get("/api/v1/runs", params={"build": "main"}).json()
@@ -203,13 +204,14 @@ def test_run_filters(demo_client: TestClient) -> None:
     by_commit = c.get("/api/v1/runs", params={"commit": "30c305"}).json()
     assert {r["run_id"] for r in by_commit["data"]} == {DS_PR, MM_PR}
     assert c.get("/api/v1/runs", params={"gpu": "NVIDIA GB200"}).json()["count"] == 4
-    assert c.get("/api/v1/runs", params={"gpu": "NVIDIA H200"}).json()["count"] == 0
-    since = c.get("/api/v1/runs", params={"since": "2026-01-01T01:30:00Z"}).json()
+    assert c.get("/api/v1/runs", params={"gpu": "NVIDIA H200"}).json()["count"] == 6
+    window = {"since": "2026-01-01T01:30:00Z", "until": "2026-06-01T00:00:00Z"}
+    since = c.get("/api/v1/runs", params=window).json()
     assert {r["run_id"] for r in since["data"]} == {MM_MAIN, MM_PR}
     until = c.get("/api/v1/runs", params={"until": "2026-01-01T00:30:00Z"}).json()
     assert {r["run_id"] for r in until["data"]} == {DS_MAIN}
     page = c.get("/api/v1/runs", params={"limit": 1, "offset": 1}).json()
-    assert page["count"] == 4 and len(page["data"]) == 1
+    assert page["count"] == 10 and len(page["data"]) == 1
 
 
 def _gib(n: int | None) -> str:
@@ -321,15 +323,19 @@ def test_metrics_export_stored_series_and_ingest_counters(demo_client: TestClien
     _post(demo_client, _report().model_dump_json())
     _post(demo_client, b"{}")
     text = demo_client.get("/metrics").text
+    # Published reports do not say who sized the KV cache: mode measure, sized_by unknown.
+    published = r'mode="measure",model="{}",sized_by="unknown"'
     assert re.search(
-        r'memest_graph_pool_bytes\{build="PR",config="[0-9a-f]{16}",'
-        r'model="deepseek-ai/DeepSeek-V4-Flash-DSpark",owner="indexer_logits_fp32",'
+        r'memest_graph_pool_bytes\{build="PR",config="[0-9a-f]{16}",mode="measure",'
+        r'model="deepseek-ai/DeepSeek-V4-Flash-DSpark",owner="indexer logits, FP32 copy",'
+        r'owner_id="indexer_logits_fp32",sized_by="unknown",'
         r'stage="target\.full"\} 8\.607114461e\+09',
         text,
     )
     assert re.search(
-        r'memest_kv_tokens\{build="main",config="[0-9a-f]{16}",model="nvidia/MiniMax-M3-NVFP4"\} '
-        r"3\.575296e\+06",
+        r'memest_kv_tokens\{build="main",config="[0-9a-f]{16}",'
+        + published.format("nvidia/MiniMax-M3-NVFP4")
+        + r"\} 3\.575296e\+06",
         text,
     )
     assert re.search(
@@ -392,7 +398,7 @@ def test_demo_load_keeps_a_differing_stored_report(make_client: MakeClient) -> N
     assert _post(first, changed.model_dump_json()).status_code == 201  # type: ignore[attr-defined]
     # WHEN the demo is loaded into it, THEN the service starts and keeps the stored report
     second = make_client(demo=True)
-    assert second.get("/api/v1/runs").json()["count"] == 4
+    assert second.get("/api/v1/runs").json()["count"] == 10
     kept = second.get(f"/api/v1/reports/{MM_PR}-rank0").json()
     assert kept["notes"] == ["older"]
 

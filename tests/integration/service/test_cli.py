@@ -71,13 +71,13 @@ def test_check_exit_codes(demo_files: dict[str, Path], capsys: pytest.CaptureFix
     assert "FAIL  graph pool" in out and "FAIL  estimate error (vllm)" in out
     assert main(["check", pr, "--max-graph-pool", "18GiB", "--max-estimate-error", "4GiB"]) == 0
     assert main(["check", pr, "--max-stage", "target.full=10GiB"]) == 1
-    assert (
-        main(["check", pr, "--baseline", str(demo_files["ds-main"]), "--max-kv-drop", "0.20"]) == 0
-    )
-    assert (
-        main(["check", pr, "--baseline", str(demo_files["ds-main"]), "--max-kv-drop", "0.10"]) == 1
-    )
-    capsys.readouterr()
+    # Against main: KV 7,660,426 -> 6,208,214 tokens (-19.0%), graph pool 4.33 -> 17.05 GiB
+    # (+294%): past the default 5% pool threshold unless a wider one is given.
+    base = ["check", pr, "--baseline", str(demo_files["ds-main"])]
+    assert main([*base, "--max-kv-drop", "0.20", "--max-pool-growth", "3"]) == 0
+    assert main([*base, "--max-kv-drop", "0.10", "--max-pool-growth", "3"]) == 1
+    assert main([*base, "--max-kv-drop", "0.20"]) == 1
+    assert "FAIL  Graph-pool growth vs baseline: +294.2%" in capsys.readouterr().out
     # A figure the report lacks is an error, not a pass.
     assert main(["check", pr, "--max-estimate-error", "1GiB", "--estimator", "memest"]) == 2
     assert "no usage-minus-budget figure" in capsys.readouterr().err
@@ -172,4 +172,5 @@ def test_serve_exit_after_load(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["serve", "--demo", "--exit-after-load", "--database-url", url]) == 0
     out = capsys.readouterr().out
     assert "deepseek-ai/DeepSeek-V4-Flash-DSpark: 2 runs (main, PR)" in out
-    assert "2 models stored" in out
+    assert "llama8b: 4 runs (vllm-0.33.0+memest-0.1.0)" in out  # the real H200 starts
+    assert "5 models stored" in out
