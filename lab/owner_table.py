@@ -13,12 +13,16 @@ snapshot.rank0.json.gz, or a raw pair ``reports/vllm/raw/<run>`` naming
   capture plan; draft.* stages use the drafter's config; a fixed size where the owner has one),
   and their ratio (about the number of such buffers alive at once: 1, 2, ... — a ratio far from
   an integer means the formula or the owner is wrong);
-- with ``--same A B``: whether two starts of one configuration (cold compile and compile-cache
-  hit) give the same owner table.
+- with ``--same A B`` (repeatable): whether two starts of one configuration (cold compile and
+  compile-cache hit) give the same owner table;
+- with ``--compile-cache RUN=PATH[,GRAPH_DIR]``: RUN's generated code without a module map (compiled
+  in a start without memest) gets the map the plugin now rebuilds at the end of init, from the
+  ``computation_graph.py`` of vLLM's compile cache at PATH (a folder or a .tgz of one; only under a
+  path holding GRAPH_DIR) and the generated modules there (memest.analysis.fxgraph).
 
 Usage (after a device run; nothing here needs a GPU):
     python lab/owner_table.py OUT/memest/A_llama8b_s128_t4096.enable-cold=CONFIG.json ... \
-        [--same RUN_A RUN_B] > reports/vllm/owners/owners.md
+        [--same RUN_A RUN_B] [--compile-cache RUN=CACHE.tgz] > reports/vllm/owners/owners.md
 ``CONFIG.json`` is the model's Hugging Face config (lab/models/*/config.json, or the carried
 Llama-8B's); ``RUN=TARGET.json,DRAFTER.json`` for a start with a drafter.
 """
@@ -26,8 +30,10 @@ Llama-8B's); ``RUN=TARGET.json,DRAFTER.json`` for a start with a drafter.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+import tarfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -35,10 +41,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from memest.analysis import analyze  # noqa: E402
+from memest.analysis import OwnerRules, analyze  # noqa: E402
+from memest.analysis.fxgraph import GRAPH_FILE, match_piece, parse_split_graph  # noqa: E402
+from memest.analysis.inductor import attach_nodes, generated_key, listed_names  # noqa: E402
 from memest.reporters.owners import owner_label  # noqa: E402
-from memest.schema import Breakdown, RunReport  # noqa: E402
-from memest.snapshot import load_snapshot  # noqa: E402
+from memest.schema import Breakdown, CompiledCode, RunReport  # noqa: E402
+from memest.snapshot import load_snapshot, scrub_path  # noqa: E402
 from memest.units import fmt_bytes as format_bytes  # noqa: E402
 
 UNNAMED = ("compiled_piece", "unattributed")
@@ -46,6 +54,9 @@ BF16 = 2
 #: torch's default cuBLAS workspace on sm90 (CUBLAS_WORKSPACE_CONFIG ":4096:8": 8 x 4096 KiB).
 CUBLAS_WORKSPACE_SM90 = 8 * 4096 * 1024
 PLAN_SIZING = "vllm-0.33.0"
+#: Where lab/vllm_runs.py puts vLLM on the device (frames there are scrubbed from this root,
+#: as the plugin scrubs live frames from sys.path).
+DEVICE_SITE = "/tmp/vllm_h200_site"
 
 
 def per_token_bytes(cfg: dict[str, Any]) -> dict[str, int]:
@@ -112,11 +123,54 @@ def run_files(spec: Path) -> tuple[Path, Path]:
     )
 
 
-def breakdown_of(run: Path) -> tuple[RunReport, Breakdown]:
+def cache_texts(path: Path, graph_dir: str = "") -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """(computation_graph.py files, generated modules by key) of a vLLM compile cache: a folder
+    or a .tgz of one; only graphs under a folder whose path holds ``graph_dir``."""
+    texts: dict[str, str] = {}
+    if path.is_dir():
+        for p in path.rglob("*.py"):
+            texts[str(p.relative_to(path))] = p.read_text(errors="replace")
+    else:
+        with tarfile.open(path) as tar:
+            for m in tar.getmembers():
+                f = tar.extractfile(m) if m.isfile() and m.name.endswith(".py") else None
+                if f is not None:
+                    texts[m.name] = f.read().decode(errors="replace")
+    graphs = sorted(
+        (name, t) for name, t in texts.items() if name.endswith(GRAPH_FILE) and graph_dir in name
+    )
+    generated = {k: t for name, t in texts.items() if (k := generated_key(name)) is not None}
+    return graphs, generated
+
+
+def rebuilt_code(code: CompiledCode, cache: str) -> CompiledCode:
+    """``code`` with each map-less module's node map rebuilt from a compile cache (the plugin's
+    rebuild, memest.analysis.fxgraph): ``cache`` is ``PATH[,GRAPH_DIR]``."""
+    path, _, graph_dir = cache.partition(",")
+    graphs, generated = cache_texts(Path(path), graph_dir)
+    scrub = functools.partial(scrub_path, roots=[DEVICE_SITE])
+    pieces = [p for name, text in graphs for p in parse_split_graph(text, name, scrub)]
+    out = code.model_copy(deep=True)
+    for f in out.files:
+        if f.nodes:
+            continue
+        text = generated.get(f.key)
+        names = listed_names(text) if text else [n for s in f.sites for n in s.nodes]
+        piece = match_piece(names, pieces)
+        if piece is not None:
+            attach_nodes(f, piece.nodes)
+    return out
+
+
+def breakdown_of(run: Path, cache: str = "") -> tuple[RunReport, Breakdown]:
     report_path, snap_path = run_files(run)
     report = RunReport.model_validate_json(report_path.read_text())
     if snap_path.is_file():
-        return report, analyze(load_snapshot(snap_path))
+        snap = load_snapshot(snap_path)
+        if cache and snap.get("compiled_code"):
+            code = rebuilt_code(CompiledCode.model_validate(snap["compiled_code"]), cache)
+            return report, analyze(snap, rules=OwnerRules.default().with_compiled(code))
+        return report, analyze(snap)
     if report.breakdown is None:
         raise SystemExit(f"{run}: no breakdown and no kept history")
     return report, report.breakdown
@@ -212,15 +266,31 @@ def _config(text: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", help="RUN=MODEL_CONFIG.json[,DRAFTER_CONFIG.json]")
-    ap.add_argument("--same", nargs=2, metavar="RUN", help="two runs whose owner tables match")
+    ap.add_argument(
+        "--same",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar="RUN",
+        help="two runs whose owner tables match (repeatable)",
+    )
+    ap.add_argument(
+        "--compile-cache",
+        action="append",
+        default=[],
+        metavar="RUN=PATH[,GRAPH_DIR]",
+        help="rebuild RUN's missing module maps from this vLLM compile cache (a folder or a "
+        ".tgz; only computation_graph.py under a path holding GRAPH_DIR), as the plugin does",
+    )
     args = ap.parse_args(argv)
+    caches = dict(c.partition("=")[::2] for c in args.compile_cache)
     tables: dict[str, dict[str, int]] = {}
     starts = []
     for spec in args.runs:
         run_text, _, cfg_text = spec.partition("=")
         target_cfg, _, drafter_cfg = cfg_text.partition(",")
         run = Path(run_text)
-        report, bd = breakdown_of(run)
+        report, bd = breakdown_of(run, caches.get(run_text, ""))
         tables[run.name] = owner_table(bd)
         starts.append((run.name, report, bd, _config(target_cfg), _config(drafter_cfg)))
     print("| start | capture pool growth named | retained named |")
@@ -230,14 +300,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {_pct(*sh['pool growth'])} | {_pct(*sh['retained'])} |")
     for start in starts:
         print_start(*start)
-    if args.same:
-        a, b = (Path(x).name for x in args.same)
+    failed = 0
+    for pair in args.same:
+        a, b = (Path(x).name for x in pair)
         same = tables.get(a) == tables.get(b)
         print(f"\ncold {a} and warm {b}: owner tables {'identical' if same else 'DIFFER'}")
         if not same:
             print(json.dumps({a: tables.get(a), b: tables.get(b)}, indent=1))
-            return 1
-    return 0
+            failed = 1
+    return failed
 
 
 if __name__ == "__main__":

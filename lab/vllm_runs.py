@@ -349,6 +349,13 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("T_llama8b4l_s128_t4096", "enable"),
         *[("T_llama8b4l_s128_t4096", "default"), ("T_llama8b4l_s128_t4096", "alone")] * 4,
     ],
+    # Owners on a compile-cache hit (issue 25): a cold start without memest fills vLLM's compile
+    # cache (the cold flag clears it and the code-map dir), then a memest start loads it; its
+    # module map is rebuilt from the cache's computation_graph.py.
+    "cachehit": [
+        ("A_llama8b_s128_t4096", "alone-cold"),
+        ("A_llama8b_s128_t4096", "enable"),
+    ],
     # An FP8 checkpoint (lab/fp8_standins.py quantizes): vLLM alone, memest apply, its plan.
     "fp8w": [
         ("Q8_llama8b_fp8w_s128_t4096", "apply"),

@@ -266,6 +266,44 @@ def parse_generated(source: str, key: str) -> CompiledFile:
     return CompiledFile(key=key, sites=sites, calls=calls)
 
 
+def listed_names(source: str) -> list[str]:
+    """Every FX node name a generated module's "Source Nodes" comments list, first seen first."""
+    names: dict[str, None] = {}
+    for m in _SOURCE_NODES.finditer(source):
+        names.update(dict.fromkeys(_split(m.group("nodes"))))
+    return list(names)
+
+
+def listed_inputs(
+    name: str, nodes: dict[str, CompiledNode], listed: set[str], limit: int = 256
+) -> list[str]:
+    """The listed nodes ``name`` reads, directly or through nodes no comment lists (a view, a
+    dtype cast), at most ``limit`` nodes walked."""
+    out: list[str] = []
+    stack = list(nodes[name].inputs)
+    seen: set[str] = set()
+    while stack and len(seen) < limit:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in listed:
+            out.append(n)
+        elif n in nodes:
+            stack.extend(nodes[n].inputs)
+    return sorted(out)
+
+
+def attach_nodes(file: CompiledFile, nodes: dict[str, CompiledNode]) -> None:
+    """Keep in ``file`` the nodes its sites list, each with the listed nodes it reads."""
+    listed = {name for site in file.sites for name in site.nodes}
+    file.nodes = {
+        name: node.model_copy(update={"inputs": listed_inputs(name, nodes, listed)})
+        for name, node in nodes.items()
+        if name in listed
+    }
+
+
 # --------------------------------------------------------------------------- owners
 NO_MAP = "compiled_piece"
 

@@ -97,6 +97,10 @@ _VLLM_0_33_RULES: tuple[OwnerRule, ...] = (
     OwnerRule("draft_logits", "_sample_sequential*", "*spec_decode/dspark/*"),
     OwnerRule("draft_logits", "sample_draft", "*spec_decode/*"),
     OwnerRule("attn_output", "_alloc_attn_out"),
+    # The MLP's activation (SiluAndMul and the others): its output. Under torch.compile this is
+    # the rule an activation node reaches through its frame when its map has no module path
+    # (a map rebuilt from vLLM's compile cache: the node reads no parameter).
+    OwnerRule("mlp_act", "*", "*/model_executor/layers/activation.py"),
     OwnerRule("qnorm_rope_kv_insert", "_fused_qnorm_rope_kv_insert"),
     # MLA (mla_attention.py, the MLA backends): the chunked-prefill workspace the metadata
     # builder keeps (and the profile pass's stand-in for kv_b_proj's output over it, line 939),

@@ -43,7 +43,9 @@ def end_of_init(worker: Any) -> RunReport | None:
     if not st.shedding:
         from memest_instrumentation.vllm import inductor
 
-        st.compiled_code = guarded("compiled_code", inductor.collect)
+        st.compiled_code = guarded(
+            "compiled_code", inductor.collect, getattr(worker, "vllm_config", None)
+        )
     from memest_instrumentation.vllm import dims
 
     guarded("mla_prefill", dims.record_mla_prefill, getattr(worker, "vllm_config", None))

@@ -12,6 +12,9 @@ Two things name what each allocation is for:
   loaded; the node map is also written to ``MEMEST_CODE_MAP_DIR/<2>/c<hash>.json``, keyed by the
   module's content hash, so a start that loads that code from vLLM's compile cache (where vLLM
   strips ``nn_module_stack`` or skips the graph) gets the same map as the start that compiled it.
+  Code compiled by a start without memest has no kept map: its map is rebuilt from the split
+  graph vLLM keeps in its compile cache (``compile_cache.CacheGraphs``; module paths from the
+  parameters each node reads), and a note says so.
 
 Everything here runs in ``guarded`` blocks: a missing, unreadable or unparsable file is a note.
 """
@@ -26,9 +29,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from memest.analysis.inductor import generated_key, innermost_frame, module_path, parse_generated
+from memest.analysis.inductor import (
+    attach_nodes,
+    generated_key,
+    innermost_frame,
+    module_path,
+    parse_generated,
+)
 from memest.schema import CompiledCode, CompiledFile, CompiledNode
 from memest.snapshot import scrub_path, scrub_roots_default
+from memest_instrumentation.vllm.compile_cache import CacheGraphs
 from memest_instrumentation.vllm.state import guarded, state
 
 _MAX_SOURCE_BYTES = 16 << 20  # a generated module larger than this is skipped (named in notes)
@@ -232,7 +242,9 @@ def wrap_adaptor(orig: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _file(key: str, path: str, notes: list[str]) -> CompiledFile | None:
+def _file(
+    key: str, path: str, notes: list[str], cache: CacheGraphs | None = None
+) -> CompiledFile | None:
     p = Path(path)
     if not p.is_file():
         notes.append(f"{key}: generated module not found at the end of init")
@@ -254,45 +266,28 @@ def _file(key: str, path: str, notes: list[str]) -> CompiledFile | None:
     nodes = st.code_nodes.get(key)
     if nodes is None:
         nodes = guarded("compiled_code", _read_map, key) or {}
+        if not nodes and cache is not None:
+            nodes = guarded("compiled_code", cache.rebuild, key, text, notes) or {}
         if not nodes:
             notes.append(
                 f"{key}: no module map (compiled in a start without memest; start once with "
                 "memest on and a cold compile cache, or keep maps in MEMEST_CODE_MAP_DIR)"
             )
-    listed = {name for site in parsed.sites for name in site.nodes}
-    parsed.nodes = {
-        name: node.model_copy(update={"inputs": listed_inputs(name, nodes, listed)})
-        for name, node in nodes.items()
-        if name in listed
-    }
+    attach_nodes(parsed, nodes)
     return parsed
 
 
-def listed_inputs(
-    name: str, nodes: dict[str, CompiledNode], listed: set[str], limit: int = 256
-) -> list[str]:
-    """The listed nodes ``name`` reads, directly or through nodes no comment lists (a view, a
-    dtype cast), at most ``limit`` nodes walked."""
-    out: list[str] = []
-    stack = list(nodes[name].inputs)
-    seen: set[str] = set()
-    while stack and len(seen) < limit:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n in listed:
-            out.append(n)
-        elif n in nodes:
-            stack.extend(nodes[n].inputs)
-    return sorted(out)
+def collect(vllm_config: Any = None) -> CompiledCode | None:
+    """The map of every generated module loaded in this process (None: torch.compile unused).
 
-
-def collect() -> CompiledCode | None:
-    """The map of every generated module loaded in this process (None: torch.compile unused)."""
+    A module without a recorded or kept map gets one rebuilt from ``vllm_config``'s compile
+    cache (:class:`CacheGraphs`)."""
     modules = loaded_modules()
     if not modules:
         return None
     notes: list[str] = []
-    files = [f for key in sorted(modules) if (f := _file(key, modules[key], notes)) is not None]
+    cache = CacheGraphs(vllm_config) if vllm_config is not None else None
+    files = [
+        f for key in sorted(modules) if (f := _file(key, modules[key], notes, cache)) is not None
+    ]
     return CompiledCode(files=files, notes=notes)

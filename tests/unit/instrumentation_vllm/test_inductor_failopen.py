@@ -10,6 +10,8 @@ import pytest
 from memest_instrumentation.vllm import inductor
 from memest_instrumentation.vllm.state import state
 
+from memest.analysis.inductor import listed_inputs
+
 KEY = "ab/c" + "a" * 52 + ".py"
 
 
@@ -141,7 +143,7 @@ def test_the_graph_is_read_before_the_compiler_may_rewrite_it(
     # the relu reads the linear through the float() cast; listed_inputs looks through it
     (lin_name,) = [name for name, n in nodes.items() if n.module == "qkv_proj"]
     assert nodes[relu[0]].inputs != [lin_name]
-    assert inductor.listed_inputs(relu[0], nodes, {relu[0], lin_name}) == [lin_name]
+    assert listed_inputs(relu[0], nodes, {relu[0], lin_name}) == [lin_name]
     assert state().hook_errors == []
 
 
