@@ -35,10 +35,11 @@ class IndexerLogits:
 
 def indexer_logits(rows: int, positions: int, kernel_element_bytes: int) -> IndexerLogits:
     """The size law: rows x positions x bytes, plus the FP32 copy of a narrower output."""
-    if rows < 0 or positions < 0 or kernel_element_bytes not in (2, FP32_BYTES):
+    if rows < 0 or positions < 0:
+        raise ConfigError("indexer_logits", (rows, positions), "rows and positions must be >= 0")
+    if kernel_element_bytes not in (2, FP32_BYTES):
         raise ConfigError(
-            f"indexer logits: rows {rows}, positions {positions}, "
-            f"element bytes {kernel_element_bytes} (2 or 4)"
+            "kernel_element_bytes", kernel_element_bytes, "element bytes must be 2 or 4"
         )
     kernel = rows * positions * kernel_element_bytes
     copy = rows * positions * FP32_BYTES if kernel_element_bytes != FP32_BYTES else 0

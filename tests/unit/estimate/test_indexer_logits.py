@@ -36,5 +36,5 @@ def test_prefill_chunk_rows_by_positions() -> None:
 
 
 def test_bad_element_size_is_one_clear_error() -> None:
-    with pytest.raises(ConfigError, match="element bytes 1"):
+    with pytest.raises(ConfigError, match="kernel_element_bytes=1: element bytes must be 2 or 4"):
         indexer_logits(1, 1, 1)
