@@ -162,6 +162,33 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "util": 0.85,
         "fp8_standins": True,
     },
+    # DeepSeek-V3.2 with 4 of its 61 layers, all dense (first_k_dense_replace 4: the indexer's
+    # owners do not depend on the MoE): MLA plus the DSA indexer (64 heads of 128, top-2,048,
+    # its FP8 key cache of 132 bytes per token). lab/dsa_standins.py serves DeepGEMM's MQA logits
+    # and the indexer's compiled ops; top-k "per_row" (the compiled cooperative/persistent
+    # top-k "auto" picks are missing too). logits_dtype "fp32" is the H200's own contract (one
+    # FP32 logits tensor); "bf16" gives the SM100 pair: BF16 logits and vLLM's FP32 copy.
+    # The sparse MLA attend itself is FlashMLA's (_flashmla_C, in the wheel; no stand-in).
+    "S_dsv32_4l_s64_t2048": {
+        "model": str(LAB_MODELS / "dsv32_4l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": 0.85,
+        "standins": True,
+        "dsa_standins": "fp32",
+        "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
+        "attention_backend": "FLASHMLA_SPARSE",
+    },
+    "S_dsv32_4l_s64_t2048_bf16": {
+        "model": str(LAB_MODELS / "dsv32_4l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": 0.85,
+        "standins": True,
+        "dsa_standins": "bf16",
+        "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
+        "attention_backend": "FLASHMLA_SPARSE",
+    },
     # Llama-3-8B with 4 of its 32 layers: a small model, where the plugin's fixed costs show.
     "T_llama8b4l_s128_t4096": {
         "model": str(LAB_MODELS / "llama8b_4l"),
@@ -355,6 +382,15 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     "cachehit": [
         ("A_llama8b_s128_t4096", "alone-cold"),
         ("A_llama8b_s128_t4096", "enable"),
+    ],
+    # Issue 29: the DSA indexer's logits in real vLLM (SM90's FP32 logits, then the SM100 pair
+    # on the same GPU), memest apply beside vLLM alone.
+    "dsa": [
+        ("S_dsv32_4l_s64_t2048", "enable"),
+        ("S_dsv32_4l_s64_t2048", "apply"),
+        ("S_dsv32_4l_s64_t2048", "alone"),
+        ("S_dsv32_4l_s64_t2048_bf16", "enable"),
+        ("S_dsv32_4l_s64_t2048_bf16", "apply"),
     ],
     # An FP8 checkpoint (lab/fp8_standins.py quantizes): vLLM alone, memest apply, its plan.
     "fp8w": [
@@ -621,6 +657,11 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         print(f"STANDINS {register()}", flush=True)
         if cfg.get("mla_prefill_backend") == "FLASH_ATTN":
             _provide_flash_attn(torch)
+    if cfg.get("dsa_standins"):
+        from dsa_standins import register as register_dsa
+
+        dtype = torch.bfloat16 if cfg["dsa_standins"] == "bf16" else torch.float32
+        print(f"STANDINS {register_dsa(dtype)}", flush=True)
     if cfg.get("fp8_standins"):
         from fp8_standins import register as register_fp8
 
@@ -645,7 +686,8 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
                 "rms_norm": native,
                 "fused_add_rms_norm": native,
                 "gelu_and_mul_sparse": native,
-            }
+            },
+            **cfg.get("kernel_config", {}),
         },
     )
     if cfg.get("mla_prefill_backend"):
