@@ -1,6 +1,6 @@
 """Replay allocator events into the stage / owner breakdown (pure Python, no torch).
 
-Every allocator event carries a stage tag (see memest.analysis.tags). The replay walks events in
+Every allocator event carries a stage tag (see memest.snapshot.tags). The replay walks events in
 order, so the pool of each segment is known when it is created (torch 2.11 records no pool per
 event; a segment address is reused across pools within one trace) and each segment_free finds
 the segment it releases.
@@ -25,7 +25,6 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from memest.analysis.owners import UNATTRIBUTED, OwnerRules
-from memest.analysis.tags import DEFAULT_POOL, StageTag, parse_tag
 from memest.errors import InvariantError, SnapshotFormatError
 from memest.schema.breakdown import (
     Breakdown,
@@ -40,6 +39,7 @@ from memest.schema.breakdown import (
 )
 from memest.schema.report import CompiledCode
 from memest.snapshot.format import Snapshot, validate
+from memest.snapshot.tags import DEFAULT_POOL, StageTag, parse_tag
 
 NO_STAGE = "(none)"
 _ALLOC, _FREE_REQ, _FREE_DONE, _SEG_ALLOC, _SEG_FREE, _OTHER = range(6)

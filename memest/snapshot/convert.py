@@ -11,9 +11,9 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from memest.analysis.tags import pool_key
 from memest.errors import SnapshotFormatError
 from memest.snapshot.format import EVENT_COLUMNS, FORMAT_NAME, FORMAT_VERSION, Snapshot
+from memest.snapshot.tags import pool_key
 
 _PKG_DIRS = ("site-packages", "dist-packages")
 _FRAME_KEY = operator.itemgetter("filename", "line", "name")

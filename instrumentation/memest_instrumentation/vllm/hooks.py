@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from memest.analysis.tags import pool_key
 from memest.estimate.phases import warm_pass_headroom
 from memest.schema import PhaseRecord
+from memest.snapshot.tags import pool_key
 from memest_instrumentation.vllm import measure
 from memest_instrumentation.vllm.detect import role_of, stage_of
 from memest_instrumentation.vllm.patches import Patch
