@@ -2,7 +2,7 @@
 
 Pure Python (no torch): model shapes (shape.py), a synthetic graph-pool trace replayed through the
 allocator model (graphs.py), laws whose coefficients were fitted from measured starts
-(calibration.py, fit.py; data/ per GPU kind and vLLM version) and the prediction (predict.py).
+(calibration.py; data/ per GPU kind and vLLM version, fitted by lab/fit.py) and the prediction (predict.py).
 """
 
 from memest.preflight.calibration import Calibration, Coefficients, load_calibration

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from lab import preflight_fit
+from lab.fit import Start, calibrate, fit_coefficients, leave_one_out
 from memest.estimate import account
 from memest.preflight.calibration import Calibration, Coefficients, load_calibration
-from memest.preflight.fit import Start, calibrate, fit_coefficients, leave_one_out
 from memest.preflight.predict import preflight
 from memest.schema import RunReport
 from memest.schema.preflight import PreflightRequest
@@ -40,14 +39,6 @@ GRIDS = [
     (64, 4096, {"method": "eagle3", "num_speculative_tokens": 3}),
     (96, 2048, {"method": "eagle3", "num_speculative_tokens": 5}),
 ]
-
-
-def _lab() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("preflight_fit", ROOT / "lab/preflight_fit.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _synthetic_starts(truth: Calibration) -> list[Start]:
@@ -105,16 +96,14 @@ def test_leave_one_out_sees_a_wrong_law() -> None:
 
 
 def test_committed_calibration_is_the_fit_of_the_committed_starts() -> None:
-    lab = _lab()
-    starts = lab.load_starts()
+    starts = preflight_fit.load_starts()
     shipped = load_calibration("h200")
     refit = calibrate(starts, shipped).model_copy(update={"command": shipped.command})
     assert refit == shipped, "run `python lab/preflight_fit.py --write` and commit the result"
 
 
 def test_every_grid_held_out_is_within_a_quarter_gib_of_its_exact_budget() -> None:
-    lab = _lab()
-    starts = lab.load_starts()
+    starts = preflight_fit.load_starts()
     assert len({s.group for s in starts}) >= 5
     loo = leave_one_out(starts, load_calibration("h200"))
     assert set(loo) == {s.group for s in starts}
@@ -125,11 +114,10 @@ def test_every_grid_held_out_is_within_a_quarter_gib_of_its_exact_budget() -> No
 
 def test_vllm_overshoot_is_over_the_starts_vllm_sized_only() -> None:
     """The starts the plugin recorded as sized by vLLM, and vLLM's error on exactly those."""
-    lab = _lab()
-    starts = {st.report_id: st for st in lab.load_starts()}
+    starts = {st.report_id: st for st in preflight_fit.load_starts()}
     plugin_says: set[str] = set()
     errors: list[int] = []
-    for path in lab.REPORTS:
+    for path in preflight_fit.REPORTS:
         report = RunReport.model_validate_json(path.read_text())
         stored = report.estimate.records if report.estimate is not None else []
         said = [r.note for r in stored] + list(report.notes)
@@ -151,8 +139,7 @@ def test_vllm_overshoot_is_over_the_starts_vllm_sized_only() -> None:
 def test_grid_sized_buffers_leave_small_residuals_held_out() -> None:
     """With vLLM's buffers computed, what the fit adds to weights and runner buffers is small:
     each grid held out lands within 32 MiB on both terms."""
-    lab = _lab()
-    loo = leave_one_out(lab.load_starts(), load_calibration("h200"))
+    loo = leave_one_out(preflight_fit.load_starts(), load_calibration("h200"))
     for group, rows in loo.items():
         for r in rows:
             for term in ("weights_bytes", "runner_buffer_bytes", "baseline_torch_bytes"):
