@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from lab import preflight_fit
-from lab.fit import Start, calibrate, fit_coefficients, leave_one_out
+from lab.fit import TERMS, Start, calibrate, fit_coefficients, leave_one_out
 from memest.estimate import account
-from memest.preflight.calibration import Calibration, Coefficients, load_calibration
-from memest.preflight.predict import preflight
-from memest.schema import RunReport
+from memest.estimate.synthetic_trace import pool_bytes
+from memest.preflight.calibration import Coefficients, load_calibration
+from memest.preflight.predict import preflight, setup
+from memest.preflight.shape import layer_token_bytes, parameter_bytes
+from memest.schema import FullInitTerms, RunReport
 from memest.schema.preflight import PreflightRequest
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -41,37 +44,105 @@ GRIDS = [
 ]
 
 
-def _synthetic_starts(truth: Calibration) -> list[Start]:
-    """Starts whose measured terms are exactly the laws with TRUTH's coefficients."""
+#: Llama-3-8B's shapes, by hand from tests/data/configs/llama8b.json (bf16: 2 bytes an element).
+#: Parameters: 8,030,261,248 (the published count) plus vLLM's rotary cos/sin cache,
+#: max_position_embeddings 8192 x head_dim 128.
+LLAMA_PARAM_BYTES = 8_030_261_248 * 2 + 8192 * 128 * 2
+#: A decoder layer's activation bytes per token: five hidden-wide tensors (5 x 4096), the qkv
+#: projection ((32 + 2 x 8) heads x 128), the KV written (8 x 128), gate_up (2 x 14336) and the
+#: activation (14336).
+LLAMA_LAYER_TOKEN_BYTES = 2 * (5 * 4096 + 48 * 128 + 8 * 128 + 2 * 14336 + 14336)
+H200_TOTAL_BYTES = 150_109_880_320  # the calibration's GPU total (memest/preflight/data)
+
+
+def _request(seqs: int, mbt: int, spec: dict[str, object] | None) -> PreflightRequest:
+    return PreflightRequest.model_validate(
+        {
+            "model_config": LLAMA,
+            "max_num_seqs": seqs,
+            "max_num_batched_tokens": mbt,
+            "max_model_len": 4096,
+            "gpu_memory_utilization": 0.85,
+            "speculative_config": spec,
+        }
+    )
+
+
+def _law_terms(req: PreflightRequest, c: Coefficients) -> FullInitTerms:
+    """The terms the laws give with coefficients ``c``, written out here (predict.py's table).
+
+    The target's inputs are the hand figures above. What a test cannot write by hand is read
+    from the setup as an input, never as a result: vLLM's grid-sized buffers (added here, and
+    subtracted by the fit), the graph-layer count, the drafter's shape and the graph pools
+    (no law fits them)."""
+    s = setup(req)
+    mbt = req.max_num_batched_tokens
+    assert mbt is not None
+    buf = s.buffers()
+    d = s.drafter
+    weights = LLAMA_PARAM_BYTES + c.weights_rest_bytes
+    activation = c.activation_factor * mbt * LLAMA_LAYER_TOKEN_BYTES
+    residue = c.residue_bytes + c.residue_factor * mbt * 4096 * 2
+    baseline, runner = c.baseline_bytes, c.runner_rest_bytes
+    if d is not None:
+        weights += parameter_bytes(d)
+        activation += c.activation_drafter_factor * mbt * layer_token_bytes(d)
+        residue += c.residue_drafter_bytes
+        baseline += c.baseline_drafter_bytes
+        runner = c.runner_rest_drafter_bytes
+    pools = pool_bytes(s.plan, s.target, d, draft_steps=s.draft_steps).by_stage
+    return FullInitTerms(
+        requested_bytes=math.ceil(H200_TOTAL_BYTES * 0.85),
+        baseline_torch_bytes=baseline + buf.get("baseline_torch_bytes", 0),
+        weights_bytes=weights + buf.get("weights_bytes", 0),
+        profile_peak_activation_bytes=round(activation),
+        outside_torch_bytes=round(
+            c.outside_bytes + c.outside_per_graph_layer_bytes * s.graph_layers()
+        ),
+        graph_pool_bytes=sum(pools.values()),
+        graph_pool_by_stage_bytes=dict(pools),
+        runner_buffer_bytes=runner + buf.get("runner_buffer_bytes", 0),
+        profiling_residue_bytes=round(residue) + buf.get("profiling_residue_bytes", 0),
+    )
+
+
+def _synthetic_starts(c: Coefficients) -> list[Start]:
+    """Starts whose measured terms are exactly the laws with coefficients ``c``; the KV that
+    fills each budget is what the requested memory leaves after them."""
     out = []
     for seqs, mbt, spec in GRIDS:
-        req = PreflightRequest.model_validate(
-            {
-                "model_config": LLAMA,
-                "max_num_seqs": seqs,
-                "max_num_batched_tokens": mbt,
-                "max_model_len": 4096,
-                "gpu_memory_utilization": 0.85,
-                "speculative_config": spec,
-            }
-        )
-        r = preflight(req, truth)
-        out.append(
-            Start(f"syn-{seqs}-{mbt}", f"{seqs}/{mbt}", req, r.terms, r.kv_budget_bytes, None, "X")
-        )
+        req = _request(seqs, mbt, spec)
+        terms = _law_terms(req, c)
+        exact_kv = terms.requested_bytes - sum(getattr(terms, t) for t in TERMS)
+        out.append(Start(f"syn-{seqs}-{mbt}", f"{seqs}/{mbt}", req, terms, exact_kv, None, "X"))
     return out
 
 
+def test_the_hand_figures_are_the_shapes_the_laws_read() -> None:
+    target = setup(_request(128, 4096, None)).target
+    assert parameter_bytes(target) == LLAMA_PARAM_BYTES
+    assert layer_token_bytes(target) == LLAMA_LAYER_TOKEN_BYTES
+
+
 def test_fit_recovers_known_coefficients() -> None:
-    truth = load_calibration("h200").model_copy(update={"coefficients": TRUTH})
-    got = fit_coefficients(_synthetic_starts(truth))
+    got = fit_coefficients(_synthetic_starts(TRUTH))
     for name, value in TRUTH.model_dump().items():
         assert getattr(got, name) == pytest.approx(value, rel=1e-6, abs=1), name
 
 
+def test_the_prediction_gives_the_laws_terms() -> None:
+    truth = load_calibration("h200").model_copy(update={"coefficients": TRUTH})
+    for seqs, mbt, spec in GRIDS:
+        req = _request(seqs, mbt, spec)
+        predicted = preflight(req, truth).terms
+        expected = _law_terms(req, TRUTH)
+        for term in (*TERMS, "requested_bytes"):
+            assert getattr(predicted, term) == getattr(expected, term), (seqs, mbt, term)
+
+
 def test_leave_one_out_on_known_truth_is_exact() -> None:
     truth = load_calibration("h200").model_copy(update={"coefficients": TRUTH})
-    loo = leave_one_out(_synthetic_starts(truth), truth)
+    loo = leave_one_out(_synthetic_starts(TRUTH), truth)
     assert set(loo) == {f"{s}/{t}" for s, t, _ in GRIDS}
     for rows in loo.values():
         for r in rows:
@@ -81,7 +152,7 @@ def test_leave_one_out_on_known_truth_is_exact() -> None:
 def test_leave_one_out_sees_a_wrong_law() -> None:
     """A start whose activation is 256 MiB off shows up as that error once held out."""
     truth = load_calibration("h200").model_copy(update={"coefficients": TRUTH})
-    starts = _synthetic_starts(truth)
+    starts = _synthetic_starts(TRUTH)
     bad = starts[2]
     shifted = bad.terms.model_copy(
         update={
