@@ -267,17 +267,6 @@ def parse_generated(source: str, key: str) -> CompiledFile:
 
 
 # --------------------------------------------------------------------------- owners
-NO_MAP = "compiled_piece"
-
-
-@dataclass(frozen=True, slots=True)
-class SiteVerdict:
-    """Owner of one generated line, or why it has none."""
-
-    owner: str | None
-    why: str = ""
-
-
 class CompiledIndex:
     """(file key, line) -> allocation site and its file's nodes, for the owner rules."""
 

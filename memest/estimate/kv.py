@@ -9,16 +9,9 @@ from memest.estimate.model_shape import ModelShape
 from memest.schema import KVCacheSpec
 from memest.units import fmt_gib
 
-# Keys of KVCacheSpec.extra read here. MLA stores one latent vector per token and layer
+# KVCacheSpec.extra's keys read here: MLA stores one latent vector per token and layer
 # (kv_lora_rank + qk_rope_head_dim values) instead of K and V per head; a sparse-attention
 # indexer adds its own per-token key cache (indexer_head_dim values plus scale bytes).
-MLA_KEYS = ("kv_lora_rank", "qk_rope_head_dim")
-INDEXER_KEYS = (
-    "indexer_head_dim",
-    "indexer_dtype_bytes",
-    "indexer_scale_bytes",
-    "indexer_num_layers",
-)
 
 
 def _int_extra(extra: dict[str, Any], key: str, default: int | None = None) -> int:

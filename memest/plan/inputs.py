@@ -25,7 +25,6 @@ from memest.schema.preflight import (
     MAX_NUM_SEQS_LIMIT,
 )
 
-GpuPreset = Literal["gb200", "b200", "h100", "h200"]
 #: Compute-capability family 100 (Blackwell data-center parts) or not.
 GPU_PRESETS: dict[str, bool] = {"gb200": True, "b200": True, "h100": False, "h200": False}
 #: ``vllm serve`` defaults the seed uses per GPU class: (max_num_seqs, max_num_batched_tokens).
@@ -361,10 +360,6 @@ class PlanInput:
     @property
     def uses_legacy_fields(self) -> bool:
         return any(getattr(self, n) is not None for n in LEGACY_FIELDS)
-
-    @property
-    def uses_seed_fields(self) -> bool:
-        return any(getattr(self, n) is not None for n in SEED_FIELDS)
 
 
 def gpu_preset(name: str) -> bool:

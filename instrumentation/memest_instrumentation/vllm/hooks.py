@@ -227,7 +227,6 @@ def warm_profile_peak(worker: Any) -> None:
     measure.settle()
     st.phases.append(PhaseRecord(name="profile_run.warm", start=start, end=end))
     warm = warm_pass_headroom(start, end)
-    st.figures.profile_headroom_first_bytes = first
     st.figures.profile_headroom_bytes = warm
     if standins and st.config is not None:
         st.config = st.config.model_copy(update={"mla_warm_pass_without_standin": True})
