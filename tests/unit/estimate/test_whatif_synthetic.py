@@ -1,6 +1,6 @@
 """What a start did not record: the drafter's graph pools (synthetic request trace) and its share
 of the profile pass's activations (the activation law), checked against real H200 starts of one
-model with and without an EAGLE3 drafter (reports/vllm/raw)."""
+model with and without an EAGLE3 drafter (tests/data/starts, copied from reports/vllm/raw)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from memest.schema import RunReport
 from memest.units import GiB, MiB
 
 ROOT = Path(__file__).resolve().parents[3]
-RAW = ROOT / "reports" / "vllm" / "raw"
+RAW = ROOT / "tests" / "data" / "starts"
 MODEL = json.loads((ROOT / "examples" / "llama8b.config.json").read_text())
 DRAFTER = json.loads((ROOT / "examples" / "eagle3_8b.config.json").read_text())
 S, B = "call9.S_llama8b_s128_t4096.apply", "call6.B_llama8b_s32_t2048.apply"
