@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import memest.estimate.synthetic_trace as estimate_trace
-import memest.preflight.graphs as preflight_graphs
+import memest.preflight.predict as preflight_predict
 from memest.estimate import account, full_init_kv_budget, full_init_terms, what_if
 from memest.estimate.runner_buffers import ModelDims
 from memest.plan.overlay import grid_changes
@@ -39,8 +39,7 @@ def _predict(g: RunReport, g2: RunReport, *, drafter: bool = True, factor: bool 
 
 
 def test_preflight_and_what_if_share_one_trace() -> None:
-    assert preflight_graphs.synthetic_trace is estimate_trace.synthetic_trace
-    assert preflight_graphs.pool_bytes is estimate_trace.pool_bytes
+    assert preflight_predict.pool_bytes is estimate_trace.pool_bytes
 
 
 @pytest.mark.parametrize(("plain", "eagle"), [(S, C), (S, E), (B, C), (B, E)])
