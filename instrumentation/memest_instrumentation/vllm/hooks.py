@@ -31,9 +31,6 @@ from memest_instrumentation.vllm.windows import (
     phase_wrapper,
 )
 
-# Lifts the FULL-graph sample limit of vLLM's graph-memory profiling in apply mode.
-_ALL_GRAPHS = 1 << 30
-
 
 def wrap_cg_capture(orig: Callable[..., Any]) -> Callable[..., Any]:
     """CudaGraphManager.capture: the single choke point of every MRV2 graph family."""
