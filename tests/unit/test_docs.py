@@ -134,3 +134,18 @@ def test_the_checks_catch_a_dead_setting() -> None:
     assert "stack_depth" not in _attributes_read()
     assert "work_budget_s" in _attributes_read()
     assert _readme_defaults()["MEMEST_ENABLE"] == "0" and _readme_defaults()["MEMEST_RULES"] == ""
+
+
+def test_the_readme_defaults_are_the_services() -> None:
+    from memest.service.config import Settings
+
+    def shown(value: object) -> str:
+        if value is None:
+            return ""
+        return str(int(value)) if isinstance(value, bool) else str(value)
+
+    documented = _readme_defaults()
+    fields = Settings.model_fields
+    assert {f"MEMEST_{n.upper()}": documented.get(f"MEMEST_{n.upper()}") for n in fields} == {
+        f"MEMEST_{n.upper()}": shown(f.default) for n, f in fields.items()
+    }
