@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memest.analysis import StageTag, format_tag
 from memest.snapshot import dump_snapshot, to_torch
 from memest.snapshot.format import FORMAT_NAME, FORMAT_VERSION, Snapshot
+from memest.snapshot.tags import StageTag, format_tag
 
 MiB = 1 << 20
 STAGES = [

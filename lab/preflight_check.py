@@ -34,12 +34,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "lab"))
 
-from preflight_fit import load_starts  # noqa: E402
-from summarize_vllm import DIAGNOSTIC_STARTS  # noqa: E402
-from vllm_runs import CONFIGS  # noqa: E402
 
+from lab.preflight_fit import load_starts  # noqa: E402
+from lab.summarize_vllm import DIAGNOSTIC_STARTS  # noqa: E402
+from lab.vllm_runs import CONFIGS  # noqa: E402
 from memest.errors import MemestError  # noqa: E402
 from memest.files import load_json_file, parse_json, read_regular_file  # noqa: E402
 from memest.preflight import preflight, request_from  # noqa: E402

@@ -19,12 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from memest.preflight.calibration import (  # noqa: E402
-    CALIBRATIONS,
-    load_calibration,
-    overshoot_line,
-)
-from memest.preflight.fit import (  # noqa: E402
+from lab.fit import (  # noqa: E402
     TERMS,
     Residual,
     Start,
@@ -33,6 +28,11 @@ from memest.preflight.fit import (  # noqa: E402
     residuals,
     start_from_report,
     vllm_overshoot,
+)
+from memest.preflight.calibration import (  # noqa: E402
+    CALIBRATIONS,
+    load_calibration,
+    overshoot_line,
 )
 from memest.schema import RunReport  # noqa: E402
 

@@ -34,13 +34,14 @@ REPEATS = 7  # captures timed per process; the median counts
 def child(variant: str) -> dict[str, Any]:
     import tempfile
 
-    from carry import CARRY, launcher
+    from lab.carry import CARRY, launcher
 
     # the device image has torch but not pydantic: the carried site has it (as for vLLM)
     launcher().prepare_site(str(CARRY), os.path.join(tempfile.gettempdir(), "vllm_h200_site"))
     import torch
     from memest_instrumentation.torch import Recorder
-    from validate_pools import Layered, release
+
+    from lab.validate_pools import Layered, release
 
     work = Layered()
     work.run(None)  # cuBLAS handles, workspaces and kernels loaded before any timing

@@ -38,7 +38,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from carry import CARRY, ROOT, launcher, plugin_site
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python3 lab/X.py`: the repo root
+from lab.carry import CARRY, ROOT, launcher, plugin_site  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/memest_serve"))
 SITE = Path(tempfile.gettempdir()) / "vllm_h200_site"

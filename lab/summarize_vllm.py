@@ -35,8 +35,8 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_runs import CONFIGS  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python3 lab/X.py`: the repo root
+from lab.vllm_runs import CONFIGS  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1] / "reports" / "vllm"
 RAW = HERE / "raw"

@@ -46,7 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from carry import CARRY, ROOT, launcher, plugin_site
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python3 lab/X.py`: the repo root
+from lab.carry import CARRY, ROOT, launcher, plugin_site  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/memest_out"))
 SHARED_TMP = Path(tempfile.gettempdir())
@@ -603,7 +604,7 @@ def _greedy_one_token() -> Any:
 def _provide_flash_attn(torch: Any) -> None:
     """FA2 for vLLM's FLASH_ATTN MLA prefill, checked on this GPU against the dense reference
     (bf16, MLA's 16 heads of 192, two causal sequences): the log shows the largest errors."""
-    from vllm_op_standins import _varlen_reference, provide_flash_attn_v2, varlen_fwd
+    from lab.vllm_op_standins import _varlen_reference, provide_flash_attn_v2, varlen_fwd
 
     provide_flash_attn_v2()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -652,7 +653,7 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
     from vllm import LLM
 
     if cfg.get("standins"):  # after the import: the shim has defined the _C schemas by then
-        from vllm_op_standins import register  # this script's folder is on sys.path
+        from lab.vllm_op_standins import register
 
         print(f"STANDINS {register()}", flush=True)
         if cfg.get("mla_prefill_backend") == "FLASH_ATTN":

@@ -8,7 +8,8 @@ Usage::
     breakdown = analyze(load_snapshot("snap.json"), phases, OwnerRules.default())
 
 Names are imported on first use, so importing one submodule (the vLLM plugin imports
-``memest.analysis.tags``) does not import the rest.
+``memest.analysis.inductor``) does not import the rest. The stage tag lives in
+``memest.snapshot.tags``: snapshots carry it, the analysis reads it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from memest.lazy import lazy_attributes
 if TYPE_CHECKING:
     from memest.analysis.owners import OwnerRule, OwnerRules
     from memest.analysis.replay import NO_STAGE, analyze, summarize_owners
-    from memest.analysis.tags import DEFAULT_POOL, StageTag, format_tag, parse_tag, pool_key
 
 _SOURCES: dict[str, str] = {
     "OwnerRule": "memest.analysis.owners",
@@ -28,23 +28,13 @@ _SOURCES: dict[str, str] = {
     "NO_STAGE": "memest.analysis.replay",
     "analyze": "memest.analysis.replay",
     "summarize_owners": "memest.analysis.replay",
-    "DEFAULT_POOL": "memest.analysis.tags",
-    "StageTag": "memest.analysis.tags",
-    "format_tag": "memest.analysis.tags",
-    "parse_tag": "memest.analysis.tags",
-    "pool_key": "memest.analysis.tags",
 }
 
 __all__ = [
-    "DEFAULT_POOL",
     "NO_STAGE",
     "OwnerRule",
     "OwnerRules",
-    "StageTag",
     "analyze",
-    "format_tag",
-    "parse_tag",
-    "pool_key",
     "summarize_owners",
 ]
 

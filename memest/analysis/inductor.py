@@ -305,17 +305,6 @@ def attach_nodes(file: CompiledFile, nodes: dict[str, CompiledNode]) -> None:
 
 
 # --------------------------------------------------------------------------- owners
-NO_MAP = "compiled_piece"
-
-
-@dataclass(frozen=True, slots=True)
-class SiteVerdict:
-    """Owner of one generated line, or why it has none."""
-
-    owner: str | None
-    why: str = ""
-
-
 class CompiledIndex:
     """(file key, line) -> allocation site and its file's nodes, for the owner rules."""
 

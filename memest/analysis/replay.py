@@ -1,6 +1,6 @@
 """Replay allocator events into the stage / owner breakdown (pure Python, no torch).
 
-Every allocator event carries a stage tag (see memest.analysis.tags). The replay walks events in
+Every allocator event carries a stage tag (see memest.snapshot.tags). The replay walks events in
 order, so the pool of each segment is known when it is created (torch 2.11 records no pool per
 event; a segment address is reused across pools within one trace) and each segment_free finds
 the segment it releases.
@@ -25,13 +25,12 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from memest.analysis.owners import UNATTRIBUTED, OwnerRules
-from memest.analysis.tags import DEFAULT_POOL, StageTag, parse_tag
+from memest.analysis.phase_split import phase_splits
 from memest.errors import InvariantError, SnapshotFormatError, first_error
 from memest.schema.breakdown import (
     Breakdown,
     LivePeak,
     PhaseRecord,
-    PhaseSplit,
     PoolRow,
     RetainedRow,
     StageGrowth,
@@ -40,6 +39,7 @@ from memest.schema.breakdown import (
 )
 from memest.schema.report import CompiledCode
 from memest.snapshot.format import Snapshot, validate
+from memest.snapshot.tags import DEFAULT_POOL, StageTag, parse_tag
 
 NO_STAGE = "(none)"
 _ALLOC, _FREE_REQ, _FREE_DONE, _SEG_ALLOC, _SEG_FREE, _OTHER = range(6)
@@ -340,7 +340,7 @@ def analyze(
     retained = _retained_rows(replay, position)
     warnings = _warnings(snap, tags, n_events, replay.tally)
     return Breakdown(
-        phases=_phase_splits(phases, replay.tally.phase_private_net, warnings),
+        phases=phase_splits(phases, replay.tally.phase_private_net, warnings),
         stages=stages,
         triggers=triggers,
         live_peaks=_live_peaks(replay),
@@ -553,52 +553,6 @@ def _tag_pool(tag: StageTag, window_pool: dict[int, str]) -> str | None:
     if tag.window is not None:
         return window_pool.get(tag.window, f"capture#{tag.window}")
     return None
-
-
-def _private_pool_delta(start: dict[str, int], end: dict[str, int]) -> int:
-    keys = (set(start) | set(end)) - {DEFAULT_POOL}
-    return sum(end.get(k, 0) - start.get(k, 0) for k in keys)
-
-
-def phase_split(phase: PhaseRecord, graph_net_bytes: int = 0) -> tuple[PhaseSplit, str | None]:
-    """Added device memory of one phase split into graph pools, other PyTorch and outside it.
-
-    Graph pools come from the pool readings at the phase's edges; without them, from
-    ``graph_net_bytes`` (the replayed private-pool growth). Without device readings the total
-    is the allocator's reserved growth, and the second value says so.
-    """
-    s, e = phase.start, phase.end
-    reserved = e.torch_reserved_bytes - s.torch_reserved_bytes
-    warning = None
-    if s.device_used_bytes is not None and e.device_used_bytes is not None:
-        total = e.device_used_bytes - s.device_used_bytes
-    else:
-        total = reserved
-        warning = f"phase {phase.name}: no device reading, total = torch reserved growth"
-    if s.pool_reserved_bytes or e.pool_reserved_bytes:
-        graph = _private_pool_delta(s.pool_reserved_bytes, e.pool_reserved_bytes)
-    else:
-        graph = graph_net_bytes
-    split = PhaseSplit(
-        phase=phase.name,
-        total_added_bytes=total,
-        graph_pool_bytes=graph,
-        other_torch_bytes=reserved - graph,
-        outside_torch_bytes=total - reserved,
-    )
-    return split, warning
-
-
-def _phase_splits(
-    phases: Sequence[PhaseRecord], private_net: dict[str, int], warnings: list[str]
-) -> list[PhaseSplit]:
-    rows: list[PhaseSplit] = []
-    for ph in phases:
-        split, warning = phase_split(ph, private_net.get(ph.name, 0))
-        rows.append(split)
-        if warning is not None:
-            warnings.append(warning)
-    return rows
 
 
 def summarize_owners(breakdown: Breakdown) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from memest.analysis.tags import DEFAULT_POOL
 from memest.estimate.kv import kv_page_bytes, kv_tokens, require_fit
 from memest.estimate.phases import (
     device_used,
@@ -22,6 +21,7 @@ from memest.schema import (
     MemoryReading,
     RunReport,
 )
+from memest.snapshot.tags import DEFAULT_POOL
 
 
 def default_pool_cached(report: RunReport, end: MemoryReading) -> int:

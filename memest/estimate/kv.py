@@ -9,16 +9,9 @@ from memest.estimate.model_shape import ModelShape
 from memest.schema import KVCacheSpec
 from memest.units import fmt_gib
 
-# Keys of KVCacheSpec.extra read here. MLA stores one latent vector per token and layer
+# KVCacheSpec.extra's keys read here: MLA stores one latent vector per token and layer
 # (kv_lora_rank + qk_rope_head_dim values) instead of K and V per head; a sparse-attention
 # indexer adds its own per-token key cache (indexer_head_dim values plus scale bytes).
-MLA_KEYS = ("kv_lora_rank", "qk_rope_head_dim")
-INDEXER_KEYS = (
-    "indexer_head_dim",
-    "indexer_dtype_bytes",
-    "indexer_scale_bytes",
-    "indexer_num_layers",
-)
 
 #: Bytes per element of the KV cache for vLLM 0.33.0's --kv-cache-dtype values memest models
 #: (vllm/config/cache.py CacheDType, sized by vllm/utils/torch_utils.py STR_DTYPE_TO_TORCH_DTYPE: the FP8 forms are stored as uint8, so

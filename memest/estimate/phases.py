@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 
-from memest.analysis.tags import DEFAULT_POOL
 from memest.errors import InvariantError, ReportFormatError
 from memest.estimate.kv import kv_page_bytes
 from memest.estimate.mla_context import run_mla_context_bytes
 from memest.schema import SCHEMA_VERSION, FullInitTerms, MemoryReading, PhaseRecord, RunReport
+from memest.snapshot.tags import DEFAULT_POOL
 
 REQUIRED_PHASES = ("weights", "profile_run", "kv_cache_alloc")
 

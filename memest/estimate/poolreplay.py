@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from memest.analysis.owners import OwnerRules
-from memest.analysis.tags import DEFAULT_POOL, StageTag, parse_tag
 from memest.errors import ReportFormatError
 from memest.estimate.allocsim import PoolSim
 from memest.schema import CapturePlan
 from memest.snapshot.format import Snapshot, validate
+from memest.snapshot.tags import DEFAULT_POOL, StageTag, parse_tag
 
 _CONSTANT_OWNERS = ("kv_cache", "weights")
 

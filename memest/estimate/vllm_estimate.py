@@ -13,7 +13,6 @@ from memest.errors import ConfigError
 from memest.units import MiB
 
 MIN_PER_GRAPH_BYTES = 1 * MiB
-FULL_GRAPH_PROFILING_SAMPLES = 2
 
 
 def extrapolate_full_graph_memory(samples_bytes: Sequence[int], full_graph_count: int) -> int:

@@ -25,7 +25,6 @@ from memest.schema.preflight import (
     MAX_NUM_SEQS_LIMIT,
 )
 
-GpuPreset = Literal["gb200", "b200", "h100", "h200"]
 #: Compute-capability family 100 (Blackwell data-center parts) or not.
 GPU_PRESETS: dict[str, bool] = {"gb200": True, "b200": True, "h100": False, "h200": False}
 #: ``vllm serve`` defaults the seed uses per GPU class: (max_num_seqs, max_num_batched_tokens).
@@ -254,6 +253,14 @@ class PlanInput:
     max_decode_cudagraph_capture_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        self._normalise_lists()
+        check_scheduler(self.max_num_seqs, self.max_num_batched_tokens)
+        self._check_speculation()
+        self._check_modes()
+        self._check_capture_fields()
+        self._check_not_mixed()
+
+    def _normalise_lists(self) -> None:
         # Lists become tuples, so an input is hashable and the memoized rules accept it.
         if self.dynamic_sd is not None:
             rows = self.dynamic_sd
@@ -274,7 +281,9 @@ class PlanInput:
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
-        check_scheduler(self.max_num_seqs, self.max_num_batched_tokens)
+
+    def _check_speculation(self) -> None:
+        """The speculative method, K, the dynamic-SD schedule and adaptive verification agree."""
         k = self.num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ConfigError("num_speculative_tokens", k, "must be an integer >= 0")
@@ -299,6 +308,9 @@ class PlanInput:
             dynamic_sd_segments(self.dynamic_sd, self.max_num_seqs, k)
         if self.adaptive_verification and method is None:
             raise ConfigError("adaptive_verification", True, "needs a speculative method")
+
+    def _check_modes(self) -> None:
+        """Performance and CUDA-graph modes are known, and allow adaptive verification."""
         if self.performance_mode not in get_args(PerformanceMode):
             raise ConfigError("performance_mode", self.performance_mode, "unknown mode")
         if self.cudagraph_mode not in CUDAGRAPH_MODES:
@@ -312,6 +324,9 @@ class PlanInput:
                 self.cudagraph_mode,
                 "adaptive verification needs FULL_AND_PIECEWISE or FULL_DECODE_ONLY",
             )
+
+    def _check_capture_fields(self) -> None:
+        """Each size list is valid and under its cap; each cap is a positive integer."""
         if self.cudagraph_capture_sizes is not None:
             _size_list("cudagraph_capture_sizes", self.cudagraph_capture_sizes, allow_empty=False)
         for name in (
@@ -337,6 +352,9 @@ class PlanInput:
                 raise ConfigError(
                     list_name, list(sizes), f"entry {sizes[-1]} is above {cap_name}={cap}"
                 )
+
+    def _check_not_mixed(self) -> None:
+        """vLLM's legacy sizing fields and the seed's new ones are not given together."""
         legacy = [n for n in LEGACY_FIELDS if getattr(self, n) is not None]
         mixed = [n for n in SEED_FIELDS[:4] if getattr(self, n) is not None]
         if legacy and mixed:
@@ -361,10 +379,6 @@ class PlanInput:
     @property
     def uses_legacy_fields(self) -> bool:
         return any(getattr(self, n) is not None for n in LEGACY_FIELDS)
-
-    @property
-    def uses_seed_fields(self) -> bool:
-        return any(getattr(self, n) is not None for n in SEED_FIELDS)
 
 
 def gpu_preset(name: str) -> bool:

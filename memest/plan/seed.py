@@ -138,109 +138,23 @@ def resolve_seed(inp: PlanInput) -> SeedSizes:
     legacy = inp.uses_legacy_fields
     # vLLM's own list seeds the off-SM100 and legacy paths; SM100 defaults never read it.
     main_defaults = legacy or not inp.sm100
-    main = _EMPTY_MAIN
-    if main_defaults:
-        main = vllm_sizes(inp)
+    main = vllm_sizes(inp) if main_defaults else _EMPTY_MAIN
     if legacy:
         warnings.append(
             "cudagraph_capture_sizes / max_cudagraph_capture_size are deprecated: they "
             "initialize both prefill and decode sizes"
         )
-    seqs = inp.max_num_seqs
-    mnbt = inp.max_num_batched_tokens
-    interactivity = inp.performance_mode == "interactivity"
-
     budget = inp.max_decode_cudagraph_capture_tokens
     if budget is None and inp.sm100 and not legacy:
         budget = SM100_DECODE_BUDGET_TOKENS
-
-    # Prefill (PIECEWISE) tokens.
-    if inp.prefill_cudagraph_capture_token_sizes is not None:
-        prefill = _drop_oversized(
-            "prefill_cudagraph_capture_token_sizes",
-            inp.prefill_cudagraph_capture_token_sizes,
-            mnbt,
-            "max_num_batched_tokens",
-            warnings,
-        )
-    elif inp.max_prefill_cudagraph_capture_tokens is not None:
-        cap = _clip_cap(
-            "max_prefill_cudagraph_capture_tokens",
-            inp.max_prefill_cudagraph_capture_tokens,
-            mnbt,
-            "max_num_batched_tokens",
-            warnings,
-        )
-        prefill = prefill_grid(cap, interactivity=interactivity)
-    elif main_defaults:
-        prefill = list(main.sizes)
-    else:
-        prefill = prefill_grid(min(SM100_PREFILL_CAP_TOKENS, mnbt), interactivity=interactivity)
-
-    # Target uniform decode, in requests at q = 1 + K.
-    q = inp.q
-    from_grid = False
-    if inp.decode_cudagraph_capture_request_sizes is not None:
-        source = _drop_oversized(
-            "decode_cudagraph_capture_request_sizes",
-            inp.decode_cudagraph_capture_request_sizes,
-            seqs,
-            "max_num_seqs",
-            warnings,
-        )
-        decode_cap = source[-1] if source else 0
-    elif inp.max_decode_cudagraph_capture_requests is not None or not main_defaults:
-        requested = inp.max_decode_cudagraph_capture_requests
-        decode_cap = (
-            seqs
-            if requested is None
-            else _clip_cap(
-                "max_decode_cudagraph_capture_requests", requested, seqs, "max_num_seqs", warnings
-            )
-        )
-        source = decode_grid(decode_cap)
-        from_grid = True
-    else:
-        source = _main_request_counts(main, q, seqs)
-        decode_cap = source[-1] if source else 0
-
-    def limited(tier_q: int, widest: int) -> list[int]:
-        cap = min(decode_cap, widest)
-        if budget is not None:
-            cap = min(cap, budget // tier_q)
-        if cap < 1 or not source:
-            return []
-        if from_grid:
-            return decode_grid(cap)
-        kept = [n for n in source if n <= cap]
-        if inp.decode_cudagraph_capture_request_sizes is None:
-            kept = sorted(set(kept) | {cap})
-        return kept
-
-    tiers: list[DecodeTier] = []
-    if inp.dynamic_sd is not None and q > 1:
-        for tier_q, widest in dynamic_sd_tiers(inp.dynamic_sd, seqs, inp.num_speculative_tokens):
-            tier_source = (
-                limited(tier_q, widest)
-                if from_grid or inp.decode_cudagraph_capture_request_sizes is not None
-                else [n for n in _main_request_counts(main, tier_q, seqs) if n <= widest]
-            )
-            tiers.append(DecodeTier(tier_q, tier_source, tier_q - 1))
-    else:
-        tiers.append(DecodeTier(q, limited(q, seqs)))
-
-    # Later draft steps (q = 1): their own grid to max_num_seqs on every GPU, common budget.
-    if inp.decode_cudagraph_capture_request_sizes is not None:
-        one_token = [n for n in source if budget is None or n <= budget]
-    else:
-        one_cap = seqs if budget is None else min(seqs, budget)
-        one_token = decode_grid(one_cap)
-
+    prefill = _prefill_tokens(inp, main, main_defaults, warnings)
+    decode = _decode_source(inp, main, main_defaults, warnings)
+    tiers = _target_decode_tiers(inp, main, decode, budget)
+    one_token = _one_token_requests(inp, decode, budget)
     # Adaptive verification: dense token grid to decode cap × q, exempt from the budget.
     av: list[int] = []
-    if inp.adaptive_verification and decode_cap > 0:
-        av = av_grid(min(decode_cap * q, mnbt))
-
+    if inp.adaptive_verification and decode.cap > 0:
+        av = av_grid(min(decode.cap * inp.q, inp.max_num_batched_tokens))
     # The recorded maximum covers every graph kind this configuration captures.
     drafts_one_token = inp.drafter == "target_dependent_ar" and inp.num_speculative_tokens >= 2
     recorded = max(
@@ -250,9 +164,9 @@ def resolve_seed(inp: PlanInput) -> SeedSizes:
     return SeedSizes(
         prefill_tokens=prefill,
         target_decode=tiers,
-        decode_cap_requests=decode_cap,
-        decode_source=source,
-        decode_from_grid=from_grid,
+        decode_cap_requests=decode.cap,
+        decode_source=decode.requests,
+        decode_from_grid=decode.from_grid,
         budget_tokens=budget,
         one_token_requests=one_token,
         av_tokens=av,
@@ -260,6 +174,113 @@ def resolve_seed(inp: PlanInput) -> SeedSizes:
         main=main,
         warnings=warnings + list(main.warnings),
     )
+
+
+def _prefill_tokens(
+    inp: PlanInput, main: MainSizes, main_defaults: bool, warnings: list[str]
+) -> list[int]:
+    """Prefill (PIECEWISE) capture sizes, in tokens."""
+    mnbt = inp.max_num_batched_tokens
+    interactivity = inp.performance_mode == "interactivity"
+    if inp.prefill_cudagraph_capture_token_sizes is not None:
+        return _drop_oversized(
+            "prefill_cudagraph_capture_token_sizes",
+            inp.prefill_cudagraph_capture_token_sizes,
+            mnbt,
+            "max_num_batched_tokens",
+            warnings,
+        )
+    if inp.max_prefill_cudagraph_capture_tokens is not None:
+        cap = _clip_cap(
+            "max_prefill_cudagraph_capture_tokens",
+            inp.max_prefill_cudagraph_capture_tokens,
+            mnbt,
+            "max_num_batched_tokens",
+            warnings,
+        )
+        return prefill_grid(cap, interactivity=interactivity)
+    if main_defaults:
+        return list(main.sizes)
+    return prefill_grid(min(SM100_PREFILL_CAP_TOKENS, mnbt), interactivity=interactivity)
+
+
+@dataclass(frozen=True)
+class _DecodeSource:
+    """The request counts target decode graphs are drawn from, their cap, and whether they are
+    the seed's own grid (rebuilt per tier) rather than a given or vLLM-derived list."""
+
+    requests: list[int]
+    cap: int
+    from_grid: bool
+
+
+def _decode_source(
+    inp: PlanInput, main: MainSizes, main_defaults: bool, warnings: list[str]
+) -> _DecodeSource:
+    """Target uniform decode, in requests at q = 1 + K."""
+    seqs = inp.max_num_seqs
+    if inp.decode_cudagraph_capture_request_sizes is not None:
+        given = _drop_oversized(
+            "decode_cudagraph_capture_request_sizes",
+            inp.decode_cudagraph_capture_request_sizes,
+            seqs,
+            "max_num_seqs",
+            warnings,
+        )
+        return _DecodeSource(given, given[-1] if given else 0, False)
+    if inp.max_decode_cudagraph_capture_requests is not None or not main_defaults:
+        requested = inp.max_decode_cudagraph_capture_requests
+        cap = (
+            seqs
+            if requested is None
+            else _clip_cap(
+                "max_decode_cudagraph_capture_requests", requested, seqs, "max_num_seqs", warnings
+            )
+        )
+        return _DecodeSource(decode_grid(cap), cap, True)
+    counts = _main_request_counts(main, inp.q, seqs)
+    return _DecodeSource(counts, counts[-1] if counts else 0, False)
+
+
+def _target_decode_tiers(
+    inp: PlanInput, main: MainSizes, decode: _DecodeSource, budget: int | None
+) -> list[DecodeTier]:
+    """One decode tier at q = 1 + K, or one per K of a dynamic-SD schedule."""
+    given = inp.decode_cudagraph_capture_request_sizes is not None
+
+    def limited(tier_q: int, widest: int) -> list[int]:
+        cap = min(decode.cap, widest)
+        if budget is not None:
+            cap = min(cap, budget // tier_q)
+        if cap < 1 or not decode.requests:
+            return []
+        if decode.from_grid:
+            return decode_grid(cap)
+        kept = [n for n in decode.requests if n <= cap]
+        if not given:
+            kept = sorted(set(kept) | {cap})
+        return kept
+
+    q, seqs = inp.q, inp.max_num_seqs
+    if inp.dynamic_sd is None or q <= 1:
+        return [DecodeTier(q, limited(q, seqs))]
+    tiers: list[DecodeTier] = []
+    for tier_q, widest in dynamic_sd_tiers(inp.dynamic_sd, seqs, inp.num_speculative_tokens):
+        tier_source = (
+            limited(tier_q, widest)
+            if decode.from_grid or given
+            else [n for n in _main_request_counts(main, tier_q, seqs) if n <= widest]
+        )
+        tiers.append(DecodeTier(tier_q, tier_source, tier_q - 1))
+    return tiers
+
+
+def _one_token_requests(inp: PlanInput, decode: _DecodeSource, budget: int | None) -> list[int]:
+    """Later draft steps (q = 1): their own grid to max_num_seqs on every GPU, common budget."""
+    if inp.decode_cudagraph_capture_request_sizes is not None:
+        return [n for n in decode.requests if budget is None or n <= budget]
+    one_cap = inp.max_num_seqs if budget is None else min(inp.max_num_seqs, budget)
+    return decode_grid(one_cap)
 
 
 def one_token_tier_ks(inp: PlanInput) -> list[int | None]:

@@ -210,26 +210,9 @@ def _capture_sizes(
     max_size = max_cudagraph_capture_size
     uniform_decode_sizes: list[int] = []
     if max_size is None:
-        ceiling = default_ceiling_tokens(sm100)
-        q = 1 + num_speculative_tokens
-        max_size = min(max_num_seqs * q * 2, ceiling)
-        if q > 1:
-            tiers = [(q, max_num_seqs)]
-            if dynamic_sd is not None:
-                try:
-                    tiers = dynamic_sd_tiers(dynamic_sd, max_num_seqs, num_speculative_tokens)
-                except ConfigError:
-                    pass  # vLLM keeps the single-tier default for an invalid schedule
-            uniform_decode_sizes = sorted(
-                {
-                    n * tq
-                    for tq, tier_max in tiers
-                    for n in _request_counts(tier_max, ceiling)
-                    if n * tq <= max_size
-                }
-            )
-        elif max_num_seqs <= max_size:
-            uniform_decode_sizes = [max_num_seqs]
+        max_size, uniform_decode_sizes = _default_maximum(
+            sm100, max_num_seqs, num_speculative_tokens, dynamic_sd
+        )
     max_num_tokens = max_num_batched_tokens
     max_size = min(max_num_tokens, max_size)
     if max_size < 1:
@@ -244,18 +227,7 @@ def _capture_sizes(
             )
         sizes = sorted(i for i in set(cudagraph_capture_sizes) if i <= max_num_tokens)
     else:
-        if performance_mode == "interactivity":
-            sizes = list(range(1, min(max_size, 32) + 1))
-        else:
-            sizes = [i for i in (1, 2, 4) if i <= max_size]
-        if max_size >= 8:
-            sizes += list(range(8, min(max_size + 1, 256), 8))
-        if max_size >= 256:
-            sizes += list(range(256, max_size + 1, 16))
-        if max_num_tokens <= max_size and max_num_tokens not in sizes:
-            sizes.append(max_num_tokens)
-        sizes += [s for s in uniform_decode_sizes if s <= max_num_tokens]
-        sizes = sorted(set(sizes))
+        sizes = _default_sizes(max_size, max_num_tokens, performance_mode, uniform_decode_sizes)
 
     valid_max = sizes[-1] if sizes else 0
     if max_cudagraph_capture_size is not None and max_cudagraph_capture_size != valid_max:
@@ -272,6 +244,56 @@ def _capture_sizes(
             f"cudagraph_capture_sizes entries above max_num_batched_tokens dropped: {dropped}"
         )
     return MainSizes(tuple(sizes), valid_max, tuple(warnings))
+
+
+def _default_maximum(
+    sm100: bool,
+    max_num_seqs: int,
+    num_speculative_tokens: int,
+    dynamic_sd: DynamicSDSchedule | None,
+) -> tuple[int, list[int]]:
+    """vLLM's capture maximum when none is given, and the uniform-decode token sizes it adds
+    under that maximum (each dynamic-SD tier's request counts times its query length)."""
+    ceiling = default_ceiling_tokens(sm100)
+    q = 1 + num_speculative_tokens
+    max_size = min(max_num_seqs * q * 2, ceiling)
+    if q == 1:
+        return max_size, [max_num_seqs] if max_num_seqs <= max_size else []
+    tiers = [(q, max_num_seqs)]
+    if dynamic_sd is not None:
+        try:
+            tiers = dynamic_sd_tiers(dynamic_sd, max_num_seqs, num_speculative_tokens)
+        except ConfigError:
+            pass  # vLLM keeps the single-tier default for an invalid schedule
+    decode = {
+        n * tq
+        for tq, tier_max in tiers
+        for n in _request_counts(tier_max, ceiling)
+        if n * tq <= max_size
+    }
+    return max_size, sorted(decode)
+
+
+def _default_sizes(
+    max_size: int,
+    max_num_tokens: int,
+    performance_mode: PerformanceMode,
+    uniform_decode_sizes: list[int],
+) -> list[int]:
+    """vLLM's capture-size list when none is given: 1, 2, 4 (every size to 32 for
+    interactivity), steps of 8 to 256, of 16 beyond, the batch maximum and the decode sizes."""
+    if performance_mode == "interactivity":
+        sizes = list(range(1, min(max_size, 32) + 1))
+    else:
+        sizes = [i for i in (1, 2, 4) if i <= max_size]
+    if max_size >= 8:
+        sizes += list(range(8, min(max_size + 1, 256), 8))
+    if max_size >= 256:
+        sizes += list(range(256, max_size + 1, 16))
+    if max_num_tokens <= max_size and max_num_tokens not in sizes:
+        sizes.append(max_num_tokens)
+    sizes += [s for s in uniform_decode_sizes if s <= max_num_tokens]
+    return sorted(set(sizes))
 
 
 def decode_query_lens(

@@ -1,8 +1,9 @@
 """Pre-flight: the KV budget of a model never started on this GPU, from its config.json and grid.
 
 Pure Python (no torch): model shapes (shape.py), a synthetic graph-pool trace replayed through the
-allocator model (graphs.py), laws whose coefficients were fitted from measured starts
-(calibration.py, fit.py; data/ per GPU kind and vLLM version) and the prediction (predict.py).
+allocator model (memest.estimate.synthetic_trace, shared with the what-if), laws whose coefficients were fitted from measured starts
+(calibration.py; data/ per GPU kind and vLLM version, fitted by lab/fit.py) and the
+prediction (predict.py).
 """
 
 from memest.preflight.calibration import Calibration, Coefficients, load_calibration

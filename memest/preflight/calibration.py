@@ -1,6 +1,6 @@
 """The calibration a pre-flight prediction reads: fitted coefficients per GPU kind and vLLM version.
 
-Coefficients are fitted from measured starts (memest.preflight.fit, refit and published by
+Coefficients are fitted from measured starts (lab/fit.py, refit and published by
 ``python lab/preflight_fit.py``) and stored as JSON next to this module, one file per GPU kind and
 vLLM version: ``data/<gpu>-vllm-<version>.json``.
 """

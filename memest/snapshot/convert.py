@@ -11,9 +11,9 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from memest.analysis.tags import pool_key
 from memest.errors import SnapshotFormatError
 from memest.snapshot.format import EVENT_COLUMNS, FORMAT_NAME, FORMAT_VERSION, Snapshot
+from memest.snapshot.tags import pool_key
 
 _PKG_DIRS = ("site-packages", "dist-packages")
 _FRAME_KEY = operator.itemgetter("filename", "line", "name")
@@ -140,6 +140,38 @@ def from_torch(
     Raises:
         SnapshotFormatError: a required key is missing or has the wrong type.
     """
+    top = _torch_top(raw, source)
+    dev = _pick_device(top, device)
+    interner = _Interner(scrub_paths, roots)
+    traces = top["device_traces"][dev] if dev < len(top["device_traces"]) else []
+    events = _events(traces or [], interner, dev, source)
+    segments = _segments(top["segments"], interner, dev, source)
+    meta: dict[str, Any] = {"device": dev, "scrubbed": scrub_paths}
+    if extra_source:
+        meta.update(extra_source)
+    settings = top.get("allocator_settings")
+    out: Snapshot = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "source": meta,
+        "frames": interner.frames,
+        "stacks": interner.stacks,
+        "tags": interner.tags,
+        "actions": interner.actions,
+        "events": events,
+        "segments": segments,
+        "windows": [],
+        "phases": [],
+    }
+    if "pool" in events:
+        out["pools"] = interner.pools
+    if isinstance(settings, dict):
+        out["allocator_settings"] = {str(k): v for k, v in settings.items() if _jsonable(v)}
+    return out
+
+
+def _torch_top(raw: object, source: str) -> dict[str, Any]:
+    """``raw`` as torch's snapshot dict, with its two lists checked."""
     if not isinstance(raw, dict):
         raise SnapshotFormatError(f"{source}: expected a dict at the top of the torch snapshot")
     for key in ("segments", "device_traces"):
@@ -147,9 +179,17 @@ def from_torch(
             raise SnapshotFormatError(f"{source}: missing key {key!r} (not a torch snapshot?)")
     if not isinstance(raw["segments"], list) or not isinstance(raw["device_traces"], list):
         raise SnapshotFormatError(f"{source}: 'segments' and 'device_traces' must be lists")
-    dev = _pick_device(raw, device)
-    interner = _Interner(scrub_paths, roots)
-    traces = raw["device_traces"][dev] if dev < len(raw["device_traces"]) else []
+    return raw
+
+
+def _events(
+    traces: Sequence[Any], interner: _Interner, dev: int, source: str
+) -> dict[str, list[int]]:
+    """One device's trace as event columns (a "pool" column only when some event names one).
+
+    The loop runs once per allocator event (millions in a long history): its appends and
+    lookups are bound to locals first, and a value is converted only when it is not an int.
+    """
     cols: dict[str, list[int]] = {name: [] for name in EVENT_COLUMNS}
     pool_col: list[int] = []
     any_pool = False
@@ -159,7 +199,7 @@ def from_torch(
     action_ids, tag_ids = interner.action_ids, interner.tag_ids
     stack_of = interner.stack
     a_pool = pool_col.append
-    for i, entry in enumerate(traces or []):
+    for i, entry in enumerate(traces):
         try:
             action = entry["action"]
             addr, size = entry.get("addr", 0), entry.get("size", 0)
@@ -192,8 +232,18 @@ def from_torch(
             a_pool(interner.intern(interner.pools, interner.pool_ids, pool_key(pid)))
         else:
             a_pool(-1)
+    events: dict[str, list[int]] = dict(cols)
+    if any_pool:
+        events["pool"] = pool_col
+    return events
+
+
+def _segments(
+    raw_segments: list[Any], interner: _Interner, dev: int, source: str
+) -> list[dict[str, Any]]:
+    """The device's segments, each with its blocks (stacks interned)."""
     segments: list[dict[str, Any]] = []
-    for j, seg in enumerate(raw["segments"]):
+    for j, seg in enumerate(raw_segments):
         if not isinstance(seg, dict):
             raise SnapshotFormatError(f"{source}: segments[{j}] is not a dict")
         if int(seg.get("device", dev)) != dev:
@@ -223,31 +273,7 @@ def from_torch(
                 "blocks": blocks,
             }
         )
-    events: dict[str, list[int]] = dict(cols)
-    if any_pool:
-        events["pool"] = pool_col
-    meta: dict[str, Any] = {"device": dev, "scrubbed": scrub_paths}
-    if extra_source:
-        meta.update(extra_source)
-    settings = raw.get("allocator_settings")
-    out: Snapshot = {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
-        "source": meta,
-        "frames": interner.frames,
-        "stacks": interner.stacks,
-        "tags": interner.tags,
-        "actions": interner.actions,
-        "events": events,
-        "segments": segments,
-        "windows": [],
-        "phases": [],
-    }
-    if any_pool:
-        out["pools"] = interner.pools
-    if isinstance(settings, dict):
-        out["allocator_settings"] = {str(k): v for k, v in settings.items() if _jsonable(v)}
-    return out
+    return segments
 
 
 def _as_int(*values: object, where: str) -> tuple[int, ...]:

@@ -102,6 +102,27 @@ def validate(snapshot: object, *, source: str = "snapshot") -> Snapshot:
             different lengths, an index out of range, a non-integer, negative or impossible size;
             the message names the key.
     """
+    snapshot = _check_header(snapshot, source)
+    frames = _require(snapshot, "frames", list, source)
+    stacks = _require(snapshot, "stacks", list, source)
+    tags = _require(snapshot, "tags", list, source)
+    actions = _require(snapshot, "actions", list, source)
+    events = _require(snapshot, "events", dict, source)
+    _require(snapshot, "segments", list, source)
+    _check_events(snapshot, events, {"action": actions, "tag": tags, "stack": stacks}, source)
+    _check_stacks(stacks, frames, source)
+    for i, seg in enumerate(snapshot["segments"]):
+        _check_segment(seg, f"{source}.segments[{i}]")
+    for key in ("windows", "phases"):
+        if key in snapshot and not isinstance(snapshot[key], list):
+            raise SnapshotFormatError(f"{source}.{key}: expected a list")
+    _check_windows(snapshot.get("windows", []), source)
+    _check_phases(snapshot.get("phases", []), source)
+    return snapshot
+
+
+def _check_header(snapshot: object, source: str) -> dict[str, Any]:
+    """A JSON object of this format and version."""
     if not isinstance(snapshot, dict):
         raise SnapshotFormatError(f"{source}: expected a JSON object")
     fmt = snapshot.get("format")
@@ -113,12 +134,14 @@ def validate(snapshot: object, *, source: str = "snapshot") -> Snapshot:
             f"{source}: unknown snapshot version {_short(version)} (this memest reads version "
             f"{FORMAT_VERSION})"
         )
-    frames = _require(snapshot, "frames", list, source)
-    stacks = _require(snapshot, "stacks", list, source)
-    tags = _require(snapshot, "tags", list, source)
-    actions = _require(snapshot, "actions", list, source)
-    events = _require(snapshot, "events", dict, source)
-    _require(snapshot, "segments", list, source)
+    return snapshot
+
+
+def _check_events(
+    snapshot: dict[str, Any], events: dict[str, Any], tables: dict[str, list[Any]], source: str
+) -> None:
+    """The event columns: equal lengths, integers in range, indexes inside their tables
+    (``tables``: the action, tag and stack tables; pools when a pool column is present)."""
     columns = {name: _require(events, name, list, f"{source}.events") for name in EVENT_COLUMNS}
     n = len(columns["action"])
     optional = ("pool",) if "pool" in events else ()
@@ -128,17 +151,21 @@ def validate(snapshot: object, *, source: str = "snapshot") -> Snapshot:
         pools = _require(snapshot, "pools", list, source)
         if n and max(events["pool"]) >= len(pools):
             raise SnapshotFormatError(f"{source}.events.pool: index outside the pools table")
-    for name, table in (("action", actions), ("tag", tags)):
-        col = columns[name]
-        if n and max(col) >= len(table):
+    for name in ("action", "tag"):
+        table = tables[name]
+        if n and max(columns[name]) >= len(table):
             raise SnapshotFormatError(f"{source}.events.{name}: index outside the {name}s table")
         _check_strings(table, f"{source}.{name}s")
     pools = snapshot.get("pools", [])
     if not isinstance(pools, list):
         raise SnapshotFormatError(f"{source}.pools: expected a list")
     _check_strings(pools, f"{source}.pools")
-    if n and max(columns["stack"]) >= len(stacks):
+    if n and max(columns["stack"]) >= len(tables["stack"]):
         raise SnapshotFormatError(f"{source}.events.stack: index outside the stacks table")
+
+
+def _check_stacks(stacks: list[Any], frames: list[Any], source: str) -> None:
+    """Each stack lists frame indexes; each frame is [filename, line, name]."""
     n_frames = len(frames)
     for i, stack in enumerate(stacks):
         if not isinstance(stack, list) or any(
@@ -148,14 +175,6 @@ def validate(snapshot: object, *, source: str = "snapshot") -> Snapshot:
     for i, frame in enumerate(frames):
         if not isinstance(frame, list) or len(frame) != 3 or type(frame[1]) is not int:
             raise SnapshotFormatError(f"{source}.frames[{i}]: expected [filename, line, name]")
-    for i, seg in enumerate(snapshot["segments"]):
-        _check_segment(seg, f"{source}.segments[{i}]")
-    for key in ("windows", "phases"):
-        if key in snapshot and not isinstance(snapshot[key], list):
-            raise SnapshotFormatError(f"{source}.{key}: expected a list")
-    _check_windows(snapshot.get("windows", []), source)
-    _check_phases(snapshot.get("phases", []), source)
-    return snapshot
 
 
 def _check_column(column: list[Any], name: str, n: int, source: str) -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from memest.analysis import StageTag, format_tag
 from memest.cli import main
 from memest.schema.breakdown import Breakdown, MemoryReading, PhaseRecord
+from memest.snapshot.tags import StageTag, format_tag
 
 MiB = 1 << 20
 FULL = format_tag(StageTag("capture", "target.full", 512, "0,1"))

@@ -11,7 +11,7 @@ from memest.cli import main
 from memest.schema import RunReport
 
 ROOT = Path(__file__).resolve().parents[2]
-REAL = ROOT / "reports/vllm/raw/call3.A_llama8b_s128_t4096.enable.report.rank0.json"
+REAL = ROOT / "tests/data/starts/call3.A_llama8b_s128_t4096.enable.report.rank0.json"
 
 
 def _write_ranks(folder: Path, pool_growth: list[int], world_size: int | None = None) -> None:

@@ -17,7 +17,7 @@ from memest.errors import CommandError
 from memest.files import load_json_object
 
 ROOT = Path(__file__).resolve().parents[2]
-RAW = ROOT / "reports/vllm/raw"
+RAW = ROOT / "tests/data/starts"
 S_ENABLE = RAW / "call9.S_llama8b_s128_t4096.enable.report.rank0.json"
 S_APPLY = RAW / "call9.S_llama8b_s128_t4096.apply.report.rank0.json"
 

@@ -132,7 +132,7 @@ def test_startup_plan_folder_must_exist(tmp_path: Path, capsys: pytest.CaptureFi
     assert len(list(missing.glob("startup_plan_*.json"))) == 1
 
 
-REAL = Path(__file__).resolve().parents[2] / "reports/vllm/raw"
+REAL = Path(__file__).resolve().parents[2] / "tests/data/starts"
 S = REAL / "call9.S_llama8b_s128_t4096.apply.report.rank0.json"
 
 
@@ -176,7 +176,7 @@ def test_max_model_len_in_the_grid(capsys: pytest.CaptureFixture[str]) -> None:
 
 E_REPORT = (
     Path(__file__).resolve().parents[2]
-    / "reports/vllm/raw/call8.E_llama8b_eagle3k5_s96_t4096_u088.apply.report.rank0.json"
+    / "tests/data/starts/call8.E_llama8b_eagle3k5_s96_t4096_u088.apply.report.rank0.json"
 )
 
 

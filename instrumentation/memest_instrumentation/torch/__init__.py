@@ -12,7 +12,7 @@ Tag helpers for other instrumentation (the vLLM plugin): ``current_tag``, ``form
 ``parse_tag``, ``StageTag``. Importing this package does not import torch.
 """
 
-from memest.analysis.tags import StageTag, format_tag, parse_tag
+from memest.snapshot.tags import StageTag, format_tag, parse_tag
 from memest_instrumentation.torch.recorder import Recorder
 from memest_instrumentation.torch.tagging import current_tag
 

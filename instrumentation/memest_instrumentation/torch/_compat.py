@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memest.analysis.tags import pool_key
+from memest.snapshot.tags import pool_key
 
 # Per-event metadata (_set_memory_metadata) and the CUDAGraph Python class exist from this version.
 MIN_METADATA_VERSION = (2, 10)

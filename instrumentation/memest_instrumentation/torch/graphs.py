@@ -14,7 +14,7 @@ import itertools
 import threading
 from typing import Any
 
-from memest.analysis.tags import pool_key
+from memest.snapshot.tags import pool_key
 from memest_instrumentation.torch import _compat, tagging
 
 _LOCK = threading.Lock()

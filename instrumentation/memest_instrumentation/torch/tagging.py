@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from memest.analysis.tags import StageTag, format_tag, parse_tag
+from memest.snapshot.tags import StageTag, format_tag, parse_tag
 from memest_instrumentation.torch import _compat
 
 __all__ = [

@@ -22,7 +22,6 @@ from memest_instrumentation.vllm.patches import (
     ImportWatch,
     Patch,
     apply_patch,
-    is_patched,
     remove_patch,
 )
 from memest_instrumentation.vllm.targets import MODULES
@@ -101,10 +100,6 @@ def uninstrument() -> None:
     _WATCH.stop()
     for patch in reversed(patches()):
         remove_patch(patch)
-
-
-def instrumented() -> bool:
-    return any(is_patched(p) for p in patches())
 
 
 def register() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memest.analysis.replay import phase_split
+from memest.analysis.phase_split import phase_split
 from memest.schema import Breakdown, RetainedRow, StageGrowth
 from memest_instrumentation.vllm import measure
 from memest_instrumentation.vllm.state import guarded, state

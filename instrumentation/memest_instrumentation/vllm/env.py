@@ -61,11 +61,6 @@ ENV_VARS: tuple[EnvVar, ...] = (
     ),
     EnvVar("MEMEST_PUSH_RETRIES", "3", "Push attempts before spooling (backoff 0.5 s, doubling)."),
     EnvVar(
-        "MEMEST_STACK_DEPTH",
-        "16",
-        "Python frames kept per allocator event when memory history is recorded.",
-    ),
-    EnvVar(
         "MEMEST_HISTORY_MAX_ENTRIES",
         "2000000",
         "Allocator history entries kept (0 turns history, the trigger table and the retained "
@@ -146,28 +141,33 @@ def _default(name: str) -> str:
     raise KeyError(name)
 
 
+def _estimate_default() -> EstimateMode:
+    mode = _default("MEMEST_ESTIMATE")
+    # ENV_VARS names one of the modes (test_env checks); never raise at import inside vLLM
+    return mode if mode in ESTIMATE_MODES else "off"
+
+
 @dataclass(frozen=True)
 class Settings:
-    """The plugin's settings, read once per process."""
+    """The plugin's settings, read once per process; each default is ENV_VARS' (declared once)."""
 
-    enabled: bool = False
-    output_dir: str = "memest-out"
-    run_id: str = ""
-    service_url: str = ""
-    token: str = ""
-    push_timeout_s: float = 10.0
-    push_retries: int = 3
-    stack_depth: int = 16
-    history_max_entries: int = 2_000_000
-    history_from: str = "off"
-    rules_file: str = ""
-    keep_snapshot: bool = False
-    estimate: EstimateMode = "plan"
-    margin_bytes: int = 0
-    plan_free_tolerance_bytes: int = 256 << 20
-    work_budget_s: float = 60.0
-    slow_hook_s: float = 20.0
-    code_map_dir: str = "~/.cache/memest/compiled-code"
+    enabled: bool = _default("MEMEST_ENABLE") == "1"
+    output_dir: str = _default("MEMEST_OUTPUT_DIR")
+    run_id: str = _default("MEMEST_RUN_ID")
+    service_url: str = _default("MEMEST_SERVICE_URL")
+    token: str = _default("MEMEST_TOKEN")
+    push_timeout_s: float = float(_default("MEMEST_PUSH_TIMEOUT_S"))
+    push_retries: int = int(_default("MEMEST_PUSH_RETRIES"))
+    history_max_entries: int = int(_default("MEMEST_HISTORY_MAX_ENTRIES"))
+    history_from: str = _default("MEMEST_HISTORY_FROM")
+    rules_file: str = _default("MEMEST_RULES")
+    keep_snapshot: bool = _default("MEMEST_KEEP_SNAPSHOT") == "1"
+    estimate: EstimateMode = _estimate_default()
+    margin_bytes: int = int(_default("MEMEST_MARGIN_BYTES"))
+    plan_free_tolerance_bytes: int = int(_default("MEMEST_PLAN_FREE_TOLERANCE_BYTES"))
+    work_budget_s: float = float(_default("MEMEST_WORK_BUDGET_S"))
+    slow_hook_s: float = float(_default("MEMEST_SLOW_HOOK_S"))
+    code_map_dir: str = _default("MEMEST_CODE_MAP_DIR")
     faults: frozenset[str] = frozenset()
     problems: tuple[str, ...] = field(default=())
 
@@ -203,7 +203,7 @@ class Settings:
                 return float(_default(name))
 
         mode_text = raw("MEMEST_ESTIMATE").lower()
-        mode: EstimateMode = "plan"
+        mode = _estimate_default()
         if mode_text in ESTIMATE_MODES:
             mode = mode_text
         else:
@@ -213,17 +213,16 @@ class Settings:
             problems.append(
                 f"MEMEST_HISTORY_FROM={history_from!r}: expected off, graph_profiling or init"
             )
-            history_from = "off"
+            history_from = _default("MEMEST_HISTORY_FROM")
         faults = frozenset(f.strip() for f in raw("MEMEST_FAULT").split(",") if f.strip())
         return cls(
             enabled=raw("MEMEST_ENABLE") == "1",
-            output_dir=raw("MEMEST_OUTPUT_DIR") or "memest-out",
+            output_dir=raw("MEMEST_OUTPUT_DIR") or _default("MEMEST_OUTPUT_DIR"),
             run_id=_run_id(raw("MEMEST_RUN_ID"), problems),
             service_url=raw("MEMEST_SERVICE_URL").rstrip("/"),
             token=raw("MEMEST_TOKEN"),
             push_timeout_s=number("MEMEST_PUSH_TIMEOUT_S"),
             push_retries=integer("MEMEST_PUSH_RETRIES", 1),
-            stack_depth=integer("MEMEST_STACK_DEPTH", 0),
             history_max_entries=integer("MEMEST_HISTORY_MAX_ENTRIES", 0),
             history_from=history_from,
             rules_file=raw("MEMEST_RULES"),

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from memest.analysis.tags import pool_key
 from memest.estimate.phases import warm_pass_headroom
 from memest.schema import PhaseRecord
+from memest.snapshot.tags import pool_key
 from memest_instrumentation.vllm import measure
 from memest_instrumentation.vllm.detect import role_of, stage_of
 from memest_instrumentation.vllm.patches import Patch
@@ -30,9 +30,6 @@ from memest_instrumentation.vllm.windows import (
     enter_stage,
     phase_wrapper,
 )
-
-# Lifts the FULL-graph sample limit of vLLM's graph-memory profiling in apply mode.
-_ALL_GRAPHS = 1 << 30
 
 
 def wrap_cg_capture(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -228,7 +225,6 @@ def warm_profile_peak(worker: Any) -> None:
     measure.settle()
     st.phases.append(PhaseRecord(name="profile_run.warm", start=start, end=end))
     warm = warm_pass_headroom(start, end)
-    st.figures.profile_headroom_first_bytes = first
     st.figures.profile_headroom_bytes = warm
     if standins and st.config is not None:
         st.config = st.config.model_copy(update={"mla_warm_pass_without_standin": True})

@@ -169,11 +169,6 @@ def rows_nodes(rows: list[_Row], roots: Iterable[str] = ()) -> dict[str, Compile
     return out
 
 
-def graph_nodes(graph_module: Any, roots: Iterable[str] = ()) -> dict[str, CompiledNode]:
-    """Module path, innermost stack frame, op and inputs of each computing node of an FX graph."""
-    return rows_nodes(graph_rows(graph_module), roots)
-
-
 def map_path(key: str) -> Path:
     """Where the node map of generated module ``key`` is kept across starts."""
     base = Path(os.path.expanduser(state().settings.code_map_dir))

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from memest.analysis.tags import DEFAULT_POOL
 from memest.schema import MemoryReading
+from memest.snapshot.tags import DEFAULT_POOL
 from memest_instrumentation.torch import _compat
 
 __all__ = ["DEFAULT_POOL"]

@@ -77,7 +77,6 @@ class Measured:
     init_free_bytes: int | None = None  # vLLM's init snapshot: the startup plan's baseline
     profile_headroom_bytes: int | None = None  # activation headroom; None: not measured
     profile_headroom_source: str = ""  # "memest" (its profile_run hook) or "vllm"
-    profile_headroom_first_bytes: int | None = None  # vLLM's own (first) pass, when warm ran
     profile_run_compiled: int = 0  # compilations during vLLM's profile run
     compiles_before_profile_run: int | None = None
     capture_pool: str | None = None  # the real capture's graph pool

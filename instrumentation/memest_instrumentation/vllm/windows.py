@@ -6,8 +6,8 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from memest.analysis.tags import DEFAULT_POOL
 from memest.schema import PhaseRecord, StageGrowth
+from memest.snapshot.tags import DEFAULT_POOL
 from memest_instrumentation.vllm import measure
 from memest_instrumentation.vllm.state import StageWindow, guarded, state
 

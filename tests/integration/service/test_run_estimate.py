@@ -12,7 +12,7 @@ from memest.cli import main
 from .conftest import AUTH  # noqa: TID252
 
 ROOT = Path(__file__).resolve().parents[3]
-REPORT = ROOT / "reports/vllm/raw/call9.S_llama8b_s128_t4096.apply.report.rank0.json"
+REPORT = ROOT / "tests/data/starts/call9.S_llama8b_s128_t4096.apply.report.rank0.json"
 MODEL = ROOT / "examples/llama8b.config.json"
 GRID = {"max_num_seqs": 32, "max_num_batched_tokens": 2048}
 

@@ -22,7 +22,7 @@ from memest.identity import model_display_name
 pytest.importorskip("fastapi")
 
 REPO = Path(__file__).resolve().parents[3]
-REPORT = REPO / "reports/vllm/raw/call8.E_llama8b_eagle3k5_s96_t4096_u088.apply.report.rank0.json"
+REPORT = REPO / "tests/data/starts/call8.E_llama8b_eagle3k5_s96_t4096_u088.apply.report.rank0.json"
 TOKEN_LINE = re.compile(r"write token \(MEMEST_WRITE_TOKEN was unset\): (\S+)")
 
 

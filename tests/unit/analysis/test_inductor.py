@@ -238,7 +238,7 @@ def test_a_malformed_map_in_a_snapshot_is_named() -> None:
 @pytest.mark.parametrize(
     "path",
     # calls 3-5 ran before the plugin recorded a map of the generated code
-    sorted((ROOT / "reports" / "vllm" / "raw").glob("call[3-5].*.snapshot.rank0.json.gz"))[:2],
+    sorted((ROOT / "tests" / "data" / "starts").glob("call[3-5].*.snapshot.rank0.json.gz"))[:2],
     ids=lambda p: p.name,
 )
 def test_real_h200_histories_analyze_the_same_with_an_unrelated_map(path: Path) -> None:
@@ -252,7 +252,7 @@ def test_real_h200_histories_analyze_the_same_with_an_unrelated_map(path: Path) 
 
 
 def test_a_real_snapshot_file_is_gzip_json_with_generated_frames() -> None:
-    path = sorted((ROOT / "reports" / "vllm" / "raw").glob("*.snapshot.rank0.json.gz"))[0]
+    path = sorted((ROOT / "tests" / "data" / "starts").glob("*.snapshot.rank0.json.gz"))[0]
     frames = json.loads(gzip.decompress(path.read_bytes()))["frames"]
     keys = {generated_key(str(f[0])) for f in frames} - {None}
     assert keys, "the H200 histories' frames name Inductor's generated files"

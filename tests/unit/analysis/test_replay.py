@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from memest.analysis import OwnerRules, StageTag, analyze, format_tag
+from memest.analysis import OwnerRules, analyze
 from memest.errors import SnapshotFormatError
 from memest.schema.breakdown import MemoryReading, PhaseRecord
 from memest.snapshot import empty_snapshot, from_torch
+from memest.snapshot.tags import StageTag, format_tag
 
 MiB = 1 << 20
 

@@ -1,6 +1,6 @@
 """Adding and dropping an EAGLE3 drafter: its weights from its config's shapes, its buffers
 allocated with the KV cache, its workspaces and graph objects by layers, checked against real
-H200 starts of one model with and without the drafter (reports/vllm/raw)."""
+H200 starts of one model with and without the drafter (tests/data/starts, copied from reports/vllm/raw)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from memest.schema import RunReport
 from memest.units import MiB
 
 ROOT = Path(__file__).resolve().parents[3]
-RAW = ROOT / "reports" / "vllm" / "raw"
+RAW = ROOT / "tests" / "data" / "starts"
 MODEL = json.loads((ROOT / "examples" / "llama8b.config.json").read_text())
 DRAFTER = json.loads((ROOT / "examples" / "eagle3_8b.config.json").read_text())
 EAGLE3 = {"speculative_config": {"method": "eagle3", "num_speculative_tokens": 3}}

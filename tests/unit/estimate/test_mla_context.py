@@ -23,7 +23,7 @@ from memest.schema import RunConfig, RunReport
 ROOT = Path(__file__).resolve().parents[3]
 DSV2 = json.loads((ROOT / "lab/models/dsv2lite_8l/config.json").read_text())
 LLAMA = json.loads((ROOT / "examples/llama8b.config.json").read_text())
-RAW = ROOT / "reports/vllm/raw"
+RAW = ROOT / "tests/data/starts"
 MiB = 1 << 20
 GiB = 1 << 30
 

@@ -76,7 +76,7 @@ def test_a_config_without_vocab_is_named() -> None:
         ModelDims.from_hf_config({"hidden_size": 4096})
 
 
-RAW = Path(__file__).resolve().parents[3] / "reports" / "vllm" / "raw"
+RAW = Path(__file__).resolve().parents[3] / "tests" / "data" / "starts"
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 

@@ -1,6 +1,6 @@
 """What a start did not record: the drafter's graph pools (synthetic request trace) and its share
 of the profile pass's activations (the activation law), checked against real H200 starts of one
-model with and without an EAGLE3 drafter (reports/vllm/raw)."""
+model with and without an EAGLE3 drafter (tests/data/starts, copied from reports/vllm/raw)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import memest.estimate.synthetic_trace as estimate_trace
-import memest.preflight.graphs as preflight_graphs
+import memest.preflight.predict as preflight_predict
 from memest.estimate import account, full_init_kv_budget, full_init_terms, what_if
 from memest.estimate.runner_buffers import ModelDims
 from memest.preflight.calibration import load_calibration, what_if_calibration
@@ -21,7 +21,7 @@ from memest.schema import RunReport
 from memest.units import GiB, MiB
 
 ROOT = Path(__file__).resolve().parents[3]
-RAW = ROOT / "reports" / "vllm" / "raw"
+RAW = ROOT / "tests" / "data" / "starts"
 MODEL = json.loads((ROOT / "examples" / "llama8b.config.json").read_text())
 DRAFTER = json.loads((ROOT / "examples" / "eagle3_8b.config.json").read_text())
 S, B = "call9.S_llama8b_s128_t4096.apply", "call6.B_llama8b_s32_t2048.apply"
@@ -53,8 +53,7 @@ def _predict(g: RunReport, g2: RunReport, *, drafter: bool = True, factor: bool 
 
 
 def test_preflight_and_what_if_share_one_trace() -> None:
-    assert preflight_graphs.synthetic_trace is estimate_trace.synthetic_trace
-    assert preflight_graphs.pool_bytes is estimate_trace.pool_bytes
+    assert preflight_predict.pool_bytes is estimate_trace.pool_bytes
 
 
 @pytest.mark.parametrize(("plain", "eagle"), [(S, C), (S, E), (B, C), (B, E)])

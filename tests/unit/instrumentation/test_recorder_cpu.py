@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from memest_instrumentation.torch import Recorder, _compat, current_tag, graphs, tagging
 
-from memest.analysis import StageTag, analyze, parse_tag
+from memest.analysis import analyze
 from memest.schema.breakdown import PhaseRecord
+from memest.snapshot.tags import StageTag, parse_tag
 
 
 def test_import_does_not_import_torch() -> None:

@@ -15,6 +15,12 @@ def test_defaults_leave_the_plugin_off() -> None:
     assert s.problems == ()
 
 
+def test_the_defaults_are_declared_once() -> None:
+    """Settings() and an empty environment agree: both take ENV_VARS' defaults."""
+    assert Settings() == Settings.from_env({})
+    assert Settings().plan_free_tolerance_bytes == 256 << 20  # ENV_VARS' "268435456"
+
+
 def test_every_setting_is_read_and_documented() -> None:
     env = {
         "MEMEST_ENABLE": "1",
@@ -24,7 +30,6 @@ def test_every_setting_is_read_and_documented() -> None:
         "MEMEST_TOKEN": "secret",
         "MEMEST_PUSH_TIMEOUT_S": "2.5",
         "MEMEST_PUSH_RETRIES": "5",
-        "MEMEST_STACK_DEPTH": "8",
         "MEMEST_HISTORY_MAX_ENTRIES": "1000",
         "MEMEST_RULES": "rules.toml",
         "MEMEST_HISTORY_FROM": "init",
@@ -37,7 +42,7 @@ def test_every_setting_is_read_and_documented() -> None:
     assert (s.enabled, s.output_dir, s.run_id) == (True, "/data/reports", "run-7")
     assert s.service_url == "http://memest:8080"
     assert (s.token, s.push_timeout_s, s.push_retries) == ("secret", 2.5, 5)
-    assert (s.stack_depth, s.history_max_entries, s.rules_file) == (8, 1000, "rules.toml")
+    assert (s.history_max_entries, s.rules_file) == (1000, "rules.toml")
     assert (s.estimate, s.margin_bytes, s.plan_free_tolerance_bytes) == ("apply", 1 << 20, 0)
     assert s.faults == frozenset({"capture", "push"})
     assert s.history_from == "init"

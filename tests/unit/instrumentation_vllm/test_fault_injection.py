@@ -3,48 +3,88 @@ returns its value, and a warning is logged once per hook."""
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import fake_start
 import pytest
 from memest_instrumentation.vllm.state import reset_state, state
 
-from memest.schema import RunReport
+from memest.schema import RunConfig, RunReport
 
-HOOKS = [
-    "init_device",
-    "init_device.after",
-    "weights",
-    "profile_run",
-    "profile_run.before",
-    "profile_run.after",
-    "warm_profile",
-    "graph_profiling",
-    "graph_profiling.before",
-    "graph_profiling.after",
-    "determine_available_memory",
-    "determine_available_memory.before",
-    "determine_available_memory.after",
-    "config",
-    "startup_plan",
-    "kv_cache_alloc",
-    "kv_config",
-    "kv_config.after",
-    "capture",
-    "capture_stage",
-    "end_of_init",
-    "end_of_init.after",
-    "recorder",
-    "analysis",
-    "capture_plans",
-    "estimate",
-    "report",
-    "report_file",
-    "push",
-    "all",
-]
+PLUGIN = Path(__file__).resolve().parents[3] / "instrumentation/memest_instrumentation/vllm"
+
+
+def _strings(node: ast.AST) -> set[str]:
+    return {
+        n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+
+
+def _assigned(name: str, scopes: list[ast.AST]) -> set[str] | None:
+    """The string constants assigned to ``name`` in the innermost enclosing function that
+    assigns it (``name = "a" if x else "b"``), or None when none does."""
+    for scope in reversed(scopes):
+        for n in ast.walk(scope):
+            targets = n.targets if isinstance(n, ast.Assign) else []
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return _strings(n.value)  # type: ignore[union-attr]
+    return None
+
+
+def _hooks_in(node: ast.AST, scopes: list[ast.AST], path: Path) -> set[str]:
+    """Hook names of one call: ``guarded(hook, ...)`` and ``phase_wrapper(name, hook, ...)``
+    (which guards ``hook``, and ``hook.before`` / ``hook.after`` when given those callbacks)."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args):
+        return set()
+    first = node.args[0]
+    if node.func.id == "phase_wrapper":
+        hook = node.args[1]
+        assert isinstance(hook, ast.Constant), f"{path}:{node.lineno}: hook not a literal"
+        edges = {k.arg for k in node.keywords} & {"before", "after"}
+        return {hook.value, *(f"{hook.value}.{edge}" for edge in edges)}
+    if node.func.id != "guarded" or isinstance(first, ast.JoinedStr):
+        return set()  # phase_wrapper's own f"{hook}.before": its call sites are read above
+    if isinstance(first, ast.Constant):
+        return {first.value}
+    assert isinstance(first, ast.Name), f"{path}:{node.lineno}: hook name not a literal"
+    if first.id == "hook" and any(getattr(s, "name", "") == "phase_wrapper" for s in scopes):
+        return set()
+    names = _assigned(first.id, scopes)
+    assert names, f"{path}:{node.lineno}: hook name {first.id} not found"
+    return names
+
+
+def guarded_hooks() -> set[str]:
+    """Every hook name the plugin's code runs fail-open (read from the code, not listed)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST, scopes: list[ast.AST], path: Path) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            scopes = [*scopes, node]
+        found.update(_hooks_in(node, scopes, path))
+        for child in ast.iter_child_nodes(node):
+            visit(child, scopes, path)
+
+    for path in sorted(PLUGIN.glob("*.py")):
+        visit(ast.parse(path.read_text()), [], path)
+    return found
+
+
+HOOKS = [*sorted(guarded_hooks()), "all"]
+
+
+def test_the_hook_list_is_read_from_the_code() -> None:
+    """A sample the reader can check by eye: one hook of each kind the reader above handles."""
+    hooks = set(HOOKS)
+    assert {"recorder", "push", "model_dims", "compiled_code"} <= hooks  # guarded("...")
+    assert {"weights", "profile_run.before", "end_of_init.after"} <= hooks  # phase_wrapper
+    assert {"capture", "graph_profiling.capture"} <= hooks  # name = "..." if ... else "..."
+
 
 # A fake start runs memest's real hooks, which import torch and vLLM.
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("needs_vllm")]
@@ -100,17 +140,82 @@ def test_without_faults_a_report_is_written(
     assert any(n.startswith("graph memory: vLLM estimate") for n in report.notes)
 
 
+#: An unreachable service, so that the push hook runs.
+UNREACHABLE_SERVICE = {"MEMEST_SERVICE_URL": "http://127.0.0.1:9", "MEMEST_PUSH_RETRIES": "1"}
+
+
+def _v1_capture(monkeypatch: pytest.MonkeyPatch) -> object:
+    """Model Runner V1's capture_model, wrapped as the plugin wraps it (the fake start is V2)."""
+    from memest_instrumentation.vllm.hooks import PATCHES
+
+    patch = next(p for p in PATCHES if p.name == "capture" and p.runner == "v1")
+    return patch.make(lambda self: "captured")(SimpleNamespace())
+
+
+def _v1_allocate_kv_cache(monkeypatch: pytest.MonkeyPatch) -> object:
+    """Model Runner V1's allocate_kv_cache, wrapped as the plugin wraps it."""
+    from memest_instrumentation.vllm.hooks import wrap_allocate_kv_cache
+
+    return wrap_allocate_kv_cache(lambda cfg: "allocated")(SimpleNamespace(kv_cache_tensors=[]))
+
+
+def _mla_context(monkeypatch: pytest.MonkeyPatch) -> object:
+    """Apply mode's MLA context term (a start with a config; the fake start's model is not MLA,
+    so its apply path returns before this hook)."""
+    from memest_instrumentation.vllm import apply
+
+    state().config = RunConfig(model="m")
+    return apply._mla_context_bytes(SimpleNamespace(vllm_config=None))
+
+
+#: Hooks the fake start does not reach, each driven through the code that guards it, with what
+#: that code must still return to vLLM when the hook raises.
+DIRECT: dict[str, tuple[Callable[[pytest.MonkeyPatch], object], object]] = {
+    "capture.before": (_v1_capture, "captured"),
+    "allocate_kv_cache": (_v1_allocate_kv_cache, "allocated"),
+    "mla_context": (_mla_context, 0),
+}
+
+
+def test_every_guarded_hook_is_exercised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each hook the code guards runs in the fake start, or is driven directly (DIRECT)."""
+    from memest_instrumentation.vllm import state as state_module
+
+    reached: set[str] = set()
+    real = state_module.maybe_fault
+
+    def spy(hook: str) -> None:
+        reached.add(hook)
+        real(hook)
+
+    monkeypatch.setattr(state_module, "maybe_fault", spy)
+    _run(monkeypatch, **UNREACHABLE_SERVICE)
+    assert set(HOOKS) - {"all"} - reached == set(DIRECT)
+
+
+def _direct(hook: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    drive, value = DIRECT[hook]
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    monkeypatch.setenv("MEMEST_FAULT", hook)
+    reset_state()
+    with caplog.at_level(logging.WARNING, logger="memest.vllm"):
+        assert drive(monkeypatch) == value
+    assert hook in {e.split(":")[0] for e in state().hook_errors}, state().hook_errors
+    assert len([r for r in caplog.records if f"memest hook {hook} failed" in r.getMessage()]) == 1
+
+
 @pytest.mark.parametrize("hook", HOOKS)
 def test_a_raising_hook_never_changes_what_vllm_gets(
     hook: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    if hook in DIRECT:
+        _direct(hook, monkeypatch, caplog)
+        return
     _, clean_calls = _run(monkeypatch)
     assert state().hook_errors == []
     caplog.clear()
-    # An unreachable service too, so that the push hook runs.
-    extra = {"MEMEST_SERVICE_URL": "http://127.0.0.1:9", "MEMEST_PUSH_RETRIES": "1"}
     with caplog.at_level(logging.WARNING, logger="memest.vllm"):
-        out, calls = _run(monkeypatch, MEMEST_FAULT=hook, **extra)
+        out, calls = _run(monkeypatch, MEMEST_FAULT=hook, **UNREACHABLE_SERVICE)
     assert out == _expected()
     assert _vllm_calls(calls) == _vllm_calls(clean_calls)
     st = state()

@@ -19,7 +19,7 @@ from tests.unit.instrumentation_vllm.conftest import vllm_or_skip
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
-REPORT = ROOT / "reports/vllm/raw/call9.S_llama8b_s128_t4096.apply.report.rank0.json"
+REPORT = ROOT / "tests/data/starts/call9.S_llama8b_s128_t4096.apply.report.rank0.json"
 
 
 def _folder(tmp: Path, name: str, example: str) -> str:
@@ -124,7 +124,7 @@ def test_missing_dimensions_record_nothing() -> None:
 
 MOE_REPORT = (
     ROOT
-    / "reports/vllm/raw/call14.M_qwen3moe8l_s64_t2048.apply-hist-cold-stephist.report.rank0.json"
+    / "tests/data/starts/call14.M_qwen3moe8l_s64_t2048.apply-hist-cold-stephist.report.rank0.json"
 )
 
 

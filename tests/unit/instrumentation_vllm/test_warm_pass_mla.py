@@ -104,7 +104,7 @@ def test_a_report_claiming_a_stand_in_free_pass_needs_that_pass() -> None:
     accounting would count the chunk twice, so the report is refused with the reason."""
     from pathlib import Path
 
-    raw = Path(__file__).resolve().parents[3] / "reports/vllm/raw"
+    raw = Path(__file__).resolve().parents[3] / "tests/data/starts"
     path = raw / "call21.L_dsv2lite8l_s64_t2048_fa.apply.report.rank0.json"
     report = RunReport.model_validate_json(path.read_text())
     assert report.config.mla_warm_pass_without_standin is True

@@ -33,7 +33,7 @@ def test_apply_budgets_the_warm_pass_not_the_compiling_one(
     terms = st.apply_terms.terms
     assert terms.profile_peak_activation_bytes == dev.sizes["activation"]
     # the first pass's transients come one after the other: its peak is the larger one
-    assert st.figures.profile_headroom_first_bytes == 900 * MiB
+    assert any(f"peaked {900 * MiB} B above" in n for n in st.notes), st.notes
     usage = dev.used() + dev.sizes["activation"]
     assert -fake_start.PAGE_ALL < usage - worker.requested_memory <= 0
     assert any(p.name == "profile_run.warm" for p in st.phases)

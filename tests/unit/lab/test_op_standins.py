@@ -11,9 +11,8 @@ CUDA-graph check that needs a GPU: an op with a data-dependent shape or a host r
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import types
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,15 +21,10 @@ from tests.conftest import require_or_skip
 
 torch = pytest.importorskip("torch")
 
-STANDINS = Path(__file__).resolve().parents[3] / "lab" / "vllm_op_standins.py"
-
 
 @pytest.fixture(scope="module")
 def standins() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("vllm_op_standins", STANDINS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("lab.vllm_op_standins")
     module.register(("CPU",))
     return module
 

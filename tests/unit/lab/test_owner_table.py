@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from lab import owner_table
 from memest.analysis.inductor import parse_generated
 from memest.schema import CompiledCode, CompiledNode, RunConfig, RunReport
 
@@ -23,15 +21,6 @@ CFG = {
     "intermediate_size": 14336,
     "vocab_size": 128256,
 }
-
-
-def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("owner_table", ROOT / "lab" / "owner_table.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["owner_table"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _run(tmp: Path, name: str) -> Path:
@@ -77,11 +66,10 @@ def _run(tmp: Path, name: str) -> Path:
 def test_named_share_formula_ratio_and_cold_warm(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    table = _module()
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(CFG))
     a, b = _run(tmp_path, "cold"), _run(tmp_path, "warm")
-    assert table.main([f"{a}={cfg}", f"{b}={cfg}", "--same", str(a), str(b)]) == 0
+    assert owner_table.main([f"{a}={cfg}", f"{b}={cfg}", "--same", str(a), str(b)]) == 0
     out = capsys.readouterr().out
     # 6 MiB of 8 MiB pool growth is the named qkv projection; both allocations stay live
     assert "6.0 MiB of 8.0 MiB (75.0 %)" in out

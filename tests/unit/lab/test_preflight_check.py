@@ -6,15 +6,13 @@ its CLI with the configuration's flags, never from the script's own arithmetic.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from lab import preflight_check as pc
 from memest.cli import main as memest_main
 from memest.preflight.calibration import load_calibration
 
@@ -26,23 +24,11 @@ CALL4 = RAW / "results.call4.jsonl"  # B, C: no step figure (end of init)
 CALL7 = RAW / "results.call7.jsonl"  # two starts that crashed (rc -11)
 
 
-@pytest.fixture(scope="module")
-def pc() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "preflight_check", ROOT / "lab/preflight_check.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["preflight_check"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _cli_budget(pc: ModuleType, name: str, capsys: pytest.CaptureFixture[str]) -> int:
+def _cli_budget(name: str, capsys: pytest.CaptureFixture[str]) -> int:
     """kv_budget_bytes of `memest preflight --json` with the flags vllm_runs.py starts with."""
     cfg = pc.CONFIGS[name]
     model = Path(cfg["model"]).name
@@ -71,14 +57,12 @@ def _cli_budget(pc: ModuleType, name: str, capsys: pytest.CaptureFixture[str]) -
     return int(json.loads(capsys.readouterr().out)["kv_budget_bytes"])
 
 
-def test_truth_and_errors_follow_the_records(
-    pc: ModuleType, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_truth_and_errors_follow_the_records(capsys: pytest.CaptureFixture[str]) -> None:
     c = pc.check([CALL8, CALL6])
     raw = {("results.call8.jsonl", n): r for n, r in enumerate(_records(CALL8), 1)}
     raw |= {("results.call6.jsonl", n): r for n, r in enumerate(_records(CALL6), 1)}
     assert len(c.rows) == len(raw)  # every record of these calls has kv_bytes and a step figure
-    budgets = {name: _cli_budget(pc, name, capsys) for name in {r.config for r in c.rows}}
+    budgets = {name: _cli_budget(name, capsys) for name in {r.config for r in c.rows}}
     for row in c.rows:
         rec = raw[(row.source, row.line)]
         assert (row.config, row.mode) == (rec["config"], rec["mode"])
@@ -95,7 +79,7 @@ def test_truth_and_errors_follow_the_records(
     assert any(r.mode == "alone" for r in c.rows)
 
 
-def test_end_of_init_fallback_is_named(pc: ModuleType) -> None:
+def test_end_of_init_fallback_is_named() -> None:
     c = pc.check([CALL4])
     recs = _records(CALL4)
     assert all(r.get("step_usage_minus_budget_bytes") is None for r in recs)
@@ -105,7 +89,7 @@ def test_end_of_init_fallback_is_named(pc: ModuleType) -> None:
         assert row.truth_kv_bytes == rec["kv_bytes"] - rec["usage_minus_budget_bytes"]
 
 
-def test_failed_starts_are_skipped_not_compared(pc: ModuleType) -> None:
+def test_failed_starts_are_skipped_not_compared() -> None:
     c = pc.check([CALL7])
     recs = _records(CALL7)
     failed = [n for n, r in enumerate(recs, 1) if r.get("kv_bytes") is None]
@@ -115,7 +99,7 @@ def test_failed_starts_are_skipped_not_compared(pc: ModuleType) -> None:
     assert len(c.skipped) == len(failed)
 
 
-def test_unseen_flag_is_the_calibrations_architectures(pc: ModuleType) -> None:
+def test_unseen_flag_is_the_calibrations_architectures() -> None:
     shipped = load_calibration("h200")
     c = pc.check([CALL8])
     for row in c.rows:
@@ -137,7 +121,7 @@ def test_unseen_flag_is_the_calibrations_architectures(pc: ModuleType) -> None:
     assert s["unseen_architectures_within_tolerance"] == (s["unseen_architectures"] * within)
 
 
-def test_grid_in_calibration_from_its_starts(pc: ModuleType, tmp_path: Path) -> None:
+def test_grid_in_calibration_from_its_starts(tmp_path: Path) -> None:
     """E's starts (call8) are calibration starts; W4 is A's grid with capture sizes capped at 64,
     a grid no calibration start ran."""
     cal = load_calibration("h200")
@@ -154,7 +138,7 @@ def test_grid_in_calibration_from_its_starts(pc: ModuleType, tmp_path: Path) -> 
 
 
 def test_bad_input_is_one_line_and_exit_2(
-    pc: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cases = {
         "not_json.jsonl": "nope\n",

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from lab import step_replay
+
 ROOT = Path(__file__).resolve().parents[3]
 MiB = 1 << 20
 
 
-def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("step_replay", ROOT / "lab" / "step_replay.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def moe() -> dict[str, Any]:
-    result: dict[str, Any] = _module().moe_replay()
+    result: dict[str, Any] = step_replay.moe_replay()
     return result
 
 
@@ -52,8 +45,8 @@ def test_without_the_standins_the_warm_pass_covers_the_step(moe: dict[str, Any])
 
 
 def test_cpu_sdpa_prefill_arithmetic() -> None:
-    sizes = _module().cpu_sdpa_prefill(2048, 16, 192, 128)
+    sizes = step_replay.cpu_sdpa_prefill(2048, 16, 192, 128)
     assert sizes["scores"] == 256 * MiB  # 16 x 2048^2 float32
     assert sizes["q_or_k_f32"] == 24 * MiB and sizes["v_f32"] == 16 * MiB
-    dummy = _module().profile_dummy(4096, 64, 16, 16, 128, 128)
+    dummy = step_replay.profile_dummy(4096, 64, 16, 16, 128, 128)
     assert dummy == 256 * MiB  # 32,768 workspace rows x 16 heads x 256 x bf16

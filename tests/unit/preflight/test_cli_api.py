@@ -14,7 +14,7 @@ from memest.schema import RunReport
 ROOT = Path(__file__).resolve().parents[3]
 LLAMA = ROOT / "tests/data/configs/llama8b.json"
 DSV2 = ROOT / "lab/models/dsv2lite_8l/config.json"
-S_START = ROOT / "reports/vllm/raw/call9.S_llama8b_s128_t4096.apply.report.rank0.json"
+S_START = ROOT / "tests/data/starts/call9.S_llama8b_s128_t4096.apply.report.rank0.json"
 GRID = [
     "--max-num-seqs",
     "128",

@@ -10,8 +10,8 @@ import pytest
 
 from memest.estimate import account
 from memest.estimate.poolreplay import pool_trace
+from memest.estimate.synthetic_trace import pool_bytes, synthetic_trace
 from memest.estimate.whatif import measured_plan
-from memest.preflight.graphs import pool_bytes, synthetic_trace
 from memest.preflight.shape import model_shape
 from memest.schema import RunReport
 from memest.snapshot import load_snapshot
@@ -19,7 +19,7 @@ from memest.snapshot import load_snapshot
 ROOT = Path(__file__).resolve().parents[3]
 TARGET = model_shape(json.loads((ROOT / "tests/data/configs/llama8b.json").read_text()))
 DRAFTER = model_shape(json.loads((ROOT / "tests/data/configs/eagle3_8b.json").read_text()))
-RAW = ROOT / "reports/vllm/raw"
+RAW = ROOT / "tests/data/starts"
 STARTS = [
     "call9.S_llama8b_s128_t4096.apply",
     "call6.B_llama8b_s32_t2048.apply",

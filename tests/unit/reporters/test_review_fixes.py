@@ -18,7 +18,7 @@ from memest.reporters.views import NESTED_NOTE, compare, definition_line, notes,
 from memest.schema import RunReport
 
 ROOT = Path(__file__).parents[3]
-RAW = ROOT / "reports" / "vllm" / "raw"
+RAW = ROOT / "tests" / "data" / "starts"
 E = RAW / "call8.E_llama8b_eagle3k5_s96_t4096_u088.apply.report.rank0.json"
 S_APPLY = RAW / "call9.S_llama8b_s128_t4096.apply.report.rank0.json"
 S_ENABLE = RAW / "call9.S_llama8b_s128_t4096.enable.report.rank0.json"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.util
+import importlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,20 +22,10 @@ from memest.schema import RunReport
 
 torch = pytest.importorskip("torch")
 
-ENGINE = Path(__file__).resolve().parents[3] / "lab" / "lab_engine.py"
-
-
-def _load_engine() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lab_engine", ENGINE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture
 def engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    lab = _load_engine()
+    lab = importlib.import_module("lab.lab_engine")
     # Small shapes on the CPU: the bookkeeping is what is under test.
     for name, value in {
         "DEVICE": "cpu",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memest.analysis.tags import StageTag, format_tag, parse_tag, pool_key
+from memest.snapshot.tags import StageTag, format_tag, parse_tag, pool_key
 
 
 def test_round_trip_all_fields() -> None:
