@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memest.analysis.ranks import capture_stages
-from memest.analysis.runs import estimator_error, kv_sized_by, run_facts
+from memest.builds.runs import estimator_error, kv_sized_by, run_facts
 from memest.cli._reports import load_report
 from memest.cli.check_diff import (
     DEFAULT_GROWTH,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from html import escape
 
-from memest.analysis.compare import Comparison
 from memest.analysis.stages import stage_bars
+from memest.builds.compare import Comparison
 from memest.reporters import plots
 from memest.reporters.markdown import (
     comparison_tables,

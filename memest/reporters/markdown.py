@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memest.analysis.compare import Comparison, Delta
-from memest.analysis.runs import build_label, config_summary, fingerprint, run_facts, runner_counts
 from memest.analysis.stages import stage_bars
+from memest.builds.compare import Comparison, Delta
+from memest.builds.runs import build_label, config_summary, fingerprint, run_facts, runner_counts
 from memest.estimate import account
 from memest.reporters.owners import owner_label
 from memest.reporters.table import Table, to_markdown

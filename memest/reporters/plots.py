@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 
-from memest.analysis.compare import Comparison
 from memest.analysis.stages import StageBar
+from memest.builds.compare import Comparison
 from memest.reporters.owners import owner_color, owner_label
 from memest.reporters.svg import (
     A_COLOR,

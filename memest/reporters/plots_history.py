@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html import escape
 
-from memest.analysis.history import History
+from memest.builds.history import History
 from memest.reporters.svg import BAD_COLOR, nice_ticks, short_label, svg_open, tick_text
 from memest.units import GiB
 

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
-from memest.analysis.compare import Comparison
-from memest.analysis.compare import compare as compare_runs
+from memest.builds.compare import Comparison
+from memest.builds.compare import compare as compare_runs
 from memest.identity import model_display_name
 from memest.reporters.owners import owner_label
 from memest.schema import PhaseRecord, RunReport, StartAccounting
@@ -20,7 +20,7 @@ from memest.units import fmt_gib
 
 
 def compare(a: RunReport, b: RunReport) -> Comparison:
-    """``memest.analysis.compare.compare`` with owners named as every surface names them."""
+    """``memest.builds.compare.compare`` with owners named as every surface names them."""
     return compare_runs(a, b, owner_label=owner_label)
 
 

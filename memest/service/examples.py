@@ -7,10 +7,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from memest.analysis.history import history
 from memest.analysis.ranks import rank_check
-from memest.analysis.runs import run_facts, runner_counts
 from memest.analysis.stages import stage_bars
+from memest.builds.history import history
+from memest.builds.runs import run_facts, runner_counts
 from memest.demo import demo_reports
 from memest.estimate import account
 from memest.preflight import preflight

@@ -20,7 +20,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
-from memest.analysis.runs import fingerprint
+from memest.builds.runs import fingerprint
 from memest.schema import RunReport
 from memest.service import store
 from memest.service.metrics import _StoredReports

@@ -8,8 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from memest.analysis.ranks import RankCheck
-from memest.analysis.runs import RunFacts, RunnerCount
 from memest.analysis.stages import StageBar
+from memest.builds.runs import RunFacts, RunnerCount
 from memest.schema import (
     Breakdown,
     CapturePlan,

@@ -14,7 +14,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from memest.analysis.runs import fingerprint, graph_pool_bytes, kv_tokens
+from memest.builds.runs import fingerprint, graph_pool_bytes, kv_tokens
 from memest.identity import model_display_name, stored_form
 from memest.schema import RunReport
 from memest.service.db import write_session

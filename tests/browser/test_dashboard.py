@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from memest.analysis.history import REGRESSION_LABELS
+from memest.builds.history import REGRESSION_LABELS
 from memest.units import fmt_gib
 
 pytestmark = pytest.mark.browser

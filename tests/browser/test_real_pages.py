@@ -21,7 +21,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from memest.analysis.history import REGRESSION_LABELS
+from memest.builds.history import REGRESSION_LABELS
 from memest.units import count_cell, fmt_gib, gib_cell, ratio_cell
 from tests.browser.conftest import demo_service
 

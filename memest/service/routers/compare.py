@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from memest.analysis.compare import Comparison
+from memest.builds.compare import Comparison
 from memest.reporters.views import compare
 from memest.service import examples, store
 from memest.service.deps import CacheDep, ReadAuth, SessionDep

@@ -15,10 +15,10 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import pass_context
 from markupsafe import Markup, escape
 
-from memest.analysis.history import history
 from memest.analysis.ranks import rank_check
-from memest.analysis.runs import build_label, config_summary, fingerprint, run_facts, runner_counts
 from memest.analysis.stages import stage_bars
+from memest.builds.history import history
+from memest.builds.runs import build_label, config_summary, fingerprint, run_facts, runner_counts
 from memest.errors import MemestError
 from memest.estimate import account, budget_splits, gpu_parts
 from memest.estimate.phases import total_bytes

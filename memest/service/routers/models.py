@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from memest.analysis.history import History, history
+from memest.builds.history import History, history
 from memest.service import examples, store
 from memest.service.deps import CacheDep, ReadAuth, SessionDep
 from memest.service.schemas import ModelList, ModelSummary

@@ -10,8 +10,8 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
 from memest.analysis.ranks import rank_check
-from memest.analysis.runs import build_label, run_facts, runner_counts
 from memest.analysis.stages import stage_bars
+from memest.builds.runs import build_label, run_facts, runner_counts
 from memest.estimate import account, compare
 from memest.reporters.views import notes
 from memest.schema import RunReport

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, MetaData, Table, func, inspect, select, text
 
-from memest.analysis.runs import fingerprint
+from memest.builds.runs import fingerprint
 from memest.demo import demo_report, demo_reports
 from memest.schema import RunReport
 from memest.service import create_app, db, store

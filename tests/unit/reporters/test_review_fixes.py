@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from memest.analysis.compare import changes
-from memest.analysis.history import history
-from memest.analysis.runs import build_label, ran_plan, run_facts, runner_counts
+from memest.builds.compare import changes
+from memest.builds.history import history
+from memest.builds.runs import build_label, ran_plan, run_facts, runner_counts
 from memest.cli import main
 from memest.identity import stored_form
 from memest.reporters.breakdown import render_text

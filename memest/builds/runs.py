@@ -1,7 +1,7 @@
 """What one start is and the figures tracked per build: its facts (from the start's accounting),
 the graph-count table of the capture plan it ran, and its identity (build, configuration).
 
-Comparisons (memest.analysis.compare) and histories (memest.analysis.history) are built from
+Comparisons (memest.builds.compare) and histories (memest.builds.history) are built from
 these; the reporters and the service format them. No I/O here.
 """
 

@@ -11,7 +11,8 @@ from pydantic import BaseModel, Field
 
 from memest.analysis.owners import owner_key
 from memest.analysis.ranks import capture_stages
-from memest.analysis.runs import (
+from memest.analysis.stages import stage_bars
+from memest.builds.runs import (
     Change,
     RunFacts,
     RunRef,
@@ -23,7 +24,6 @@ from memest.analysis.runs import (
     run_ref,
     runner_counts,
 )
-from memest.analysis.stages import stage_bars
 from memest.schema import RunReport
 
 

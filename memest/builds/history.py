@@ -10,7 +10,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from memest.analysis.runs import (
+from memest.builds.runs import (
     Change,
     build_label,
     config_changes,
