@@ -202,6 +202,25 @@ class ParallelBytes:
         return ", ".join(f"{name} {size / MiB:.0f} MiB" for name, size in self.parts.items())
 
 
+def check_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables, refused by name when this module does not read them.
+
+    Raises:
+        ConfigError: a name outside :data:`NCCL_ENV` and :data:`VLLM_ENV`, or a value that is
+            not a non-negative integer (NCCL_PROTO: any text; it sizes nothing).
+    """
+    for name, value in env.items():
+        if name not in NCCL_ENV + VLLM_ENV:
+            raise ConfigError(
+                f"environment.{name}",
+                value,
+                f"not read; expected one of {', '.join(NCCL_ENV + VLLM_ENV)}",
+            )
+        if name != "NCCL_PROTO":
+            _env_int(env, name)
+    return dict(env)
+
+
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name)
     if raw is None or raw == "":

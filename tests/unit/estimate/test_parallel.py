@@ -11,6 +11,7 @@ import pytest
 from memest.errors import ConfigError
 from memest.estimate.parallel import (
     ParallelLayout,
+    check_env,
     custom_all_reduce_bytes,
     flashinfer_workspace_bytes,
     nccl_buffer_sizes,
@@ -135,3 +136,13 @@ def test_groups_each_get_a_communicator() -> None:
 def test_bad_env_is_named() -> None:
     with pytest.raises(ConfigError, match="NCCL_BUFFSIZE"):
         nccl_buffer_sizes({"NCCL_BUFFSIZE": "4M"})
+
+
+def test_env_names_are_checked() -> None:
+    assert check_env({"NCCL_PROTO": "Simple", "NCCL_BUFFSIZE": "1048576"})
+    with pytest.raises(ConfigError, match="environment.NCCL_ALGO"):
+        check_env({"NCCL_ALGO": "Ring"})
+    with pytest.raises(ConfigError, match="NCCL_MAX_NCHANNELS"):
+        check_env({"NCCL_MAX_NCHANNELS": "-1"})
+    # NCCL_PROTO sizes nothing: p2pRecvSetup allocates every protocol's buffer.
+    assert ring_channel_bytes({"NCCL_PROTO": "Simple"}) == 12 * MiB
