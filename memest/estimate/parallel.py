@@ -82,6 +82,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from memest.errors import ConfigError
+from memest.schema import GpuInfo, RunConfig
 from memest.units import KiB, MiB
 
 #: NCCL's pipeline depth (include/device.h NCCL_STEPS).
@@ -322,3 +323,18 @@ def parallel_bytes(layout: ParallelLayout) -> ParallelBytes:
         inside = CUSTOM_AR_RANK_DATA if tp_parts["custom all-reduce"] else 0
         spread += UNDERIVED_BYTES
     return ParallelBytes(parts, spread, inside, channels if groups else 0)
+
+
+def start_layout(config: RunConfig, gpu: GpuInfo | None) -> ParallelLayout:
+    """The layout of a recorded start: its TP size, the model's recorded dimensions, the GPU's
+    compute capability; vLLM's defaults for what a report does not record (custom all-reduce
+    on, pipeline and data parallel size 1, no NCCL_* variables)."""
+    dims = config.model_dims
+    experts = dims and (dims.num_experts or dims.n_routed_experts or dims.num_local_experts)
+    capability = gpu.compute_capability if gpu is not None else None
+    return ParallelLayout(
+        tensor_parallel_size=config.tensor_parallel_size,
+        moe=bool(experts),
+        compute_capability=capability or "9.0",
+        hidden_size=dims.hidden_size if dims is not None else None,
+    )

@@ -45,6 +45,7 @@ GRID_FIELDS = (
     "compilation_config",
     "speculative_method",
     "num_speculative_tokens",
+    "tensor_parallel_size",
 )
 
 
@@ -128,8 +129,9 @@ def overlay_config(config: RunConfig, changes: Mapping[str, Any]) -> RunConfig:
     for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         if name in changes:
             update[name] = changes[name]
-    if "gpu_memory_utilization" in changes:
-        update["gpu_memory_utilization"] = changes["gpu_memory_utilization"]
+    for name in ("gpu_memory_utilization", "tensor_parallel_size"):
+        if name in changes:
+            update[name] = changes[name]
     merged = {**config.model_dump(), **update}
     try:
         out = RunConfig.model_validate(merged)
