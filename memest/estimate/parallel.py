@@ -35,7 +35,7 @@ NCCL communicator per group         vLLM distributed/parallel_state.py:initializ
                                     20.6 GB/s = 370.8 GB/s) the SM90 speed array gives 6
                                     channels at 60 GB/s, ncclTopoDupChannels doubles them to
                                     12, graph/connect.cc:ncclTopoPostset doubles again: 24
-                                    (the figure NCCL logs on H100/H200 NVSwitch nodes). The
+                                    (the count NCCL commonly logs on H100 NVSwitch nodes). The
                                     result is clamped to [NCCL_MIN_NCHANNELS, NCCL_MAX_NCHANNELS]
                                     (graph/connect.cc:ncclMin/MaxNchannels, MAXCHANNELS 64).
 custom all-reduce (TP group)        custom_all_reduce.py:CustomAllreduce.__init__ (world sizes
