@@ -61,6 +61,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "util": 0.85,
         "tp": 2,
     },
+    # the same with vLLM's custom all-reduce on (its IPC buffers, memest.estimate.parallel)
+    "T2C_llama8b_s128_t4096_tp2_custom_ar": {
+        "model": "llama8b",
+        "max_num_seqs": 128,
+        "mbt": 4096,
+        "util": 0.85,
+        "tp": 2,
+        "custom_all_reduce": True,
+    },
     # `vllm serve`'s defaults: no scheduler flags at all. On an H200 vLLM 0.33.0 then takes
     # max_num_seqs 1024, max_num_batched_tokens 8192, gpu_memory_utilization 0.92 (its log:
     # "The current --gpu-memory-utilization=0.9200") and the model's own max_model_len (8,192).
@@ -78,6 +87,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 S = "S_llama8b_s128_t4096"
 V = "V_llama8b_defaults"
 T2 = "T2_llama8b_s128_t4096_tp2"
+T2C = "T2C_llama8b_s128_t4096_tp2_custom_ar"
 GROUPS: dict[str, list[tuple[str, str]]] = {
     # the matrix, then alternating warm starts for the overhead (alone / enable / lite)
     "serve1": [
@@ -90,6 +100,8 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         (S, "enable"),
     ],
     "tp2": [(T2, "apply"), (T2, "alone"), (T2, "plan")],
+    # custom all-reduce on, then off and on again with vLLM alone (the term's difference)
+    "tp2_custom_ar": [(T2C, "apply"), (T2C, "alone"), (T2C, "plan"), (T2, "alone"), (T2C, "alone")],
     # Startup overhead of the plugin's defaults: one start to fill the compile cache, then
     # alternating warm starts; "overhead_warm" goes on with a cache already filled.
     "overhead": [(S, "alone"), *[(S, "enable"), (S, "alone")] * 5],
@@ -187,7 +199,8 @@ def _command(cfg: dict[str, Any]) -> list[str]:
         "--compilation-config", json.dumps({"custom_ops": ["none"]}),
         "--kernel-config", json.dumps(kernel),
     ] + _scheduler_flags(cfg) + [
-        "--tensor-parallel-size", str(cfg["tp"]), "--disable-custom-all-reduce",
+        "--tensor-parallel-size", str(cfg["tp"]),
+        *([] if cfg.get("custom_all_reduce") else ["--disable-custom-all-reduce"]),
         "--host", "127.0.0.1", "--port", str(PORT), "--seed", "0",
     ]  # fmt: skip
 

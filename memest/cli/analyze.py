@@ -144,6 +144,8 @@ def _run_ranks(args: argparse.Namespace) -> int:
             "outliers": [o.describe() for o in agg.outliers],
             "hook_errors": {str(k): v for k, v in agg.hook_errors.items()},
         }
+        if agg.parallel is not None:
+            doc["tp_outside_torch_bytes"] = agg.parallel.outside_torch_bytes
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         sys.stdout.write(render_ranks(agg))
@@ -188,6 +190,13 @@ def render_ranks(agg: RankAggregate) -> str:
         lines.append(
             f"rank {agg.binding_rank} bound the KV cache (least KV memory available; vLLM sizes "
             "every rank's cache by it)"
+        )
+    if agg.parallel is not None:
+        lines.append(
+            f"each rank holds {fmt_gib(agg.parallel.outside_torch_bytes)} GiB outside PyTorch for "
+            f"TP's communicators, derived ({agg.parallel.describe()}; ± "
+            f"{fmt_gib(agg.parallel.uncertainty_bytes)} GiB): the binding rank's KV budget is "
+            "after it"
         )
     if agg.missing_ranks:
         lines.append(f"FLAG missing ranks: {agg.missing_ranks}")

@@ -5,7 +5,8 @@ memest preflight --model-config PATH/config.json --gpu h200 [--tensor-parallel-s
                  [--gpu-memory-utilization F] [--speculative-config JSON]
                  [--compilation-config JSON] [--draft-model-config PATH] [--dtype DTYPE]
                  [--kv-cache-dtype DTYPE] [--quantization METHOD]
-                 [--block-size N] [--attention-backend NAME] [--json]
+                 [--block-size N] [--attention-backend NAME] [--disable-custom-all-reduce]
+                 [--env NAME=VALUE ...] [--json]
 
 Per rank: weights from the config's parameter shapes and dtype split by TP (FP8 checkpoints and
 online FP8: the quantized linear layers at one byte per weight plus their scales, the rest in the
@@ -19,7 +20,9 @@ element). The KV block
 size is vLLM 0.33.0's for the attention backend (16 on an H200 unless --attention-backend FLASHMLA
 (64) or FLASHINFER_MLA (32), or --block-size, says otherwise). Coefficients come
 from measured starts on that GPU kind (reports/preflight/). An architecture, drafter or TP size
-no start measured gets a wider range and a note. Flags default as `vllm serve` does
+no start measured gets a wider range and a note; at TP > 1 the outside term holds what NCCL and
+vLLM's all-reduce buffers take per rank (memest.estimate.parallel; --env passes the NCCL_* and
+VLLM_ALLREDUCE_* variables that size them). Flags default as `vllm serve` does
 (1024 seqs, 8192 batched tokens, utilization 0.9, max_model_len from the config).
 """
 
@@ -44,6 +47,17 @@ def _json_file(flag: str, path: str) -> dict[str, Any]:
 
 def _inline(flag: str, text: str | None) -> dict[str, Any] | None:
     return None if text is None else load_json_object(flag, text, error=CommandError)
+
+
+def _environment(pairs: list[str]) -> dict[str, str]:
+    """``--env NAME=VALUE`` flags as a mapping, a pair without ``=`` refused in one line."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise CommandError(f"--env: expected NAME=VALUE, got {pair!r}")
+        out[name] = value
+    return out
 
 
 class _Preflight:
@@ -94,6 +108,19 @@ class _Preflight:
             metavar="JSON",
             help="vLLM's flag; read: flash_attn_version (2 pads MLA's v; default 3 on SM90)",
         )
+        parser.add_argument(
+            "--disable-custom-all-reduce",
+            action="store_true",
+            help="vLLM's flag (TP > 1): no custom all-reduce buffers",
+        )
+        parser.add_argument(
+            "--env",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="a variable the workers see that sizes TP's buffers (NCCL_BUFFSIZE, "
+            "NCCL_MAX_NCHANNELS, VLLM_ALLREDUCE_USE_SYMM_MEM, ...); repeatable",
+        )
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -113,6 +140,8 @@ class _Preflight:
             "block_size": args.block_size,
             "attention_backend": args.attention_backend,
             "attention_config": _inline("--attention-config", args.attention_config),
+            "disable_custom_all_reduce": args.disable_custom_all_reduce,
+            "environment": _environment(args.env),
         }
         if args.draft_model_config:
             fields["draft_model_config"] = _json_file(

@@ -46,6 +46,7 @@ GRID_FIELDS = (
     "speculative_method",
     "num_speculative_tokens",
     "kv_cache_dtype",
+    "tensor_parallel_size",
 )
 
 
@@ -129,7 +130,7 @@ def overlay_config(config: RunConfig, changes: Mapping[str, Any]) -> RunConfig:
     for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         if name in changes:
             update[name] = changes[name]
-    for name in ("gpu_memory_utilization", "kv_cache_dtype"):
+    for name in ("gpu_memory_utilization", "kv_cache_dtype", "tensor_parallel_size"):
         if name in changes:
             update[name] = changes[name]
     merged = {**config.model_dump(), **update}

@@ -80,9 +80,6 @@ class Calibration(MemestModel):
         default_factory=dict,
         description="Prior relative half-widths for a family or setting no start measured",
     )
-    unmeasured_tp_outside_bytes: int = Field(
-        default=0, description="Prior half-width outside PyTorch for an unmeasured TP (NCCL)"
-    )
     vllm_overshoot: VllmOvershoot | None = Field(
         default=None,
         description="vLLM's own KV estimate minus the exact budget, over the starts it sized",

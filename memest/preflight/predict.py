@@ -10,6 +10,9 @@ weights_bytes                  parameter shapes x dtype bytes / TP (memest.prefl
 profile_peak_activation_bytes  factor x max_num_batched_tokens x one layer's token bytes (+ drafter;
                                memest.estimate.activation)
 outside_torch_bytes            context constant + per graph and decoder layer (graph objects)
+                               + at TP > 1 NCCL's ring and vLLM's all-reduce buffers, derived
+                               (memest.estimate.parallel; custom all-reduce's rank_data goes to
+                               the baseline: it is a torch tensor)
 graph_pool_bytes               synthetic per-graph request trace, allocator replay
                                (memest.estimate.synthetic_trace)
 runner_buffer_bytes            block tables + fitted constant (with or without a drafter)
@@ -48,6 +51,7 @@ from memest.estimate.mla_context import (
     profile_standin_bytes,
 )
 from memest.estimate.model_shape import VLLM_DEFAULT_MAX_MODEL_LEN, ModelShape, model_shape
+from memest.estimate.parallel import ParallelBytes, ParallelLayout, check_env, parallel_bytes
 from memest.estimate.phases import budget_bytes, full_init_kv_budget, non_kv_bytes
 from memest.estimate.runner_buffers import (
     BUFFER_TERMS,
@@ -64,6 +68,7 @@ from memest.preflight.calibration import Calibration, load_calibration
 from memest.preflight.shape import parameter_bytes
 from memest.schema import CapturePlan, FullInitTerms, KVCacheSpec, RunConfig
 from memest.schema.preflight import PreflightRequest, PreflightResult, PreflightTerm
+from memest.units import fmt_gib
 
 #: Drafter methods whose graphs the synthetic trace writes as measured (EAGLE3).
 MEASURED_DRAFTER_PROGRAM = ("eagle3",)
@@ -82,6 +87,7 @@ class Setup:
     attention_backend: str
     notes: tuple[str, ...] = ()
     mla_v_padded: bool = False  # MLA prefill pads v (FlashAttention 2)
+    parallel: ParallelBytes = ParallelBytes({}, 0, 0, 0)  # what TP adds (estimate/parallel.py)
 
     @property
     def mbt(self) -> int:
@@ -188,7 +194,23 @@ def setup(req: PreflightRequest) -> Setup:
         )
     )
     padded = _flash_attn_version(req) == FA_PADS_MLA_V
-    return Setup(target, drafter, config, plan, req.gpu.lower(), block, backend, notes, padded)
+    parallel = _parallel(req, target, sm100)
+    return Setup(
+        target, drafter, config, plan, req.gpu.lower(), block, backend, notes, padded, parallel
+    )
+
+
+def _parallel(req: PreflightRequest, target: ModelShape, sm100: bool) -> ParallelBytes:
+    """What TP adds on one rank: NCCL's ring, the all-reduce buffers (memest.estimate.parallel)."""
+    layout = ParallelLayout(
+        tensor_parallel_size=req.tensor_parallel_size,
+        moe=target.experts > 0,  # vLLM builds the ep group for every MoE model
+        custom_all_reduce=not req.disable_custom_all_reduce,
+        compute_capability="10.0" if sm100 else "9.0",
+        hidden_size=target.hidden,
+        env=check_env(req.environment),
+    )
+    return parallel_bytes(layout)
 
 
 #: The FlashAttention version whose MLA prefill pads v to the qk head dim (vLLM 0.33.0).
@@ -261,12 +283,15 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
         residue += c.residue_drafter_bytes
         weights += parameter_bytes(d)
     outside = c.outside_bytes + c.outside_per_graph_layer_bytes * s.graph_layers()
+    outside += s.parallel.outside_torch_bytes
     base = c.baseline_bytes + (c.baseline_drafter_bytes if d else 0)
+    base += s.parallel.inside_torch_bytes
     rest = c.runner_rest_drafter_bytes if d else c.runner_rest_bytes
     return {
         "baseline_torch_bytes": (
             base + buf.get("baseline_torch_bytes", 0),
-            f"{s.buffer_names('baseline_torch_bytes')} + fitted constant (cuBLAS workspaces)",
+            f"{s.buffer_names('baseline_torch_bytes')} + fitted constant (cuBLAS workspaces)"
+            + (" + custom all-reduce's rank_data" if s.parallel.inside_torch_bytes else ""),
         ),
         "weights_bytes": (
             weights + buf.get("weights_bytes", 0),
@@ -281,7 +306,8 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
         "outside_torch_bytes": (
             round(outside),
             f"context + {c.outside_per_graph_layer_bytes:.0f} B x graphs x layers "
-            f"({s.graph_layers()})",
+            f"({s.graph_layers()})"
+            + (f" + TP's communicators ({s.parallel.describe()})" if s.parallel.parts else ""),
         ),
         "graph_pool_bytes": (
             sum(pools.by_stage.values()),
@@ -348,11 +374,14 @@ def _uncertainties(
         out[term] = u + round(widen.get(term, 0.0) * value)
     tp = s.config.tensor_parallel_size
     if tp not in cal.measured_tensor_parallel_sizes:
-        out["outside_torch_bytes"] += cal.unmeasured_tp_outside_bytes
+        out["outside_torch_bytes"] += s.parallel.uncertainty_bytes
         notes.append(
-            f"tensor_parallel_size={tp} has no measured start: NCCL's buffers outside PyTorch "
-            f"are not in the outside term; its range is widened by "
-            f"{cal.unmeasured_tp_outside_bytes} B per rank"
+            f"tensor_parallel_size={tp} has no measured start: what TP adds outside PyTorch per "
+            f"rank ({fmt_gib(s.parallel.outside_torch_bytes)} GiB: NCCL's ring buffers over "
+            f"{s.parallel.channels} channels and vLLM's all-reduce buffers) is derived from "
+            "vLLM 0.33.0's and NCCL's code, not measured; its range is widened by "
+            f"{fmt_gib(s.parallel.uncertainty_bytes)} GiB (NCCL picks the channel count from "
+            "the topology; its device code is not sized)"
         )
     return out, notes
 

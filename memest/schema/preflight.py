@@ -29,6 +29,14 @@ class PreflightRequest(MemestModel):
     )
     gpu: str = Field(default="h200", max_length=64, description="GPU kind of the calibration")
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    disable_custom_all_reduce: bool = Field(
+        default=False, description="vLLM's --disable-custom-all-reduce (TP > 1)"
+    )
+    environment: dict[str, str] = Field(
+        default_factory=dict,
+        description="NCCL_* and VLLM_ALLREDUCE_* variables the workers see, by name "
+        "(memest.estimate.parallel lists those that size TP's buffers)",
+    )
     max_num_seqs: int | None = Field(default=None, ge=1, le=MAX_NUM_SEQS_LIMIT)
     max_num_batched_tokens: int | None = Field(default=None, ge=1, le=MAX_NUM_BATCHED_TOKENS_LIMIT)
     max_model_len: int | None = Field(default=None, ge=1, le=MAX_MODEL_LEN_LIMIT)

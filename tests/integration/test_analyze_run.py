@@ -68,3 +68,21 @@ def test_snapshot_and_run_together_refused(
 ) -> None:
     assert main(["analyze", str(REAL), "--run", str(tmp_path)]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_a_tp_run_names_what_tp_adds_per_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = RunReport.model_validate_json(REAL.read_text())
+    config = base.config.model_copy(update={"tensor_parallel_size": 2})
+    for rank in range(2):
+        report = base.model_copy(
+            update={"rank": rank, "world_size": 2, "report_id": f"r{rank}", "config": config}
+        )
+        (tmp_path / f"report.rank{rank}.json").write_text(report.model_dump_json())
+    assert main(["analyze", "--run", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    # NCCL 288 MiB + custom all-reduce 26 + symmetric memory 66 + FlashInfer 514 = 894 MiB
+    assert f"each rank holds {894 / 1024:.3f} GiB outside PyTorch" in out
+    assert main(["analyze", "--run", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tp_outside_torch_bytes"] == 894 << 20

@@ -4,14 +4,18 @@ The profile pass's activations follow max_num_batched_tokens (and an added or dr
 share, with the calibration's factor); the budget follows gpu_memory_utilization; the
 grid-sized runner buffers move by f(G') - f(G) (memest.estimate.runner_buffers); an added or
 dropped drafter moves its weights, its KV-allocated buffers and its capture streams' cuBLAS
-workspaces; MLA's prefill workspace follows max_model_len and max_num_seqs; the graph pools and
+workspaces; MLA's prefill workspace follows max_model_len and max_num_seqs; a TP change moves
+what TP adds outside PyTorch (memest.estimate.parallel) and nothing else; the graph pools and
 graph objects come from the pool predictors (memest.estimate.whatif.pools).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from memest.analysis.owners import COMPILED_PIECE, CUBLAS_WORKSPACE
 from memest.estimate.mla_context import run_mla_context_bytes
+from memest.estimate.parallel import parallel_bytes, start_layout
 from memest.estimate.phases import budget_bytes, phase, total_bytes
 from memest.estimate.runner_buffers import (
     BUFFER_TERMS,
@@ -258,6 +262,34 @@ def _requested_to(
     return requested_to
 
 
+def _parallel_moves(
+    report: RunReport,
+    configs: tuple[RunConfig, RunConfig],
+    dims: ModelDims | None,
+    notes: list[str],
+) -> dict[str, int]:
+    """What a TP change moves: TP's buffers outside PyTorch, custom all-reduce's rank_data."""
+    tp_from, tp_to = (c.tensor_parallel_size for c in configs)
+    if tp_from == tp_to:
+        return {}
+    layout = start_layout(report.config, report.gpu)
+    if dims is not None:  # the model's hidden size sizes FlashInfer's workspace
+        layout = dataclasses.replace(layout, hidden_size=dims.hidden_size)
+    before = parallel_bytes(layout)
+    after = parallel_bytes(dataclasses.replace(layout, tensor_parallel_size=tp_to))
+    notes.append(
+        f"tensor_parallel_size {tp_from} -> {tp_to}: only what TP adds outside PyTorch moves "
+        f"({before.outside_torch_bytes} -> {after.outside_torch_bytes} B, "
+        "memest.estimate.parallel, custom all-reduce on); the weights, KV bytes per token, "
+        "activations and graph pools per rank stay the start's: for those at another TP size "
+        "use memest preflight or a start at that size"
+    )
+    return {
+        "outside_torch_bytes": after.outside_torch_bytes - before.outside_torch_bytes,
+        "baseline_torch_bytes": after.inside_torch_bytes - before.inside_torch_bytes,
+    }
+
+
 def _laws(
     terms: FullInitTerms,
     terms_to: FullInitTerms,
@@ -307,6 +339,19 @@ def move_terms(
     requested_to = _requested_to(report, terms, pair.configs, notes)
     buffers_to, moved = _buffer_terms(report, terms, pair.configs, dims, notes)
     objects = pools.objects
+    tp_moves = _parallel_moves(report, pair.configs, dims, notes)
+    if tp_moves:
+        moved["outside_torch_bytes"] = (
+            "graph objects x graphs x layers; TP's NCCL and all-reduce buffers "
+            "(memest.estimate.parallel)"
+        )
+        if tp_moves["baseline_torch_bytes"]:
+            baseline = buffers_to.get("baseline_torch_bytes", terms.baseline_torch_bytes)
+            buffers_to["baseline_torch_bytes"] = baseline + tp_moves["baseline_torch_bytes"]
+            law = "custom all-reduce's rank_data (memest.estimate.parallel)"
+            moved["baseline_torch_bytes"] = "; ".join(
+                x for x in (moved.get("baseline_torch_bytes"), law) if x
+            )
     terms_to = FullInitTerms.model_validate(
         {
             **terms.model_dump(),
@@ -317,7 +362,11 @@ def move_terms(
             "graph_pool_bytes": pools.bytes_to,
             "graph_pool_by_stage_bytes": pools.by_stage_to(),
             "outside_torch_bytes": max(
-                terms.outside_torch_bytes - objects.measured_bytes + objects.predicted_bytes, 0
+                terms.outside_torch_bytes
+                - objects.measured_bytes
+                + objects.predicted_bytes
+                + tp_moves.get("outside_torch_bytes", 0),
+                0,
             ),
             "source": f"what-if from {terms.source}",
         }

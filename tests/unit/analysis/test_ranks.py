@@ -113,3 +113,21 @@ def test_the_rank_with_the_least_kv_memory_binds_the_cache() -> None:
     # a tie goes to the lowest rank; without the figure nothing binds
     assert aggregate_ranks([_with_available(1, GiB), _with_available(0, GiB)]).binding_rank == 0
     assert aggregate_ranks([_rep(0, GiB, 10, world=1)]).binding_rank is None
+
+
+def test_a_tp_run_carries_what_tp_adds_outside_pytorch() -> None:
+    # TP=2 on an H200 (no GPU recorded: sm90 assumed), hidden unknown: NCCL 24 channels x
+    # 12 MiB = 288 MiB, custom all-reduce 10 + 16 MiB, symmetric memory 66 MiB, FlashInfer at
+    # its 64 MiB maximum per share: 128 + 2 + 384 MiB.
+    mib = 1 << 20
+    reports = [
+        _rep(r, 4 * GiB, 1000, world=2).model_copy(
+            update={"config": RunConfig(model="m", tensor_parallel_size=2)}
+        )
+        for r in range(2)
+    ]
+    agg = aggregate_ranks(reports)
+    assert agg.parallel is not None
+    assert agg.parallel.outside_torch_bytes == (288 + 26 + 66 + 514) * mib
+    assert agg.consistent  # the same on each rank: it flags no rank
+    assert aggregate_ranks([_rep(r, 4 * GiB, 1000) for r in range(4)]).parallel is None
