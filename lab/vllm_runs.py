@@ -190,6 +190,38 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
         "attention_backend": "FLASHMLA_SPARSE",
     },
+    # DeepSeek-scale MLA and MoE breadth (issue 26), each with the FlashAttention prefill where
+    # MLA and the step over cached context (32,768-row chunks at max_model_len 4,096).
+    # DeepSeek-V3's attention (128 heads, q_lora_rank 1,536, kv_lora_rank 512) and layer mix: 3
+    # dense layers (first_k_dense_replace), 2 MoE layers with 1 shared expert and top-8 of 64
+    # routed experts (V3 has 256; the workspace and caches do not depend on the count); greedy
+    # softmax routing, which the lab's stand-ins serve (V3's grouped sigmoid routing allocates
+    # only [tokens, experts]-sized router tensors).
+    "V3_dsv3mla5l_s64_t2048_fa": {
+        "model": str(LAB_MODELS / "dsv3_5l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": 0.85,
+        "standins": True,
+        **MLA_ATTENTION,
+    },
+    # A second MLA shape: 64 heads, kv_lora_rank 256 (KV head size 320), q_lora_rank 768, dense MLP.
+    "K_mla64h8l_s64_t2048_fa": {
+        "model": str(LAB_MODELS / "mla64h_kv256_8l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": 0.85,
+        "standins": True,
+        **MLA_ATTENTION,
+    },
+    # Mixtral-class MoE with 4 of its 32 layers: 8 wide experts (intermediate 14,336), top-2.
+    "X_mixtral4l_s64_t2048": {
+        "model": str(LAB_MODELS / "mixtral_4l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": 0.85,
+        "standins": True,
+    },
     # Llama-3-8B with 4 of its 32 layers: a small model, where the plugin's fixed costs show.
     "T_llama8b4l_s128_t4096": {
         "model": str(LAB_MODELS / "llama8b_4l"),
@@ -197,6 +229,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "mbt": 4096,
         "util": 0.85,
     },
+}
+#: Issue 26's shapes, each: memest apply (both steps' allocator history), its plan, vLLM alone.
+BIGMLA: dict[str, list[tuple[str, str]]] = {
+    f"bigmla_{key}": [(config, mode) for mode in ("apply-hist-stephist", "plan", "alone")]
+    for key, config in (
+        ("v3", "V3_dsv3mla5l_s64_t2048_fa"),
+        ("k", "K_mla64h8l_s64_t2048_fa"),
+        ("x", "X_mixtral4l_s64_t2048"),
+    )
 }
 # vLLM alone and the plugin's defaults, alternating warm starts of A (startup overhead).
 ALTERNATING = [("A_llama8b_s128_t4096", "alone"), ("A_llama8b_s128_t4096", "default")] * 3
@@ -402,6 +443,11 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     # The plugin's defaults against vLLM alone: one start to fill the compile cache, then
     # alternating warm starts.
     "overhead2": [("A_llama8b_s128_t4096", "alone"), *ALTERNATING],
+    # DeepSeek-scale MLA and MoE breadth (issue 26): per shape memest apply with the allocator
+    # history of both steps, the plan it wrote, vLLM alone; one shape per device call
+    # (bigmla_v3, bigmla_k, bigmla_x), or all three in one longer session (bigmla).
+    **BIGMLA,
+    "bigmla": [start for starts in BIGMLA.values() for start in starts],
     # The reported stall (cold apply start, EAGLE3 K=5): the earlier tree, then this one.
     "9": [
         ("E_llama8b_eagle3k5_s96_t4096_u088", "apply-cold-old"),

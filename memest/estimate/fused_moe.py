@@ -16,7 +16,10 @@ in the activation dtype, M = the forward's tokens with no chunking (``M_chunk = 
 profile run's forward of ``max_num_batched_tokens`` tokens is the widest, so the buffer is sized
 by it and stays allocated after the profile pass: it is part of the profiling residue. Every
 MoE layer of the model shares the one buffer. The routed experts' intermediate caches live in
-it, not in the activations of the compiled pieces.
+it, not in the activations of the compiled pieces (the pre-flight's activation law leaves them
+out). The expert count enters nothing: few wide experts (Mixtral: intermediate 14,336 over hidden
+4,096) size both views by the intermediate, many small ones (DeepSeek-V3: 2,048 under hidden
+7,168) by the hidden size; shared experts run as a dense MLP outside the workspace.
 """
 
 from __future__ import annotations

@@ -25,13 +25,24 @@ reused a freed block), and a step over cached context 640 MiB more, the three te
 term is both, less the stand-in where the activation headroom holds it: the vLLM plugin's warm
 profile pass runs without it (``config.mla_warm_pass_without_standin``); vLLM's own profile run,
 and the pre-flight's activation law, hold it.
+
+For any head count (``context_step_requests``, checked by replaying it through the allocator
+model, ``replay_context_step``): a step's context is up-projected chunk by chunk, and a later
+chunk's kv_nope is allocated while the previous chunk's kv_nope and k are still referenced (the
+loop rebinds them only after the new tensors exist); only FA2's padded v of the previous chunk is
+free by then. A second chunk of r rows therefore takes one more kv_nope segment when r x (nope + v)
+exceeds the freed padded v, W x (nope + rope) (FA2: r > 3/4 W for DeepSeek's dims), and always
+with FA3 (nothing of the previous chunk is free), unless an older free block fits it. The term
+holds one full chunk, the measured case; ``second_chunk_bytes`` is what a step whose context
+fills two chunks reserves beyond it (the pre-flight states it as uncertainty).
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 from memest.errors import ConfigError
+from memest.estimate.allocsim import PoolSim, round_size, segment_size
 from memest.estimate.model_shape import ModelShape, model_shape
 from memest.schema import RunConfig
 
@@ -40,21 +51,27 @@ from memest.schema import RunConfig
 WORKSPACE_MAX_MODEL_LENS = 8
 WORKSPACE_PAGES_PER_SEQ = 4
 WORKSPACE_CAP_TOKENS = 64 * 1024
-#: Large allocations are rounded up to this by PyTorch's caching allocator.
-LARGE_ROUND_BYTES = 2 << 20
+#: The softmax LSE FlashAttention returns for a chunk or for new tokens over context: float32.
+LSE_BYTES = 4
 
 
 def chunked_prefill_workspace_tokens(max_model_len: int, max_num_seqs: int, block_size: int) -> int:
-    """Tokens of context MLA up-projects at once (one chunk)."""
+    """Tokens of context MLA up-projects at once (one chunk).
+
+    align_mla_chunked_context_workspace_size rounds the rule's tokens up to a whole KV block
+    (without decode context parallelism), and the context chunks are cut on block boundaries.
+    """
     wanted = max(
         WORKSPACE_MAX_MODEL_LENS * max_model_len,
         WORKSPACE_PAGES_PER_SEQ * max_num_seqs * block_size,
     )
-    return min(wanted, WORKSPACE_CAP_TOKENS)
+    tokens = max(min(wanted, WORKSPACE_CAP_TOKENS), block_size)
+    return -(-tokens // block_size) * block_size
 
 
 def _rounded(nbytes: int) -> int:
-    return math.ceil(nbytes / LARGE_ROUND_BYTES) * LARGE_ROUND_BYTES
+    """Bytes of the segment a request that finds no free block reserves (allocsim's rules)."""
+    return segment_size(round_size(nbytes))
 
 
 def up_projection_tensors(shape: ModelShape, tokens: int, *, v_padded: bool) -> dict[str, int]:
@@ -79,10 +96,108 @@ def profile_standin_bytes(shape: ModelShape, workspace_tokens: int) -> int:
     return _rounded(tensors["kv_nope"]) if tensors else 0
 
 
-def _reserved(shape: ModelShape, tokens: int, *, v_padded: bool) -> int:
-    return sum(
-        _rounded(n) for n in up_projection_tensors(shape, tokens, v_padded=v_padded).values()
+#: One request of a replayed sequence: ("alloc", name, bytes) or ("free", name, 0).
+Request = tuple[str, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ContextReplay:
+    """What the allocator model reserved for a step's prefill and then for its context chunks."""
+
+    step_bytes: int
+    context_bytes: int
+    context_segments: tuple[int, ...]
+
+
+def step_requests(shape: ModelShape, tokens: int, *, v_padded: bool) -> list[Request]:
+    """The step's up-projected tensors, live together at the prefill call, then freed.
+
+    kv_nope, k and (FA2) padded v as measured in call 19: the attention output, of k's size
+    under FA2, took a segment and k a block the compiled pieces had freed.
+    """
+    tensors = up_projection_tensors(shape, tokens, v_padded=v_padded)
+    return [("alloc", f"step.{n}", b) for n, b in tensors.items()] + [
+        ("free", f"step.{n}", 0) for n in tensors
+    ]
+
+
+def context_step_requests(
+    shape: ModelShape, chunks: list[int], *, v_padded: bool, query_tokens: int = 0
+) -> list[Request]:
+    """``_compute_prefill_context``'s requests, one context chunk of ``chunks[i]`` rows after
+    another (vLLM 0.33.0, no decode context parallelism).
+
+    Per chunk: kv_b_proj's output kv_nope; the previous chunk's kv_nope is freed once
+    ``kv_nope.split`` rebinds its views, then k (``_concat_k_nope_k_pe``) and the previous k
+    freed when k is rebound; FA2 pads v and frees it when the kernel returns; the chunk's
+    attention output [query tokens, heads, qk or v] and float32 LSE stay until the next chunk's
+    are merged. The chunked-prefill workspace the context is gathered into is persistent.
+    """
+    qk = shape.qk_nope_head_dim + shape.qk_rope_head_dim
+    out_dim = qk if v_padded else shape.v_head_dim
+    requests: list[Request] = []
+    for i, rows in enumerate(chunks):
+        tensors = up_projection_tensors(shape, rows, v_padded=v_padded)
+        requests.append(("alloc", f"kv_nope.{i}", tensors["kv_nope"]))
+        if i:
+            requests.append(("free", f"kv_nope.{i - 1}", 0))
+        requests.append(("alloc", f"k.{i}", tensors["k"]))
+        if i:
+            requests.append(("free", f"k.{i - 1}", 0))
+        if v_padded:
+            requests.append(("alloc", f"v_padded.{i}", tensors["v_padded"]))
+        if query_tokens:
+            rows_q = query_tokens * shape.heads
+            requests.append(("alloc", f"out.{i}", rows_q * out_dim * shape.dtype_bytes))
+            requests.append(("alloc", f"lse.{i}", rows_q * LSE_BYTES))
+        if v_padded:
+            requests.append(("free", f"v_padded.{i}", 0))
+        if query_tokens and i:
+            requests += [("free", f"out.{i - 1}", 0), ("free", f"lse.{i - 1}", 0)]
+    return requests
+
+
+def _feed(sim: PoolSim, requests: list[Request], handles: dict[str, int]) -> None:
+    for kind, name, nbytes in requests:
+        if kind == "alloc":
+            handles[name] = len(handles) + 1
+            sim.alloc(handles[name], nbytes, 0)
+        else:
+            sim.free(handles[name])
+
+
+def replay_context_step(
+    shape: ModelShape,
+    step_tokens: int,
+    chunks: list[int],
+    *,
+    v_padded: bool,
+    query_tokens: int = 0,
+) -> ContextReplay:
+    """The step's, then the context chunks' requests through the allocator model (memest.
+    estimate.allocsim) from an empty pool: the segments each adds (the chunks may reuse the
+    step's freed blocks, as in serving, where the first full-size step comes first)."""
+    sim, handles = PoolSim(), dict[str, int]()
+    _feed(sim, step_requests(shape, step_tokens, v_padded=v_padded), handles)
+    step = sim.result()
+    _feed(
+        sim,
+        context_step_requests(shape, chunks, v_padded=v_padded, query_tokens=query_tokens),
+        handles,
     )
+    context = sim.result().segments[len(step.segments) :]
+    return ContextReplay(step.reserved_bytes, sum(context), tuple(context))
+
+
+def second_chunk_bytes(
+    shape: ModelShape, workspace_tokens: int, step_tokens: int, *, v_padded: bool
+) -> int:
+    """What a step whose context fills two whole chunks reserves beyond one (0 without MLA)."""
+    if shape.family != "mla" or workspace_tokens <= 0:
+        return 0
+    one = replay_context_step(shape, step_tokens, [workspace_tokens], v_padded=v_padded)
+    two = replay_context_step(shape, step_tokens, [workspace_tokens] * 2, v_padded=v_padded)
+    return two.context_bytes - one.context_bytes
 
 
 def mla_context_bytes(
@@ -97,14 +212,14 @@ def mla_context_bytes(
 
     ``step_tokens``: the widest step's new tokens (max_num_batched_tokens);
     ``standin_in_headroom``: the headroom already holds the profile run's stand-in for the chunk.
+    The step's tensors and one whole chunk's, replayed (``replay_context_step``).
     """
     if shape.family != "mla":
         return 0
-    reserved = _reserved(shape, workspace_tokens, v_padded=v_padded) + _reserved(
-        shape, step_tokens, v_padded=v_padded
-    )
+    chunks = [workspace_tokens] if workspace_tokens > 0 else []
+    replay = replay_context_step(shape, step_tokens, chunks, v_padded=v_padded)
     held = profile_standin_bytes(shape, workspace_tokens) if standin_in_headroom else 0
-    return reserved - held
+    return replay.step_bytes + replay.context_bytes - held
 
 
 def run_mla_context_bytes(config: RunConfig, block_size: int) -> int:

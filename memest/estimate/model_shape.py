@@ -103,8 +103,10 @@ class ModelShape:
     def qkv(self) -> int:
         """Width of the attention input projection's output per token (per rank)."""
         if self.family == "mla":
+            # q_b_proj's per-head q, and the down-projection's latents: with q_lora_rank
+            # vLLM's fused_qkv_a_proj writes q's latent beside kv's (layers/mla.py forward)
             return self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim) + (
-                self.kv_lora_rank + self.qk_rope_head_dim
+                self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim
             )
         return (self.heads + 2 * self.kv_heads) * self.head_dim
 

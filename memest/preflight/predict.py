@@ -8,7 +8,10 @@ weights_bytes                  parameter shapes x dtype bytes / TP (memest.prefl
                                FP8 linear layers: 1 B per weight + float32 scales)
                                + penalties and structured-output masks + fitted constant
 profile_peak_activation_bytes  factor x max_num_batched_tokens x one layer's token bytes (+ drafter;
-                               memest.estimate.activation)
+                               memest.estimate.activation); a MoE layer's routed experts counted
+                               by their shared experts only (their caches are the workspace's)
+mla_context_bytes              MLA's prefill up-projection (memest.estimate.mla_context); its range
+                               holds FA2's padded v when FA3 is assumed and a second full chunk
 outside_torch_bytes            context constant + per graph and decoder layer (graph objects)
                                + at TP > 1 NCCL's ring and vLLM's all-reduce buffers, derived
                                (memest.estimate.parallel; custom all-reduce's rank_data goes to
@@ -32,7 +35,7 @@ a KV-cache spec built from the config: the same arithmetic as for a measured sta
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from memest.errors import ConfigError, first_error
@@ -49,6 +52,7 @@ from memest.estimate.mla_context import (
     chunked_prefill_workspace_tokens,
     mla_context_bytes,
     profile_standin_bytes,
+    second_chunk_bytes,
 )
 from memest.estimate.model_shape import VLLM_DEFAULT_MAX_MODEL_LEN, ModelShape, model_shape
 from memest.estimate.parallel import ParallelBytes, ParallelLayout, check_env, parallel_bytes
@@ -275,7 +279,7 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
     buf = s.buffers()
     pools = pool_bytes(s.plan, s.target, d, draft_steps=s.draft_steps)
     activation = activation_bytes(
-        s.mbt, s.target, c.activation_factor, d, c.activation_drafter_factor
+        s.mbt, activation_shape(s.target), c.activation_factor, d, c.activation_drafter_factor
     ) + profile_standin_bytes(s.target, s.mla_workspace_tokens)
     residue = c.residue_bytes + c.residue_factor * s.mbt * s.target.hidden * s.target.dtype_bytes
     weights = parameter_bytes(s.target) + c.weights_rest_bytes
@@ -326,6 +330,42 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
     }
 
 
+def activation_shape(shape: ModelShape) -> ModelShape:
+    """The shape the activation law reads: a MoE layer without its routed experts' caches.
+
+    vLLM 0.33.0's Triton experts (``fused_moe/experts/triton_moe.py`` apply) write w13's output,
+    the activation and w2's output into views of workspace13 / workspace2, the persistent
+    fused-MoE workspace the profiling residue holds (memest.estimate.fused_moe); the layer's
+    activations are its hidden-wide tensors, the shared experts' MLP and the dense layers'.
+    """
+    if not shape.moe_layers:
+        return shape
+    return replace(shape, topk=0)
+
+
+def _routed_cache_activation(s: Setup, cal: Calibration) -> int:
+    """What the law would add for the routed experts' caches: the MoE activation's range."""
+    if not s.target.moe_layers:
+        return 0
+    full = activation_bytes(s.mbt, s.target, cal.coefficients.activation_factor)
+    return full - activation_bytes(
+        s.mbt, activation_shape(s.target), cal.coefficients.activation_factor
+    )
+
+
+def _mla_context_range(s: Setup) -> int:
+    """The MLA term's range: FA2's padded v where FA3 is assumed, and a second full chunk."""
+    if s.target.family != "mla":
+        return 0
+    tokens = s.mla_workspace_tokens
+    padded = 0
+    if not s.mla_v_padded:
+        padded = mla_context_bytes(s.target, tokens, s.mbt, v_padded=True) - mla_context_bytes(
+            s.target, tokens, s.mbt, v_padded=False
+        )
+    return padded + second_chunk_bytes(s.target, tokens, s.mbt, v_padded=True)
+
+
 def _mla_context(s: Setup) -> tuple[int, str]:
     """MLA's prefill up-projection: a full step's and one workspace chunk's, less the stand-in."""
     if s.target.family != "mla":
@@ -372,6 +412,10 @@ def _uncertainties(
     for term, (value, _) in laws.items():
         u = cal.uncertainty_bytes.get(term, 0)
         out[term] = u + round(widen.get(term, 0.0) * value)
+    family = _family_ranges(s, cal)
+    for term, extra in family.items():
+        out[term] = out.get(term, 0) + extra
+    notes += _family_notes(s, family)
     tp = s.config.tensor_parallel_size
     if tp not in cal.measured_tensor_parallel_sizes:
         out["outside_torch_bytes"] += s.parallel.uncertainty_bytes
@@ -384,6 +428,36 @@ def _uncertainties(
             "the topology; its device code is not sized)"
         )
     return out, notes
+
+
+def _family_ranges(s: Setup, cal: Calibration) -> dict[str, int]:
+    """Ranges derived from vLLM's code for MoE and MLA, beyond the calibration's."""
+    out: dict[str, int] = {}
+    routed = _routed_cache_activation(s, cal)
+    if routed:
+        out["profile_peak_activation_bytes"] = routed
+    mla = _mla_context_range(s)
+    if mla:
+        out["mla_context_bytes"] = mla
+    return out
+
+
+def _family_notes(s: Setup, ranges: Mapping[str, int]) -> list[str]:
+    notes = []
+    if "profile_peak_activation_bytes" in ranges:
+        notes.append(
+            "MoE: the routed experts' caches live in the fused-MoE workspace (profiling residue), "
+            "so the activation law leaves them out; its range holds them "
+            f"({ranges['profile_peak_activation_bytes']} B), which the lab's MoE starts (torch "
+            "stand-ins for the fused-MoE kernels) could not measure apart"
+        )
+    if "mla_context_bytes" in ranges:
+        notes.append(
+            "MLA: the term holds one full context chunk; a step whose cached context fills a "
+            "second chunk needs one more kv_nope, and FlashAttention 2 pads v (the range holds "
+            f"both: {ranges['mla_context_bytes']} B)"
+        )
+    return notes
 
 
 def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> PreflightResult:

@@ -13,7 +13,9 @@ from memest.estimate.mla_context import (
     chunked_prefill_workspace_tokens,
     mla_context_bytes,
     profile_standin_bytes,
+    replay_context_step,
     run_mla_context_bytes,
+    second_chunk_bytes,
     up_projection_tensors,
 )
 from memest.estimate.model_shape import model_shape
@@ -173,3 +175,109 @@ def test_the_what_if_resizes_the_term_with_the_workspace() -> None:
     assert "mla_context_bytes" in wide.term_laws
     same = what_if(report, {"max_num_seqs": 32})
     assert same.terms_to.mla_context_bytes == same.terms_from.mla_context_bytes
+
+
+# --------------------------------------------------------------------------- any head count
+DSV3 = json.loads((ROOT / "lab/models/dsv3_5l/config.json").read_text())
+MLA64 = json.loads((ROOT / "lab/models/mla64h_kv256_8l/config.json").read_text())
+
+
+def test_the_128_head_shape_by_hand() -> None:
+    """DeepSeek-V3's attention (128 heads, nope 128, rope 64, v 128, bf16), max_model_len 4,096 and
+    64 sequences: the workspace holds 8 x 4,096 = 32,768 rows. By hand, FA2: kv_nope 32,768 x 128
+    x 256 x 2 B = 2 GiB, k and padded v 32,768 x 128 x 192 x 2 B = 1.5 GiB each; the step's 2,048
+    tokens 128 MiB + 2 x 96 MiB. Every one is >= 10 MiB and a multiple of 2 MiB: its own segment.
+    FA3 (no padded v): 2 + 1.5 GiB and 128 + 96 MiB."""
+    shape = model_shape(DSV3)
+    tokens = chunked_prefill_workspace_tokens(4096, 64, 64)
+    assert tokens == 32768
+    fa2 = mla_context_bytes(shape, tokens, 2048, v_padded=True, standin_in_headroom=False)
+    assert fa2 == 5 * GiB + (128 + 2 * 96) * MiB
+    fa3 = mla_context_bytes(shape, tokens, 2048, v_padded=False, standin_in_headroom=False)
+    assert fa3 == 3 * GiB + GiB // 2 + (128 + 96) * MiB
+    # the profile run's stand-in [32,768, 128, 256] bf16 = 2 GiB, where the headroom holds it
+    held = mla_context_bytes(shape, tokens, 2048, v_padded=True)
+    assert fa2 - held == profile_standin_bytes(shape, tokens) == 2 * GiB
+
+
+def test_the_lab_context_step_adds_nothing_for_its_short_second_chunk_under_fa2() -> None:
+    """The lab's context step: 17 requests x 2,032 cached tokens = 34,544 rows, chunks of 32,768
+    and 1,776. The second chunk's kv_nope (1,776 x 128 x 256 x 2 B = 111 MiB) is allocated while
+    the first chunk's kv_nope and k are still referenced, and finds the first chunk's freed
+    padded v (1.5 GiB); its k then takes the freed first kv_nope. Nothing large beyond one chunk:
+    the 272 query tokens' outputs (12.75 MiB) fit the step's freed blocks, and their float32 LSE
+    (272 x 128 x 4 B) opens the only small-pool segment of this empty pool, 2 MiB."""
+    shape = model_shape(DSV3)
+    replay = replay_context_step(shape, 2048, [32768, 1776], v_padded=True, query_tokens=272)
+    assert replay.context_segments == (2 * GiB, 3 * GiB // 2, 3 * GiB // 2, 2 * MiB)
+
+
+def test_a_full_second_chunk_takes_one_more_kv_nope() -> None:
+    """Two whole 32,768-row chunks: chunk 2's kv_nope (2 GiB) finds only chunk 1's freed padded
+    v (1.5 GiB) under FA2, and nothing at all under FA3 (chunk 1's kv_nope and k are still held):
+    one more 2 GiB segment either way; chunk 2's k and v then fit chunk 1's freed blocks."""
+    shape = model_shape(DSV3)
+    assert second_chunk_bytes(shape, 32768, 2048, v_padded=True) == 2 * GiB
+    assert second_chunk_bytes(shape, 32768, 2048, v_padded=False) == 2 * GiB
+    # at V2-Lite's 16 heads as well: one more 256 MiB kv_nope
+    assert second_chunk_bytes(model_shape(DSV2), 32768, 2048, v_padded=True) == 256 * MiB
+
+
+def test_fa3_short_second_chunk_takes_a_segment_the_step_left_too_small_for() -> None:
+    """FA3 frees nothing of chunk 1 before chunk 2's kv_nope: the 111 MiB of the 1,776-row tail
+    need a free block of the step's (2,048 tokens: kv_nope 128 MiB, k 96 MiB): the 128 MiB one."""
+    shape = model_shape(DSV3)
+    replay = replay_context_step(shape, 2048, [32768, 1776], v_padded=False)
+    assert replay.context_segments == (2 * GiB, 3 * GiB // 2)
+    small_step = replay_context_step(shape, 256, [32768, 1776], v_padded=False)
+    # a 256-token step's kv_nope is 16 MiB: the tail needs its own 112 MiB segment (111 MiB
+    # rounded to the allocator's 2 MiB)
+    assert small_step.context_segments == (2 * GiB, 3 * GiB // 2, 112 * MiB)
+
+
+def test_small_tensors_share_one_20_mib_segment() -> None:
+    """A 256-token step at 16 heads: kv_nope 2 MiB, k and padded v 1.5 MiB each: the first
+    takes a 20 MiB segment (requests of 1-10 MiB), the others split its remainder."""
+    replay = replay_context_step(model_shape(DSV2), 256, [], v_padded=True)
+    assert replay.step_bytes == 20 * MiB
+
+
+def test_a_second_head_count_and_kv_lora_rank() -> None:
+    """64 heads, kv_lora_rank 256 (the chunk's tensors do not depend on the latent's width):
+    32,768 x 64 x 256 x 2 B = 1 GiB kv_nope, 768 MiB k and padded v; 2,048-token step 64 + 2 x
+    48 MiB. The workspace's rule depends only on the grid."""
+    shape = model_shape(MLA64)
+    total = mla_context_bytes(shape, 32768, 2048, v_padded=True, standin_in_headroom=False)
+    assert total == GiB + 2 * 768 * MiB + (64 + 2 * 48) * MiB
+
+
+def test_workspace_is_aligned_to_the_block() -> None:
+    """align_mla_chunked_context_workspace_size: round_up(max(rule, block), block)."""
+    assert chunked_prefill_workspace_tokens(1001, 2, 64) == 8064  # 8,008 rounded up
+    assert chunked_prefill_workspace_tokens(4096, 64, 64) == 32768
+
+
+def test_the_derived_sequence_reserves_what_the_recorded_context_step_did() -> None:
+    """Call 19's context step (torch allocator history, raw/call19-logs): the segments the
+    context chunks' requests opened (stack through ``_compute_prefill_context``), against the
+    derived sequence replayed for that step: 17 x 16 new tokens over 34,544 cached rows, chunks
+    of 32,768 and 1,776 rows, FA2. The recorded history is the measurement; the replay is the
+    derivation (its small LSE segment aside, which the recorded pool's small blocks served)."""
+    from memest.snapshot import load_snapshot
+
+    snap = load_snapshot(
+        RAW / "call19-logs/L_dsv2lite8l_s64_t2048_fa.apply-hist-stephist.context_step.pickle.gz"
+    )
+    ev, frames, stacks = snap["events"], snap["frames"], snap["stacks"]
+    recorded = [
+        ev["size"][i]
+        for i in range(len(ev["action"]))
+        if snap["actions"][ev["action"][i]] == "segment_alloc"
+        and ev["stack"][i] >= 0
+        and any(frames[f][2] == "_compute_prefill_context" for f in stacks[ev["stack"][i]])
+    ]
+    replay = replay_context_step(
+        model_shape(DSV2), 2048, [32768, 1776], v_padded=True, query_tokens=272
+    )
+    large = [s for s in replay.context_segments if s > 2 * MiB]
+    assert recorded == large == [256 * MiB, 192 * MiB, 192 * MiB]
