@@ -111,6 +111,7 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     # vllm serve's defaults: memest apply (it compiles), its plan, vLLM alone
     "defaults": [(V, "apply"), (V, "plan"), (V, "alone")],
     # the same with a full-batch step after the first full-size step: memest apply, vLLM alone
+    # (call 25 ran its apply start with a full-batch step at temperature 1.0 and no other option)
     "defaults2": [(V, "apply"), (V, "alone")],
 }
 UTIL_LINE = re.compile(r"The current --gpu-memory-utilization=([0-9.]+)")
@@ -254,13 +255,26 @@ def _first_full_step(cfg: dict[str, Any]) -> dict[str, Any]:
 def _full_batch_step(cfg: dict[str, Any]) -> dict[str, Any]:
     """One request fanned out to max_num_seqs sequences (n), short enough that all of them
     prefill in one step: the step samples max_num_seqs rows at once, as vLLM's profile run's
-    dummy sampler does (a first full-size step of one request samples one row)."""
+    dummy sampler does (a first full-size step of one request samples one row), with the
+    sampling options of vLLM 0.33.0's SamplingParams.for_sampler_warmup (the profile run's
+    second sampler pass: the float32 logits pipeline, top-k/top-p/min-p, penalties, logprobs)
+    that the completions API takes."""
     body = {
         "model": str(CARRY / "models" / cfg["model"]),
         "prompt": [11, 12, 13, 14, 15, 16, 17],
-        "max_tokens": 1,
+        "max_tokens": 2,
+        "min_tokens": 2,
         "n": cfg["max_num_seqs"],
-        "temperature": 1.0,
+        "temperature": 0.9,
+        "top_p": 0.9,
+        "top_k": 50,
+        "min_p": 0.1,
+        "frequency_penalty": 0.5,
+        "presence_penalty": 0.5,
+        "repetition_penalty": 1.2,
+        "logit_bias": {"0": -1.0, "1": 0.5},
+        "logprobs": 5,
+        "prompt_logprobs": 1,
         "seed": 0,
         "ignore_eos": True,
     }
