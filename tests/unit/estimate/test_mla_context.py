@@ -104,6 +104,18 @@ def test_models_without_mla_have_no_term() -> None:
 
 
 def test_a_run_config_gives_the_term_from_its_recorded_dimensions() -> None:
+    """DeepSeek-V2-Lite's attention (lab/models/dsv2lite_8l/config.json: 16 heads, qk_nope 128,
+    qk_rope 64, v 128, bfloat16), max_model_len 4,096, 64 sequences, 2,048 batched tokens, pages
+    of 16. By hand from vLLM 0.33.0's rules:
+    - chunk: min(max(8 x 4,096, 4 x 64 x 16), 64 x 1,024) = 32,768 tokens; one head-row of all 16
+      heads in bf16 is 16 x 2 = 32 B, so 32,768 tokens x 32 B = 1 MiB per element of head_dim:
+      kv_nope [qk_nope + v = 256] 256 MiB, k [qk_nope + qk_rope = 192] 192 MiB, padded v 192 MiB
+      (their sum, 640 MiB, is what call 17 measured);
+    - the step's own prefill: 2,048 tokens x 32 B = 64 KiB per element: kv_nope 16 MiB, k 12 MiB,
+      padded v 12 MiB (40 MiB, call 19's measurement);
+    - the profile run's stand-in vLLM's headroom holds: the chunk's kv_nope, 256 MiB (a multiple
+      of 2 MiB, so the allocator reserves it as it is).
+    """
     dims = RecordedShape.model_validate(
         {k: v for k, v in DSV2.items() if k in RecordedShape.model_fields}
     )
@@ -114,14 +126,17 @@ def test_a_run_config_gives_the_term_from_its_recorded_dimensions() -> None:
         max_num_batched_tokens=2048,
         model_dims=dims,
     )
-    shape = model_shape(DSV2)
-    tokens = chunked_prefill_workspace_tokens(4096, 64, 16)
+    # FlashAttention 2 pads v; when the report does not say, memest assumes the larger:
+    # the chunk's k and padded v, the step's three tensors, the stand-in already in the headroom.
     unknown = run_mla_context_bytes(base, 16)
-    assert unknown == mla_context_bytes(shape, tokens, 2048, v_padded=True)  # the larger, assumed
+    assert unknown == (192 + 192) * MiB + (16 + 12 + 12) * MiB == 424 * MiB
+    # FlashAttention 3 and 4 take v as it is: the chunk's kv_nope and k less the stand-in
+    # (256 + 192 - 256), and the step's kv_nope and k.
     fa3 = base.model_copy(update={"mla_prefill_v_padded": False})
-    assert run_mla_context_bytes(fa3, 16) == mla_context_bytes(shape, tokens, 2048, v_padded=False)
+    assert run_mla_context_bytes(fa3, 16) == (256 + 192 - 256) * MiB + (16 + 12) * MiB
+    # memest's warm pass ran without the stand-in: the whole 640 MiB chunk and the 40 MiB step
     warm = base.model_copy(update={"mla_warm_pass_without_standin": True})
-    assert run_mla_context_bytes(warm, 16) - unknown == profile_standin_bytes(shape, tokens)
+    assert run_mla_context_bytes(warm, 16) == (640 + 40) * MiB == unknown + 256 * MiB
     assert run_mla_context_bytes(base.model_copy(update={"model_dims": None}), 16) == 0
     assert run_mla_context_bytes(base.model_copy(update={"max_model_len": None}), 16) == 0
 

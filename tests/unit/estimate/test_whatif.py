@@ -6,14 +6,29 @@ from typing import Any
 import pytest
 
 from memest.errors import ConfigError, DoesNotFitError, ReportFormatError
-from memest.estimate import full_init_kv_budget, full_init_terms, law_for, what_if
+from memest.estimate import law_for, what_if
 from memest.estimate.whatif import pool_predictions
 from memest.schema import RunReport
 from memest.units import GiB, MiB
 
-from .conftest import PLAN_G2  # noqa: TID252
+from .conftest import PAGE, PLAN_G2  # noqa: TID252
 
 Factory = Callable[[], dict[str, Any]]
+
+#: The hand-built start's KV budget (conftest.report_dict), term by term: the requested 90 GiB
+#: less the weights (16 GiB allocated over the weights phase), the activation headroom (profile
+#: run's allocated peak 19 GiB less the 16 GiB it left), outside PyTorch (1.25 GiB of device use
+#: above the final reservation), the graph pools (2 GiB of capture growth), runner buffers
+#: (0.5 GiB the KV allocation added beyond its 30,000 pages) and the profiling residue (64 MiB
+#: left allocated between weights and KV allocation). No baseline, MLA term or margin.
+KV_BUDGET_G = 90 * GiB - (16 * GiB + 3 * GiB + 5 * GiB // 4 + 2 * GiB + GiB // 2 + 64 * MiB)
+#: G' pool rows (test_per_owner_prediction): aux 150 MiB x 31/15 = 310 MiB, gemm workspace
+#: 160 MiB, unattributed 20 MiB, indexer fp32 800 MiB, bf16 400 MiB, attn output 20 MiB.
+POOL_TO = (310 + 160 + 20 + 800 + 400 + 20) * MiB
+#: Graph objects (not pool memory) grow from 64 MiB with graphs x layers: 194 under G, 256 under G'.
+OBJECTS_TO = round(64 * MiB * (8 * 32) / (6 * 32 + 2 * 1))
+#: Under G' the 2 GiB of pools give way to POOL_TO, and the objects' growth comes off too.
+KV_BUDGET_G2 = KV_BUDGET_G + 2 * GiB - POOL_TO - (OBJECTS_TO - 64 * MiB)
 
 
 def test_laws() -> None:
@@ -43,16 +58,14 @@ def test_per_owner_prediction(make_report: Factory) -> None:
         ("capture", "graph_objects"): round(64 * MiB * (8 * 32) / (6 * 32 + 2 * 1)),
     }
     assert result.graph_pool_bytes_from == 2 * GiB
-    pool_to = sum(v for (s, _), v in got.items() if s != "capture")
-    assert result.graph_pool_bytes_to == pool_to
+    # G' keeps only the pool rows above: 310 + 160 + 20 + 800 + 400 + 20 MiB
+    assert result.graph_pool_bytes_to == POOL_TO
     assert result.dominant_owner == "draft_logits"
     assert result.dominant_change_bytes == -1198 * MiB
 
-    base = full_init_kv_budget(full_init_terms(report))
-    assert result.kv_budget_bytes_from == base
-    objects_change = got[("capture", "graph_objects")] - 64 * MiB
-    assert result.kv_budget_bytes_to == base + 2 * GiB - pool_to - objects_change
-    assert result.kv_tokens_to == (result.kv_budget_bytes_to // (2 * MiB)) * 16
+    assert result.kv_budget_bytes_from == KV_BUDGET_G
+    assert result.kv_budget_bytes_to == KV_BUDGET_G2
+    assert result.kv_tokens_to == (KV_BUDGET_G2 // PAGE) * 16
 
 
 def test_grid_from_memest_plan_inputs(make_report: Factory) -> None:
@@ -70,7 +83,10 @@ def test_grid_from_memest_plan_inputs(make_report: Factory) -> None:
     # fit its 90 GiB budget, which what_if refuses.
     owners, _ = pool_predictions(report, grid)
     aux = next(p for p in owners if p.owner == "aux_hidden_states")
-    # memest.plan: 83 PIECEWISE sizes up to 1024 summing to 35,335 tokens; G sums to 15.
+    # vLLM 0.33.0's capture sizes up to 1024: 1, 2, 4, then 8..248 by 8 (31 sizes), then
+    # 256..1024 by 16 (49 sizes): 83 sizes summing to 7 + 8 x 496 + 49 x 640 = 35,335 tokens.
+    # G's PIECEWISE sizes sum to 15.
+    assert 7 + 8 * sum(range(1, 32)) + sum(range(256, 1025, 16)) == 35_335
     assert aux.factor == pytest.approx(35_335 / 15)
 
 
@@ -129,7 +145,8 @@ def test_activation_headroom_scales_with_max_num_batched_tokens(make_report: Fac
     same = what_if(report, PLAN_G2)
     wider = what_if(report, {**PLAN_G2, "max_num_batched_tokens": 16_384})
     # the profile run's 3 GiB of activations come from 8,192-token rows: 6 GiB at 16,384
-    assert wider.kv_budget_bytes_to == same.kv_budget_bytes_to - 3 * GiB
+    assert same.kv_budget_bytes_to == KV_BUDGET_G2
+    assert wider.kv_budget_bytes_to == KV_BUDGET_G2 - 3 * GiB
     assert any("max_num_batched_tokens 8192 -> 16384" in n for n in wider.notes)
     assert not any("max_num_batched_tokens" in n for n in same.notes)
 
