@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from memest.estimate import compare
-from memest.estimate.whatif import what_if
+from memest.estimate.whatif import WhatIfQuestion, answer
 from memest.preflight.calibration import what_if_calibration
 from memest.schema import CapturePlan, EstimateComparison, RunReport, WhatIf
 from memest.service import examples
@@ -145,8 +145,10 @@ class WhatIfRequest(BaseModel):
 )
 async def what_if_route(request: Request, settings: SettingsDep) -> WhatIf:
     """Predict each owner's pool memory and the KV budget of a measured start under another capture
-    plan (memest.estimate.what_if)."""
+    plan (memest.estimate.whatif.answer, as the CLI and POST /runs/{id}/estimate ask it)."""
     body = await read_body(request, settings.max_report_bytes)
     req = WhatIfRequest.model_validate_json(body)
     check_storable(req.report)
-    return what_if(req.report, req.plan, calibration=what_if_calibration(req.report))
+    question = WhatIfQuestion(grid=req.plan.model_dump(mode="json"))
+    result = answer(req.report, question, calibration=what_if_calibration(req.report))
+    return result.what_if
