@@ -73,12 +73,24 @@ class FieldError(NamedTuple):
     value: object
 
 
+def field_errors(exc: ValidationError, limit: int) -> list[FieldError]:
+    """The first ``limit`` of a pydantic ValidationError's errors, each as (field, message, value),
+    for a surface that names several in one line (the service's refusal of a RunReport).
+    Never empty: without errors, one FieldError with no field and the exception's text."""
+    errors = exc.errors(include_url=False)[:limit]
+    if not errors:
+        return [FieldError("", str(exc), None)]
+    return [
+        FieldError(
+            ".".join(str(p) for p in error.get("loc", ())),
+            str(error.get("msg", "invalid")),
+            error.get("input"),
+        )
+        for error in errors
+    ]
+
+
 def first_error(exc: ValidationError) -> FieldError:
     """The first of a pydantic ValidationError's errors, as every surface names it in one line
     (the CLI's exit 2, the service's 422, a core ConfigError)."""
-    errors = exc.errors(include_url=False)
-    if not errors:
-        return FieldError("", str(exc), None)
-    first = errors[0]
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return FieldError(where, str(first.get("msg", "invalid")), first.get("input"))
+    return field_errors(exc, 1)[0]

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Request
 from pydantic import ValidationError
 
+from memest.errors import field_errors
 from memest.identity import stored_form
 from memest.schema import SCHEMA_VERSION, RunReport
 from memest.service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
@@ -21,6 +22,9 @@ _ID_RE = re.compile(r"^[A-Za-z0-9._:@+-]{1,200}$")
 #: levels; the bound keeps every later parse and render of a stored report far from any
 #: recursion limit.
 MAX_JSON_DEPTH = 64
+#: Errors a refused RunReport names in its one-line detail: enough to fix a hand-edited report
+#: in one pass, few enough that a report wrong everywhere still answers a readable line.
+_NAMED_ERRORS = 10
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _MAX_WORLD = 1 << 16
 #: Longest stored value per indexed column (the table's String lengths).
@@ -58,10 +62,6 @@ async def read_body(request: Request, limit: int) -> bytes:
             )
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _loc(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(p) for p in loc) or "body"
 
 
 def load_json(body: bytes, field: str = "body") -> Any:
@@ -136,10 +136,11 @@ def parse_report(body: bytes) -> RunReport:
     try:
         report = RunReport.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False, include_input=False)
-        first = _loc(tuple(errors[0]["loc"])) if errors else "body"
-        detail = "; ".join(f"{_loc(tuple(e['loc']))}: {e['msg']}" for e in errors[:10])
-        raise BadRequest(f"invalid RunReport: {detail}", field=first) from None
+        problems = field_errors(exc, _NAMED_ERRORS)
+        detail = "; ".join(f"{p.field or 'body'}: {p.message}" for p in problems)
+        raise BadRequest(
+            f"invalid RunReport: {detail}", field=problems[0].field or "body"
+        ) from None
     check_storable(report)
     report = stored_form(report)
     if report.created_at.tzinfo is None:
