@@ -1,8 +1,8 @@
 """The what-if's one typed entry point: a question on a start in, an answer out.
 
-The CLI (``memest estimate --grid``), the service (POST /api/v1/runs/{id}/estimate) and the
-lab ask through :func:`answer`; the calibration comes in as an argument
-(memest.preflight.calibration.what_if_calibration gives the shipped one).
+The CLI (``memest estimate --grid``), the service (POST /api/v1/runs/{id}/estimate and
+POST /api/v1/what-if) and the lab ask through :func:`answer`; the calibration comes in as an
+argument (memest.preflight.calibration.what_if_calibration gives the shipped one).
 """
 
 from __future__ import annotations
