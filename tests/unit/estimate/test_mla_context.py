@@ -84,15 +84,19 @@ def test_the_term_is_step_and_chunk_less_the_stand_in_the_headroom_holds() -> No
     tokens = chunked_prefill_workspace_tokens(4096, 64, 16)
     chunk = up_projection_tensors(shape, tokens, v_padded=True)
     step = up_projection_tensors(shape, 2048, v_padded=True)
-    assert profile_standin_bytes(shape, tokens) == chunk["kv_nope"]
+    # by hand (test_a_run_config_gives_the_term_from_its_recorded_dimensions): chunk 256 + 192 +
+    # 192 MiB, step 16 + 12 + 12 MiB, stand-in 256 MiB
+    assert chunk == {"kv_nope": 256 * MiB, "k": 192 * MiB, "v_padded": 192 * MiB}
+    assert step == {"kv_nope": 16 * MiB, "k": 12 * MiB, "v_padded": 12 * MiB}
+    assert profile_standin_bytes(shape, tokens) == chunk["kv_nope"] == 256 * MiB
     held = mla_context_bytes(shape, tokens, 2048, v_padded=True)
-    assert held == chunk["k"] + chunk["v_padded"] + sum(step.values())
+    assert held == chunk["k"] + chunk["v_padded"] + sum(step.values()) == 424 * MiB
     # memest's warm pass runs without the stand-in: the whole chunk counts
     whole = mla_context_bytes(shape, tokens, 2048, v_padded=True, standin_in_headroom=False)
-    assert whole == sum(chunk.values()) + sum(step.values())
+    assert whole == sum(chunk.values()) + sum(step.values()) == 680 * MiB
     # FlashAttention 3 and 4 take v as it is: no padded v
     fa3 = mla_context_bytes(shape, tokens, 2048, v_padded=False)
-    assert fa3 == chunk["k"] + step["kv_nope"] + step["k"]
+    assert fa3 == chunk["k"] + step["kv_nope"] + step["k"] == 220 * MiB
     assert held > fa3 > 0
 
 
