@@ -25,7 +25,7 @@ def sized_by(accounting: StartAccounting) -> str:
 
 def start_mode(accounting: StartAccounting) -> str:
     """measure / apply / plan: the mode of the start (see the module's docstring)."""
-    return MODES.get(accounting.kv_sized_by or "vllm", "measure")
+    return mode_of(accounting.kv_sized_by)
 
 
 #: Run-to-run spread of repeated starts of one configuration, in bytes and tokens: reports/vllm
@@ -66,7 +66,16 @@ VERDICT_WORDS = {
     "worse": "worse, within the threshold",
     "noise": "same (within run-to-run noise)",
     "better": "better",
+    "other_mode": "not judged: another estimator sized the KV cache",
 }
+
+#: The KV figures, which an estimator sizes: two starts of different modes differ by design.
+KV_FIGURES = frozenset({"kv_tokens", "kv_cache_bytes"})
+
+
+def mode_of(kv_sized_by: str | None) -> str:
+    """The mode of a start whose KV cache ``kv_sized_by`` sized (see :func:`start_mode`)."""
+    return MODES.get(kv_sized_by or "vllm", "measure")
 
 
 def page_verdict(figure: str, before: int | None, after: int | None) -> str | None:

@@ -17,7 +17,6 @@ from markupsafe import Markup, escape
 
 from memest.analysis.ranks import rank_check
 from memest.analysis.stages import stage_bars
-from memest.builds.compare import Comparison
 from memest.builds.history import history
 from memest.builds.runs import (
     RunFacts,
@@ -34,9 +33,11 @@ from memest.reporters import plots, plots_gpu, plots_history
 from memest.reporters.owners import owner_label
 from memest.reporters.recommend import kv_cache_flag
 from memest.reporters.regression import (
+    KV_FIGURES,
     PAGE_THRESHOLDS,
     RUN_TO_RUN_SPREAD,
     VERDICT_WORDS,
+    mode_of,
     page_verdict,
 )
 from memest.reporters.views import (
@@ -271,7 +272,7 @@ def compare_page(
         cmp=cmp,
         ra=ra,
         rb=rb,
-        verdicts=_compare_verdicts(cmp, run_facts(ra), run_facts(rb)),
+        verdicts=_compare_verdicts(run_facts(ra), run_facts(rb)),
         thresholds=PAGE_THRESHOLDS,
         verdict_words=VERDICT_WORDS,
         noise_bytes=RUN_TO_RUN_SPREAD,
@@ -279,7 +280,7 @@ def compare_page(
     )
 
 
-def _compare_verdicts(cmp: Comparison, fa: RunFacts, fb: RunFacts) -> dict[str, dict[str, Any]]:
+def _compare_verdicts(fa: RunFacts, fb: RunFacts) -> dict[str, dict[str, Any]]:
     """Figure -> its before, after and verdict (memest.reporters.regression's policy, the one
     `memest check` applies), for the figures a regression is judged on."""
     figures = {
@@ -288,9 +289,14 @@ def _compare_verdicts(cmp: Comparison, fa: RunFacts, fb: RunFacts) -> dict[str, 
         "non_kv_bytes": (fa.non_kv_bytes, fb.non_kv_bytes),
         "graph_pool_bytes": (fa.graph_pool_bytes, fb.graph_pool_bytes),
     }
-    return {
-        key: {"a": a, "b": b, "verdict": page_verdict(key, a, b)} for key, (a, b) in figures.items()
-    }
+    other_mode = mode_of(fa.kv_sized_by) != mode_of(fb.kv_sized_by)
+    out: dict[str, dict[str, Any]] = {}
+    for key, (a, b) in figures.items():
+        judged = page_verdict(key, a, b)
+        if judged is not None and other_mode and key in KV_FIGURES:
+            judged = "other_mode"  # an apply start holds less KV than an enable one by design
+        out[key] = {"a": a, "b": b, "verdict": judged}
+    return out
 
 
 @router.get(
