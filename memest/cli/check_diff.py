@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from memest.errors import CommandError
 from memest.estimate import account
 from memest.identity import config_fingerprint
-from memest.reporters.regression import RUN_TO_RUN_SPREAD, start_mode, verdict
+from memest.reporters.regression import PAGE_THRESHOLDS, RUN_TO_RUN_SPREAD, start_mode, verdict
 from memest.schema import RunReport, StartAccounting
 from memest.units import fmt_bytes
 
-#: Default thresholds (fractions of the baseline's figure) when no flag names one.
-DEFAULT_KV_DROP = 0.01
-DEFAULT_GROWTH = 0.05
+#: Default thresholds (fractions of the baseline's figure) when no flag names one: the pages'
+#: (memest.reporters.regression.PAGE_THRESHOLDS, the history's policy), so a start `memest
+#: check` passes is not red on the compare page.
+DEFAULT_KV_DROP = PAGE_THRESHOLDS["kv_tokens"]
+DEFAULT_GROWTH = PAGE_THRESHOLDS["non_kv_bytes"]
 
 #: Figure -> (row label, the check flag that gates it).
 FIGURES = {

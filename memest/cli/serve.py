@@ -43,7 +43,7 @@ class ServeCommand:
         parser.add_argument(
             "--demo",
             action="store_true",
-            help="load the demo at startup: six real H200 starts (dense, EAGLE3, MoE, MLA, vllm serve) and the seed's published GB200 figures",
+            help="load the demo at startup: six real H200 starts (dense, EAGLE3, MoE, MLA, vllm serve) and published GB200 figures from a public write-up",
         )
         parser.add_argument(
             "--exit-after-load",
@@ -95,7 +95,10 @@ class ServeCommand:
         print(f"memest service: {url}  (API docs {url}docs, metrics {url}metrics)", flush=True)
         print(f"database: {_safe_url(settings.database_url)}", flush=True)
         if settings.demo:
-            print("demo: six real H200 starts and the seed's published GB200 figures", flush=True)
+            print(
+                "demo: six real H200 starts and published GB200 figures from a public write-up",
+                flush=True,
+            )
         if token_note is not None:
             print(token_note, file=sys.stderr, flush=True)
         uvicorn.run(

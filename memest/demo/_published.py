@@ -328,8 +328,8 @@ def demo_report(slug: str, build: str) -> RunReport:
             cudagraph_actual_bytes=_b(b.total),
         ),
         notes=[
-            f"Published figures from the seed ({SEED_DOCUMENT}), GB200, GiB/GPU rank 0 with "
-            "three decimals; not measured by memest.",
+            f"Published GB200 figures (the write-up in {SEED_DOCUMENT}), GiB/GPU rank 0 with three "
+            "decimals; not measured by memest.",
             dep.description + ".",
             f"Allocator breakdown from the instrumented build {_INSTRUMENTED[build]} "
             f"({_COMMITS[build]} + instrumentation); KV counts from the serving comparison.",

@@ -56,7 +56,7 @@ OWNER_LABELS = {
     COMPILED_PIECE: "compiled code (Inductor call; owner not named)",
     "graph_pool_live_blocks": "graph-pool blocks live at the end of init",
     "default_pool_allocated_during_capture": "default-pool tensors kept from the capture",
-    REMAINDER_OWNER: "pool growth no allocation claims",
+    REMAINDER_OWNER: "other pool growth (no recorded allocation explains it)",
 }
 
 #: Fixed colour per named owner (a qualitative palette: distinct hues, none grey but the remainder).

@@ -56,8 +56,13 @@ def series_svg(
     series: Sequence[int] = (),
     zero: bool = False,
     titles: Sequence[str] = (),
+    lines: Sequence[object] = (),
 ) -> str:
-    """A history metric: one line per configuration (``series``); regressions are red rings.
+    """A history metric: one colour per configuration (``series``); regressions are red rings.
+
+    A line joins the points of one ``lines`` key (default: the series): the history passes
+    configuration and KV sizing, so an apply start is never joined to a vLLM-sized one (the
+    history never compares them).
 
     Ticks fall on nice steps of the unit; ``zero`` keeps 0 on the axis (signed figures);
     ``titles`` (default: the labels) are the points' tooltips.
@@ -84,16 +89,14 @@ def series_svg(
         )
     n = len(labels)
     xs = [left + plot_w * (i + 0.5) / max(n, 1) for i in range(n)]
-    for g in sorted(set(groups)):
-        pts = [
-            f"{x:.1f},{axis.y(v):.1f}"
-            for x, v, s in zip(xs, values, groups, strict=True)
-            if v is not None and s == g
-        ]
+    keys = list(lines) if lines else list(groups)
+    for key in dict.fromkeys(keys):
+        members = [i for i, k in enumerate(keys) if k == key and values[i] is not None]
+        pts = [f"{xs[i]:.1f},{axis.y(values[i] or 0.0):.1f}" for i in members]
         if len(pts) > 1:
             out.append(
-                f'<polyline points="{" ".join(pts)}" fill="none" stroke="{series_color(g)}" '
-                'stroke-width="2"/>'
+                f'<polyline points="{" ".join(pts)}" fill="none" '
+                f'stroke="{series_color(groups[members[0]])}" stroke-width="2"/>'
             )
     names = list(titles) if titles else list(labels)
     out += _history_points(labels, names, values, bad, raw, groups, xs, axis, top + plot_h)
@@ -170,6 +173,7 @@ def history_svgs(hist: History) -> dict[str, str]:
             series=groups,
             zero=zero,
             titles=[p.run_id for p in hist.points],
+            lines=[(p.series, p.kv_sized_by) for p in hist.points],
         )
 
     def gib(v: int) -> float:
@@ -195,3 +199,12 @@ def history_svgs(hist: History) -> dict[str, str]:
             zero=True,
         ),
     }
+
+
+def config_legends(hist: History) -> tuple[list[str], list[str]]:
+    """What every configuration of the history shares, and per configuration (in series order)
+    only what sets it apart: a legend of whole summaries reads the same on every row."""
+    parts = [c.summary.split(" · ") for c in hist.configs]
+    shared = [p for p in parts[0] if all(p in other for other in parts)] if parts else []
+    own = [" · ".join(p for p in mine if p not in shared) or "(same fields)" for mine in parts]
+    return shared, own

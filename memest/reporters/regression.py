@@ -9,6 +9,7 @@ configuration by design, not by regression.
 
 from __future__ import annotations
 
+from memest.builds.history import KV_DROP_FRACTION, POOL_GROWTH_FRACTION
 from memest.schema import StartAccounting
 
 #: kv_sized_by -> mode; a report that does not say who sized it ran vLLM's own budget.
@@ -24,7 +25,7 @@ def sized_by(accounting: StartAccounting) -> str:
 
 def start_mode(accounting: StartAccounting) -> str:
     """measure / apply / plan: the mode of the start (see the module's docstring)."""
-    return MODES.get(accounting.kv_sized_by or "vllm", "measure")
+    return mode_of(accounting.kv_sized_by)
 
 
 #: Run-to-run spread of repeated starts of one configuration, in bytes and tokens: reports/vllm
@@ -48,3 +49,38 @@ def verdict(figure: str, before: int, after: int, threshold: float) -> str:
     if not worse:
         return "better"
     return "regression" if abs(change) > threshold * abs(before) else "worse"
+
+
+#: Figure -> the threshold it is judged by on the pages (a fraction of the baseline's figure):
+#: the history's policy (memest.builds.history), so a page and the history flag the same change.
+PAGE_THRESHOLDS = {
+    "kv_tokens": KV_DROP_FRACTION,
+    "kv_cache_bytes": KV_DROP_FRACTION,
+    "graph_pool_bytes": POOL_GROWTH_FRACTION,
+    "non_kv_bytes": POOL_GROWTH_FRACTION,
+}
+
+#: How each verdict reads on a page.
+VERDICT_WORDS = {
+    "regression": "regression",
+    "worse": "worse, within the threshold",
+    "noise": "same (within run-to-run noise)",
+    "better": "better",
+    "other_mode": "not judged: another estimator sized the KV cache",
+}
+
+#: The KV figures, which an estimator sizes: two starts of different modes differ by design.
+KV_FIGURES = frozenset({"kv_tokens", "kv_cache_bytes"})
+
+
+def mode_of(kv_sized_by: str | None) -> str:
+    """The mode of a start whose KV cache ``kv_sized_by`` sized (see :func:`start_mode`)."""
+    return MODES.get(kv_sized_by or "vllm", "measure")
+
+
+def page_verdict(figure: str, before: int | None, after: int | None) -> str | None:
+    """The verdict of a change of ``figure`` from ``before`` to ``after`` with its page
+    threshold (None when either figure is missing)."""
+    if before is None or after is None:
+        return None
+    return verdict(figure, before, after, PAGE_THRESHOLDS[figure])

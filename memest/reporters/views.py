@@ -41,6 +41,19 @@ def model_name(model: str) -> str:
     return model_display_name(model)
 
 
+#: A capture plan's sizing in words: "seed" is the proposal that sizes capture from five
+#: fields (memest.plan.seed), a name a reader of a page cannot know.
+SIZING_WORDS = {
+    "seed": "the proposed sizing from five capture fields",
+    "vllm-0.33.0": "vLLM 0.33.0's own sizing",
+}
+
+
+def sizing_words(sizing: str) -> str:
+    """A capture plan's sizing as a page names it."""
+    return SIZING_WORDS.get(sizing, f"{sizing} sizing")
+
+
 class PhaseRow(BaseModel):
     """A phase's added memory, with the phase it runs inside (its bytes are in that one too)."""
 

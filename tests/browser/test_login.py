@@ -38,7 +38,9 @@ def test_log_in_then_read_the_dashboard(browser: Any, guarded_server: str) -> No
     assert page.locator("h1").first.inner_text().startswith("nvidia/MiniMax-M3-NVFP4")
     assert page.locator("svg.swatch rect").count() > 0
     page.click("a.brand")
-    assert page.locator("#models tbody tr").count() == 2
+    # The demo's models: the two published GB200 deployments (DeepSeek-V4-Flash, MiniMax-M3)
+    # and the H200 starts' three (llama8b, dsv2lite_8l, qwen3moe_8l).
+    assert page.locator("#models tbody tr").count() == 5
     cookie = next(c for c in context.cookies() if c["name"] == "memest_session")
     assert cookie["httpOnly"] and cookie["value"] != READ
     assert page.evaluate("document.cookie") == ""

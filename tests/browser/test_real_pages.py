@@ -49,7 +49,9 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 headers={"Authorization": "Bearer t", "Content-Type": "application/json"},
                 timeout=30,
             )
-            assert r.status_code in (200, 201), r.text
+            # The demo already holds some of these starts (memest/demo/h200): stored once.
+            already = r.status_code == 409 and "already has rank 0" in r.text
+            assert r.status_code in (200, 201) or already, r.text
         yield url
 
 

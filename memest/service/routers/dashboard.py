@@ -18,13 +18,28 @@ from markupsafe import Markup, escape
 from memest.analysis.ranks import rank_check
 from memest.analysis.stages import stage_bars
 from memest.builds.history import history
-from memest.builds.runs import build_label, config_summary, fingerprint, run_facts, runner_counts
+from memest.builds.runs import (
+    RunFacts,
+    build_label,
+    config_summary,
+    fingerprint,
+    run_facts,
+    runner_counts,
+)
 from memest.errors import MemestError
 from memest.estimate import account, budget_splits, gpu_parts
 from memest.estimate.phases import total_bytes
 from memest.reporters import plots, plots_gpu, plots_history
 from memest.reporters.owners import owner_label
 from memest.reporters.recommend import kv_cache_flag
+from memest.reporters.regression import (
+    KV_FIGURES,
+    PAGE_THRESHOLDS,
+    RUN_TO_RUN_SPREAD,
+    VERDICT_WORDS,
+    mode_of,
+    page_verdict,
+)
 from memest.reporters.views import (
     NEGATIVE_NOTE,
     NESTED_NOTE,
@@ -34,6 +49,7 @@ from memest.reporters.views import (
     notes,
     phase_rows,
     short_paths,
+    sizing_words,
 )
 from memest.schema import RunReport, StartAccounting
 from memest.service import store
@@ -83,6 +99,7 @@ templates.env.filters.update(
     series_color=plots_history.series_color,
     model_name=model_name,
     short_paths=short_paths,
+    sizing_words=sizing_words,
 )
 
 
@@ -114,11 +131,14 @@ def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
 
 
 @router.get("/", response_class=HTMLResponse, responses=HTML_PAGE)
-def index(request: Request, session: SessionDep) -> HTMLResponse:
-    """Dashboard home: every model with its runs and build labels."""
+def index(request: Request, session: SessionDep, cache: CacheDep) -> HTMLResponse:
+    """Dashboard home: every model with its runs, build labels and its newest run's figures."""
     models = store.list_models(session)
     runs, _ = store.list_runs(session, store.RunFilter(), limit=20, offset=0)
-    return _page(request, "index.html", models=models, runs=runs, title="memest")
+    newest = {
+        m.model: run_facts(cache.get(store.lead_report(session, m.latest_run_id))) for m in models
+    }
+    return _page(request, "index.html", models=models, runs=runs, newest=newest, title="memest")
 
 
 @router.get(
@@ -252,8 +272,31 @@ def compare_page(
         cmp=cmp,
         ra=ra,
         rb=rb,
+        verdicts=_compare_verdicts(run_facts(ra), run_facts(rb)),
+        thresholds=PAGE_THRESHOLDS,
+        verdict_words=VERDICT_WORDS,
+        noise_bytes=RUN_TO_RUN_SPREAD,
         svg=plots.compare_svg(cmp),
     )
+
+
+def _compare_verdicts(fa: RunFacts, fb: RunFacts) -> dict[str, dict[str, Any]]:
+    """Figure -> its before, after and verdict (memest.reporters.regression's policy, the one
+    `memest check` applies), for the figures a regression is judged on."""
+    figures = {
+        "kv_tokens": (fa.kv_tokens, fb.kv_tokens),
+        "kv_cache_bytes": (fa.kv_cache_bytes, fb.kv_cache_bytes),
+        "non_kv_bytes": (fa.non_kv_bytes, fb.non_kv_bytes),
+        "graph_pool_bytes": (fa.graph_pool_bytes, fb.graph_pool_bytes),
+    }
+    other_mode = mode_of(fa.kv_sized_by) != mode_of(fb.kv_sized_by)
+    out: dict[str, dict[str, Any]] = {}
+    for key, (a, b) in figures.items():
+        judged = page_verdict(key, a, b)
+        if judged is not None and other_mode and key in KV_FIGURES:
+            judged = "other_mode"  # an apply start holds less KV than an enable one by design
+        out[key] = {"a": a, "b": b, "verdict": judged}
+    return out
 
 
 @router.get(
@@ -278,6 +321,7 @@ def history_page(
         hist=hist,
         numbers={p.run_id: i for i, p in enumerate(hist.points, start=1)},
         svgs=plots_history.history_svgs(hist),
+        legend=plots_history.config_legends(hist),
     )
 
 
