@@ -1,14 +1,16 @@
 """Build vLLM 0.33.0's own model classes on the meta device (CPU platform) and print what they hold.
 
     VLLM_TARGET_DEVICE=cpu python tests/unit/preflight/vllm_meta.py [--tp 1,2]
-        [--backends FLASH_ATTN,FLASHMLA,...] CONFIG.json ...
+        [--backends FLASH_ATTN,FLASHMLA,...] [--quantization fp8_per_tensor] CONFIG.json ...
 
 With ``--backends``, one JSON line first: each backend class's accepted block sizes (1 to 256)
 and its preferred size for 16. Then for each config and tensor-parallel size, rank 0's model is instantiated as vLLM's loader does
 (``initialize_model`` under the model dtype, here on the meta device, so no memory is taken),
 with the tensor-parallel group's size set to TP; then one JSON line per TP:
-``{"config", "tp", "param_bytes", "buffer_bytes", "kv": [{"kind", "page_size_bytes", "block_size",
-"num_kv_heads", "head_size"}, ...]}``. ``buffer_bytes`` counts the buffers with more than one
+``{"config", "tp", "param_bytes", "param_bytes_by_dtype", "buffer_bytes", "kv": [{"kind",
+"page_size_bytes", "block_size", "num_kv_heads", "head_size"}, ...]}``. A config's
+quantization_config (FP8 checkpoints) is built as vLLM builds it, with a stand-in for the
+scaled-mm kernel, which no CPU build of vLLM provides (kernels hold no parameters). ``buffer_bytes`` counts the buffers with more than one
 element (the rotary cos/sin cache), leaving out the attention layers' scalar scales. The KV specs
 are each attention layer's ``get_kv_cache_spec``: what vLLM's runner sizes the KV cache by.
 
