@@ -22,6 +22,10 @@ from memest.errors import ConfigError
 
 Family = Literal["dense", "moe", "mla"]
 Fp8Scheme = Literal["tensor", "channel", "block"]
+#: How a method's ignore list names layers (vLLM 0.33.0): ``exact`` module paths (fp8's
+#: is_layer_skipped), ``regex`` exact or ``re:``-prefixed regexes (compressed-tensors), ``modelopt``
+#: exact, substring or shell wildcard (ModelOptQuantConfigBase.is_layer_excluded).
+IgnoreMatch = Literal["exact", "regex", "modelopt"]
 
 #: Bytes per element of the dtypes vLLM accepts for --dtype (and config.json's torch_dtype).
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
@@ -65,7 +69,9 @@ class Fp8Weights:
     scheme: Fp8Scheme
     block: tuple[int, int] = (128, 128)
     static_input: bool = False
-    ignored: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()  # layers kept in the model's dtype (the method's ignore list)
+    match: IgnoreMatch = "exact"
+    online: bool = False  # --quantization fp8_per_*: a bf16 checkpoint quantized as it loads
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +96,7 @@ class ModelShape:
     moe_intermediate: int = 0  # one expert's intermediate per rank
     shared_intermediate: int = 0  # shared experts' intermediate per rank
     moe_layers: int = 0
+    moe_layer_ids: tuple[int, ...] = ()  # which decoder layers are MoE (moe_layers of them)
     kv_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
@@ -98,6 +105,10 @@ class ModelShape:
     extra_input_hidden: int = 0  # EAGLE3 drafters concatenate hidden states: 2 x hidden input
     qk_norm: bool = False  # per-head q and k RMSNorm weights (QK_NORM_ARCHITECTURES)
     fp8: Fp8Weights | None = None  # FP8 linear layers (fp8_weights); None: the model's dtype
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` (from 0) has a MoE MLP."""
+        return index in self.moe_layer_ids
 
     @property
     def qkv(self) -> int:
@@ -140,17 +151,17 @@ def _split(value: int, tp: int, field: str) -> int:
     return value // tp
 
 
-def _moe_layer_count(cfg: Mapping[str, Any], layers: int) -> int:
+def _moe_layer_ids(cfg: Mapping[str, Any], layers: int) -> tuple[int, ...]:
     if cfg.get("n_routed_experts"):  # DeepSeek: dense first_k_dense_replace layers, then freq
         first = cfg.get("first_k_dense_replace", 0) or 0
         freq = cfg.get("moe_layer_freq", 1) or 1
-        return sum(1 for i in range(layers) if i >= first and i % freq == 0)
+        return tuple(i for i in range(layers) if i >= first and i % freq == 0)
     step = cfg.get("decoder_sparse_step", 1) or 1
     only = set(cfg.get("mlp_only_layers") or [])
-    return sum(1 for i in range(layers) if i not in only and (i + 1) % step == 0)
+    return tuple(i for i in range(layers) if i not in only and (i + 1) % step == 0)
 
 
-def _moe_fields(cfg: Mapping[str, Any], tp: int, layers: int) -> dict[str, int]:
+def _moe_fields(cfg: Mapping[str, Any], tp: int, layers: int) -> dict[str, Any]:
     experts = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg.get("num_local_experts")
     if not experts:
         return {}
@@ -167,11 +178,12 @@ def _moe_fields(cfg: Mapping[str, Any], tp: int, layers: int) -> dict[str, int]:
         "topk": _int(cfg, "num_experts_per_tok"),
         "moe_intermediate": _split(inter, tp, "model_config.moe_intermediate_size"),
         "shared_intermediate": _split(shared, tp, "shared experts' intermediate size"),
-        "moe_layers": _moe_layer_count(cfg, layers),
+        "moe_layers": len(_moe_layer_ids(cfg, layers)),
+        "moe_layer_ids": _moe_layer_ids(cfg, layers),
     }
 
 
-def _mla_fields(cfg: Mapping[str, Any]) -> dict[str, int]:
+def _mla_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if not cfg.get("kv_lora_rank"):
         return {}
     return {
@@ -245,7 +257,13 @@ def _compressed_tensors(qc: Mapping[str, Any]) -> Fp8Weights:
     strategy, block, static = schemes.pop()
     if strategy not in ("tensor", "channel", "block"):
         raise ConfigError(f"{where}.weights.strategy", strategy, "expected tensor, channel, block")
-    return Fp8Weights(strategy, (int(block[0]), int(block[1])), static, _names(qc.get("ignore")))  # type: ignore[arg-type]
+    return Fp8Weights(
+        strategy,  # type: ignore[arg-type]
+        (int(block[0]), int(block[1])),
+        static,
+        _names(qc.get("ignore")),
+        "regex",
+    )
 
 
 def _modelopt(qc: Mapping[str, Any]) -> Fp8Weights:
@@ -259,7 +277,7 @@ def _modelopt(qc: Mapping[str, Any]) -> Fp8Weights:
         )
     scheme, static = MODELOPT_FP8[algo]
     ignored = _names(inner.get("ignore")) or _names(inner.get("exclude_modules"))
-    return Fp8Weights(scheme, static_input=static, ignored=ignored)
+    return Fp8Weights(scheme, static_input=static, ignored=ignored, match="modelopt")
 
 
 CHECKPOINT_FP8 = {
@@ -278,7 +296,7 @@ def fp8_weights(cfg: Mapping[str, Any], quantization: str | None = None) -> Fp8W
     """
     qc = cfg.get("quantization_config") or cfg.get("compression_config")
     if quantization in ONLINE_FP8 and not qc:
-        return Fp8Weights(ONLINE_FP8[quantization])
+        return Fp8Weights(ONLINE_FP8[quantization], online=True)
     if not qc:
         if quantization is None:
             return None

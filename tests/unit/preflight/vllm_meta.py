@@ -1,14 +1,16 @@
 """Build vLLM 0.33.0's own model classes on the meta device (CPU platform) and print what they hold.
 
     VLLM_TARGET_DEVICE=cpu python tests/unit/preflight/vllm_meta.py [--tp 1,2]
-        [--backends FLASH_ATTN,FLASHMLA,...] CONFIG.json ...
+        [--backends FLASH_ATTN,FLASHMLA,...] [--quantization fp8_per_tensor] CONFIG.json ...
 
 With ``--backends``, one JSON line first: each backend class's accepted block sizes (1 to 256)
 and its preferred size for 16. Then for each config and tensor-parallel size, rank 0's model is instantiated as vLLM's loader does
 (``initialize_model`` under the model dtype, here on the meta device, so no memory is taken),
 with the tensor-parallel group's size set to TP; then one JSON line per TP:
-``{"config", "tp", "param_bytes", "buffer_bytes", "kv": [{"kind", "page_size_bytes", "block_size",
-"num_kv_heads", "head_size"}, ...]}``. ``buffer_bytes`` counts the buffers with more than one
+``{"config", "tp", "param_bytes", "param_bytes_by_dtype", "buffer_bytes", "kv": [{"kind",
+"page_size_bytes", "block_size", "num_kv_heads", "head_size"}, ...]}``. A config's
+quantization_config (FP8 checkpoints) is built as vLLM builds it, with a stand-in for the
+scaled-mm kernel, which no CPU build of vLLM provides (kernels hold no parameters). ``buffer_bytes`` counts the buffers with more than one
 element (the rotary cos/sin cache), leaving out the attention layers' scalar scales. The KV specs
 are each attention layer's ``get_kv_cache_spec``: what vLLM's runner sizes the KV cache by.
 
@@ -42,7 +44,7 @@ def _model_dir(config: str) -> str:
     return folder
 
 
-def _measure(folder: str, tp: int) -> dict[str, Any]:
+def _measure(folder: str, tp: int, quantization: str | None = None) -> dict[str, Any]:
     import torch
     import vllm.distributed.parallel_state as ps
     from vllm.config import set_current_vllm_config
@@ -57,6 +59,7 @@ def _measure(folder: str, tp: int) -> dict[str, Any]:
         load_format="dummy",
         max_model_len=4096,
         enforce_eager=True,
+        quantization=quantization,
     )
     cfg = args.create_engine_config()
     with set_current_vllm_config(cfg):
@@ -76,10 +79,13 @@ def _measure(folder: str, tp: int) -> dict[str, Any]:
             ps._TP = real
     seen: set[int] = set()
     params = buffers = 0
+    by_dtype: dict[str, int] = {}
     for p in model.parameters():
         if id(p) not in seen:
             seen.add(id(p))
             params += p.numel() * p.element_size()
+            key = str(p.dtype).removeprefix("torch.")
+            by_dtype[key] = by_dtype.get(key, 0) + p.numel() * p.element_size()
     for b in model.buffers():
         if id(b) not in seen and b.numel() > 1:
             seen.add(id(b))
@@ -88,6 +94,7 @@ def _measure(folder: str, tp: int) -> dict[str, Any]:
         "tp": tp,
         "moe_workspace_bytes": _moe_workspace(model, MOE_TOKENS),
         "param_bytes": params,
+        "param_bytes_by_dtype": by_dtype,
         "buffer_bytes": buffers,
         "kv": [
             {
@@ -155,6 +162,23 @@ def backends(names: list[str]) -> dict[str, Any]:
     return out
 
 
+class _NoScaledMM:
+    """Stands in for vLLM's FP8 scaled-mm kernel on this CPU (none of its kernels builds here):
+    kernels hold no parameters of their own, and layers are only built, never run."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.config = args[0] if args else None
+
+    def input_quant_key(self) -> None:  # the kernel quantizes its own input
+        return None
+
+
+def _stand_in_fp8_kernels() -> None:
+    import vllm.model_executor.kernels.linear as linear
+
+    linear.choose_scaled_mm_linear_kernel = lambda *a, **k: _NoScaledMM  # type: ignore[assignment]
+
+
 def _init_distributed(folder: str) -> None:
     """A one-process gloo group: the model classes read the tensor-parallel group's size."""
     from vllm.config import set_current_vllm_config
@@ -178,15 +202,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("configs", nargs="*", help="config.json files")
     parser.add_argument("--tp", default="1", help="tensor-parallel sizes, comma-separated")
     parser.add_argument("--backends", default="", help="attention backends, comma-separated")
+    parser.add_argument("--quantization", default=None, help="vLLM's --quantization (online fp8)")
     args = parser.parse_args(argv)
     if args.backends:
         print(json.dumps({"backends": backends(args.backends.split(","))}), flush=True)
+    _stand_in_fp8_kernels()
     for n, config in enumerate(args.configs):
         folder = _model_dir(config)
         if n == 0:
             _init_distributed(folder)
         for tp in (int(x) for x in args.tp.split(",")):
-            print(json.dumps({"config": config, **_measure(folder, tp)}), flush=True)
+            print(
+                json.dumps({"config": config, **_measure(folder, tp, args.quantization)}),
+                flush=True,
+            )
         shutil.rmtree(folder, ignore_errors=True)
     return 0
 
