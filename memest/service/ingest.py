@@ -92,6 +92,39 @@ def load_json(body: bytes, field: str = "body") -> Any:
 def find_unstorable(data: Any) -> tuple[str, str] | None:
     """The first value (its dotted path, what is wrong) that a report may not hold: nesting past
     MAX_JSON_DEPTH, an integer outside int64, a non-finite float, a lone surrogate in a string."""
+    if _storable(data):
+        return None
+    return _first_unstorable(data)
+
+
+def _storable(data: Any) -> bool:
+    """True when find_unstorable finds nothing: the same checks without building paths (a valid
+    report, the common case, costs one pass over its values and no tuple per value)."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH or (depth == MAX_JSON_DEPTH and value):
+            return False  # this value, or a child of it, lies deeper than the bound
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not key.isascii() and _SURROGATE.search(key):
+                    return False
+                if isinstance(item, dict | list):
+                    stack.append((item, depth + 1))
+                elif _scalar_problem(item) is not None:
+                    return False
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, dict | list):
+                    stack.append((item, depth + 1))
+                elif _scalar_problem(item) is not None:
+                    return False
+        elif _scalar_problem(value) is not None:
+            return False
+    return True
+
+
+def _first_unstorable(data: Any) -> tuple[str, str] | None:
     stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
     while stack:
         value, path = stack.pop()

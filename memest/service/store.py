@@ -14,9 +14,10 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from memest.analysis.runs import fingerprint, graph_pool_bytes, kv_tokens
+from memest.analysis.runs import fingerprint
+from memest.estimate import account
 from memest.identity import model_display_name, stored_form
-from memest.schema import RunReport
+from memest.schema import RunReport, StartAccounting
 from memest.service.db import write_session
 from memest.service.errors import BadRequest, Conflict, NotFound
 from memest.service.models import Report, Run
@@ -59,14 +60,15 @@ def _int64(value: int | None, field: str) -> int | None:
     return value
 
 
-def _figure(read: Callable[[RunReport], int | None], report: RunReport, field: str) -> int | None:
-    """A stored figure of the report; one its accounting cannot hold (past int64) is a 4xx."""
+def _accounting(report: RunReport) -> StartAccounting:
+    """The report's accounting, whose figures are stored; one it cannot hold (past int64) is a
+    4xx naming the breakdown."""
     try:
-        return read(report)
+        return account(report)
     except ValueError as exc:  # pydantic's ValidationError: a computed figure out of range
         message = str(exc).splitlines()[0]
         raise BadRequest(
-            f"{field}: a figure computed from it is out of range ({message})", field=field
+            f"breakdown: a figure computed from it is out of range ({message})", field="breakdown"
         ) from None
 
 
@@ -108,7 +110,11 @@ def _same_once_stored(stored: str, payload: str) -> bool:
 
 
 def _ingest_once(
-    factory: sessionmaker[Session], report: RunReport, payload: str, metric_rows: str | None
+    factory: sessionmaker[Session],
+    report: RunReport,
+    payload: str,
+    accounting: StartAccounting,
+    metric_rows: str | None,
 ) -> IngestResult:
     digest = hashlib.sha256(payload.encode()).hexdigest()
     now = datetime.now(UTC)
@@ -173,10 +179,8 @@ def _ingest_once(
                 payload=payload,
                 payload_sha256=digest,
                 size_bytes=len(payload.encode()),
-                graph_pool_bytes=_int64(
-                    _figure(graph_pool_bytes, report, "breakdown"), "breakdown"
-                ),
-                kv_tokens=_int64(_figure(kv_tokens, report, "kv_tokens"), "kv_tokens"),
+                graph_pool_bytes=_int64(accounting.graph_pool_bytes, "breakdown"),
+                kv_tokens=_int64(accounting.kv_tokens, "kv_tokens"),
                 metric_rows=metric_rows,
                 ingested_at=now,
             )
@@ -200,9 +204,11 @@ def ingest(
         Conflict: same report id with other content, a rank already taken, or run fields differ.
     """
     payload = canonical_json(report)
+    # Computed once, outside the write transaction (which it would otherwise hold open).
+    accounting = _accounting(report)
     for attempt in range(3):
         try:
-            return _ingest_once(factory, report, payload, metric_rows)
+            return _ingest_once(factory, report, payload, accounting, metric_rows)
         except IntegrityError:
             if attempt == 2:
                 raise
