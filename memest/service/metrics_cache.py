@@ -65,8 +65,50 @@ class _Families(Collector):
         yield from families.values()
 
 
+def _headers() -> dict[str, str]:
+    """Each of the builder's families (in the builder's order): its # HELP and # TYPE lines."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families([]))
+    out: dict[str, str] = {}
+    for line in generate_latest(registry).decode().splitlines(keepends=True):
+        family = line.split(" ", 3)[2]
+        out[family] = out.get(family, "") + line
+    return out
+
+
+#: One rendered sample: its family, and its line of the exposition.
+_Line = tuple[str, str]
+
+
+def _render(samples: list[Sample]) -> list[_Line]:
+    """Each sample's exposition line, formatted by prometheus_client, in the order given."""
+    holder = Metric("memest_render", "", "gauge")  # prints each sample under its own name
+    for _, name, labels, value in samples:
+        holder.add_sample(name, labels, value)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Holder(holder))
+    lines = generate_latest(registry).decode().splitlines(keepends=True)[2:]  # past HELP, TYPE
+    return [(family, line) for (family, *_), line in zip(samples, lines, strict=True)]
+
+
+class _Holder(Collector):
+    def __init__(self, metric: Metric) -> None:
+        self._metric = metric
+
+    def collect(self) -> Iterator[Metric]:
+        yield self._metric
+
+
 class MetricsCache:
-    """The stored reports' exposition, rebuilt when the stored state changes."""
+    """The stored reports' exposition, kept up to date incrementally.
+
+    Each exported run's lines are rendered once, keyed by its lead report (id and content
+    digest), and kept while that run is exported: after an ingest or delete (on any replica)
+    a rebuild reads which runs are exported and the lead report of each (ids only, no
+    payloads), renders only the runs it has not rendered before, and joins the lines. So a
+    scrape after one ingest costs two index-only queries and a join, not a pass over every
+    stored report's samples.
+    """
 
     def __init__(
         self, factory: sessionmaker[Session], parse: Callable[[Report], RunReport]
@@ -76,6 +118,8 @@ class MetricsCache:
         self._lock = threading.Lock()
         self._state: tuple[int, int, str] | None = None
         self._text = b""
+        self._headers = _headers()
+        self._lines: dict[tuple[str, str], list[_Line]] = {}
 
     def exposition(self) -> bytes:
         """The text of every stored series; one cheap query when nothing changed."""
@@ -88,22 +132,40 @@ class MetricsCache:
                 return self._text
 
     def _build(self, session: Session) -> bytes:
-        latest = store.latest_runs(session, self._parse)
-        stored = store.lead_metric_rows(session, [run_id for run_id, _ in latest])
-        samples: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
-        for run_id, _ in latest:
+        latest = [run_id for run_id, _ in store.latest_runs(session, self._parse)]
+        leads = store.lead_keys(session)
+        exported = [(run_id, leads[run_id]) for run_id in latest if run_id in leads]
+        self._render_new(session, exported)
+        kept = {lead for _, lead in exported}
+        self._lines = {lead: lines for lead, lines in self._lines.items() if lead in kept}
+        series: dict[str, dict[str, str]] = {family: {} for family in self._headers}
+        for _, lead in exported:
+            for family, line in self._lines[lead]:
+                # Two runs whose labels read the same: the newer one's sample, as the builder does.
+                key = line.rsplit(" ", 1)[0]
+                samples = series.setdefault(family, {})
+                samples.pop(key, None)
+                samples[key] = line
+        text = "".join(
+            self._headers.get(family, "") + "".join(samples.values())
+            for family, samples in series.items()
+        )
+        return text.encode()
+
+    def _render_new(self, session: Session, exported: list[tuple[str, tuple[str, str]]]) -> None:
+        """Render the lines of every exported run whose lead report has none yet."""
+        new = [(run_id, lead) for run_id, lead in exported if lead not in self._lines]
+        stored = store.lead_metric_rows(session, [run_id for run_id, _ in new])
+        batch: list[tuple[tuple[str, str], list[Sample]]] = []
+        for run_id, lead in new:
             if run_id not in stored:
                 continue  # deleted since the first query
-            rows = stored[run_id]
-            if rows is None:
+            text = stored[run_id]
+            if text is None:
                 run_rows = metric_rows(self._parse(store.lead_report(session, run_id)))
             else:
-                run_rows = [(f, n, labels, v) for f, n, labels, v in json.loads(rows)]
-            for family, name, labels, value in run_rows:
-                # Two runs whose labels read the same: the newer one's sample, as the builder does.
-                key = (name, tuple(sorted(labels.items())))
-                samples.pop(key, None)
-                samples[key] = (family, name, labels, value)
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Families(list(samples.values())))
-        return generate_latest(registry)
+                run_rows = [(f, n, labels, v) for f, n, labels, v in json.loads(text)]
+            batch.append((lead, run_rows))
+        rendered = iter(_render([sample for _, rows in batch for sample in rows]))
+        for lead, rows in batch:
+            self._lines[lead] = [next(rendered) for _ in rows]

@@ -476,6 +476,18 @@ def lead_metric_rows(session: Session, run_ids: list[str]) -> dict[str, str | No
     return {run_id: stored for run_id, (_, stored) in out.items()}
 
 
+def lead_keys(session: Session) -> dict[str, tuple[str, str]]:
+    """Each run's lead (lowest-rank) report: its id and content digest, read without payloads."""
+    rows = session.execute(
+        select(Report.run_id, Report.rank, Report.report_id, Report.payload_sha256)
+    ).all()
+    best: dict[str, tuple[int, str, str]] = {}
+    for run_id, rank, report_id, digest in rows:
+        if run_id not in best or rank < best[run_id][0]:
+            best[run_id] = (rank, report_id, digest)
+    return {run_id: (report_id, digest) for run_id, (_, report_id, digest) in best.items()}
+
+
 def stored_state(session: Session) -> tuple[int, int, str]:
     """What changes whenever a report is stored or a run deleted, on any replica: the number of
     runs and of reports, and the newest ingest time (an ingest adds a newer one, a delete lowers
