@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from jinja2 import pass_context
 from markupsafe import Markup, escape
+from sqlalchemy.orm import Session
 
 from memest.analysis.history import history
 from memest.analysis.ranks import rank_check
@@ -36,8 +37,9 @@ from memest.reporters.views import (
 )
 from memest.schema import RunReport, StartAccounting
 from memest.service import store
-from memest.service.deps import CacheDep, ReadAuth, SessionDep
+from memest.service.deps import CacheDep, ReadAuth, ResponseCacheDep, SessionDep
 from memest.service.errors import NotFound
+from memest.service.models import Run
 from memest.units import count_cell, gib_cell, ratio_cell
 
 router = APIRouter(tags=["dashboard"], dependencies=[ReadAuth])
@@ -130,6 +132,7 @@ def model_page(
     model: str,
     session: SessionDep,
     cache: CacheDep,
+    responses: ResponseCacheDep,
     run: Annotated[
         str | None,
         Query(
@@ -145,6 +148,34 @@ def model_page(
     chosen = runs[-1] if run is None else next((r for r in runs if r.run_id == run), None)
     if chosen is None:
         raise NotFound(f"model {model!r} has no run {run!r}", field="run")
+    # Everything the page shows, as stored: the shown run's reports by id and content digest, the
+    # listed runs' fixed fields, and what the request itself changes (logout button, root path).
+    # A report deleted or stored again is another key, so a cached page is never stale.
+    key = (
+        chosen.run_id,
+        "model-page",
+        model,
+        tuple(store.report_keys(session, chosen.run_id)),
+        tuple((r.run_id, r.build_label, r.vllm_version, r.vllm_commit, r.created_at) for r in runs),
+        bool(request.cookies.get("memest_session")),
+        str(request.scope.get("root_path", "")),
+    )
+    body = responses.get(key)
+    if body is not None:
+        return HTMLResponse(body)
+    page = _model_page(request, model, session, cache, runs, chosen)
+    responses.put(key, bytes(page.body))
+    return page
+
+
+def _model_page(
+    request: Request,
+    model: str,
+    session: Session,
+    cache: store.ReportCache,
+    runs: list[Run],
+    chosen: Run,
+) -> HTMLResponse:
     rows = store.run_reports(session, chosen.run_id)
     all_ranks = [cache.get(r) for r in rows]
     rep = all_ranks[0]

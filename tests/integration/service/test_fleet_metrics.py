@@ -166,3 +166,29 @@ def test_a_scrape_after_one_ingest_renders_only_that_run(
     one_run = [ln for ln in _full_build(client).splitlines() if 'model="fleet/m5"' in ln]
     assert rendered == [len(one_run)]
     assert len(one_run) > 2
+
+
+def test_a_model_page_is_rendered_once_and_follows_every_change(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _post(client, _report("p1", "fleet/p", owners=3))
+    first = client.get("/models/fleet%2Fp")
+    assert first.status_code == 200
+    assert "o3" in first.text
+
+    def refuse(self: ReportCache, row: object) -> None:
+        raise AssertionError("a page was rendered again from the stored report")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(ReportCache, "get", refuse)
+        again = client.get("/models/fleet%2Fp")
+    assert again.text == first.text
+    # A second run of the model: listed, and shown as the newest.
+    _post(client, {**_report("p2", "fleet/p", owners=5), "created_at": "2030-01-01T00:00:00Z"})
+    newer = client.get("/models/fleet%2Fp").text
+    assert "p2" in newer and "o5" in newer
+    # The first run deleted and stored again with other content: the page shows the new content.
+    assert client.delete("/api/v1/runs/p1", headers=AUTH).status_code == 200
+    _post(client, _report("p1", "fleet/p", owners=7))
+    chosen = client.get("/models/fleet%2Fp", params={"run": "p1"}).text
+    assert "o7" in chosen
