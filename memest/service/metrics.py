@@ -22,6 +22,9 @@ from memest.schema import RunReport
 #: Owners per capture stage in memest_graph_pool_bytes: the largest, the rest summed as "other"
 #: (memest.analysis.stages.OTHER_OWNER), so a report with thousands of owners adds few series.
 OWNERS_PER_STAGE = 8
+#: Stages per run in memest_graph_pool_bytes: those of most growth, the rest summed as stage
+#: "other" (memest.analysis.stages.OTHER_STAGE); real reports have at most 10.
+STAGES_PER_RUN = 16
 
 
 def _gauge(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
@@ -67,7 +70,7 @@ class _StoredReports(Collector):
             newest[key] = rep
         for (model, build, fp), rep in newest.items():
             labels = [model, build, fp]
-            for bar in stage_bars(rep, max_owners=OWNERS_PER_STAGE):
+            for bar in stage_bars(rep, max_owners=OWNERS_PER_STAGE, max_stages=STAGES_PER_RUN):
                 for seg in bar.owners:
                     pool.add_metric([*labels, bar.stage, seg.owner], seg.bytes)
             acc = account(rep)

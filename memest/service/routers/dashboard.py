@@ -108,6 +108,11 @@ def compile_templates() -> None:
         templates.env.get_template(name)
 
 
+#: Stage bars on the model page: the stages of most pool growth, the rest summed as one "other"
+#: stage, and a stage's largest owners, the rest as "other" (a report of 38,000 stages made a
+#: 47 MB page); the run API has more (memest.service.schemas.API_STAGES).
+PAGE_STAGES = 24
+PAGE_OWNERS_PER_STAGE = 10
 #: Live-peak and retained rows shown on the model page (largest first); the API has them all.
 TOP_ROWS = 15
 #: Rows below this many bytes read 0.000 GiB: left off the page's peak and retained table.
@@ -190,7 +195,7 @@ def _model_page(
     accounting = account(rep)
     facts = run_facts(rep)
     bd = rep.breakdown
-    bars = stage_bars(rep)
+    bars = stage_bars(rep, max_owners=PAGE_OWNERS_PER_STAGE, max_stages=PAGE_STAGES)
     peaks = [r for r in bd.live_peaks if r.peak_bytes >= SHOWN_MIN_BYTES] if bd else []
     retained = [r for r in bd.retained if r.bytes >= SHOWN_MIN_BYTES] if bd else []
     return _page(
