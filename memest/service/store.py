@@ -381,6 +381,10 @@ def lead_report(session: Session, run_id: str) -> Report:
     return row
 
 
+#: Run ids per IN (...) list: far below every driver's limit on bound parameters.
+_IN_CHUNK = 500
+
+
 @dataclass(frozen=True)
 class ModelRow:
     model: str
@@ -390,12 +394,24 @@ class ModelRow:
     latest_created_at: datetime
 
 
-def list_models(session: Session) -> list[ModelRow]:
-    rows = session.execute(
-        select(Run.model, Run.run_id, Run.build_label, Run.created_at).order_by(
-            Run.model, Run.created_at, Run.run_id
+def list_models(
+    session: Session, *, limit: int | None = None, offset: int = 0
+) -> tuple[list[ModelRow], int]:
+    """Models by name, ``limit`` of them from ``offset`` (all when None), with the number of
+    models stored. Only the page's models' runs are read."""
+    total = session.scalar(select(func.count(func.distinct(Run.model)))) or 0
+    names = select(Run.model).group_by(Run.model).order_by(Run.model).offset(offset)
+    if limit is not None:
+        names = names.limit(limit)
+    page = list(session.scalars(names).all())
+    rows: list[tuple[str, str, str, datetime]] = []
+    for start in range(0, len(page), _IN_CHUNK):
+        stmt = (
+            select(Run.model, Run.run_id, Run.build_label, Run.created_at)
+            .where(Run.model.in_(page[start : start + _IN_CHUNK]))
+            .order_by(Run.model, Run.created_at, Run.run_id)
         )
-    ).all()
+        rows.extend(session.execute(stmt).tuples().all())
     out: dict[str, ModelRow] = {}
     builds: dict[str, list[str]] = {}
     counts: dict[str, int] = {}
@@ -405,7 +421,7 @@ def list_models(session: Session) -> list[ModelRow]:
         if build not in seen:
             seen.append(build)
         out[model] = ModelRow(model, counts[model], seen, run_id, _as_utc(created))
-    return list(out.values())
+    return [out[name] for name in page if name in out], total
 
 
 def model_runs(session: Session, model: str) -> list[Run]:
@@ -455,10 +471,6 @@ def latest_per_config(
             continue
         out.append((parse(lead), fp))
     return out
-
-
-#: Run ids per IN (...) list: far below every driver's limit on bound parameters.
-_IN_CHUNK = 500
 
 
 def lead_metric_rows(session: Session, run_ids: list[str]) -> dict[str, str | None]:

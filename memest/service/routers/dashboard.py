@@ -108,6 +108,8 @@ def compile_templates() -> None:
         templates.env.get_template(name)
 
 
+#: Models listed per home page (by name; ?offset= pages on).
+INDEX_MODELS = 100
 #: Stage bars on the model page: the stages of most pool growth, the rest summed as one "other"
 #: stage, and a stage's largest owners, the rest as "other" (a report of 38,000 stages made a
 #: 47 MB page); the run API has more (memest.service.schemas.API_STAGES).
@@ -128,11 +130,26 @@ def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
 
 
 @router.get("/", response_class=HTMLResponse, responses=HTML_PAGE)
-def index(request: Request, session: SessionDep) -> HTMLResponse:
-    """Dashboard home: every model with its runs and build labels."""
-    models = store.list_models(session)
+def index(
+    request: Request,
+    session: SessionDep,
+    offset: Annotated[
+        int, Query(ge=0, le=10**9, description="Models to skip (by name)", examples=[0])
+    ] = 0,
+) -> HTMLResponse:
+    """Dashboard home: the models with their runs and build labels, INDEX_MODELS at a time."""
+    models, total = store.list_models(session, limit=INDEX_MODELS, offset=offset)
     runs, _ = store.list_runs(session, store.RunFilter(), limit=20, offset=0)
-    return _page(request, "index.html", models=models, runs=runs, title="memest")
+    return _page(
+        request,
+        "index.html",
+        models=models,
+        total=total,
+        offset=offset,
+        step=INDEX_MODELS,
+        runs=runs,
+        title="memest",
+    )
 
 
 @router.get(

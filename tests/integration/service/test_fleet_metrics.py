@@ -192,3 +192,28 @@ def test_a_model_page_is_rendered_once_and_follows_every_change(
     _post(client, _report("p1", "fleet/p", owners=7))
     chosen = client.get("/models/fleet%2Fp", params={"run": "p1"}).text
     assert "o7" in chosen
+
+
+def test_models_are_listed_a_page_at_a_time(client: TestClient) -> None:
+    from memest.service.routers.dashboard import INDEX_MODELS
+
+    names = [f"fleet/page-{k:03d}" for k in range(INDEX_MODELS + 5)]
+    for k, name in enumerate(names):
+        _post(client, _report(f"pg{k}", name))
+    _post(client, {**_report("pg0b", names[0]), "created_at": "2030-01-01T00:00:00Z"})
+    first = client.get("/api/v1/models", params={"limit": 3}).json()
+    assert first["count"] == len(names)
+    assert [m["model"] for m in first["data"]] == names[:3]
+    assert (first["data"][0]["runs"], first["data"][0]["latest_run_id"]) == (2, "pg0b")
+    last = client.get("/api/v1/models", params={"limit": 3, "offset": len(names) - 2}).json()
+    assert [m["model"] for m in last["data"]] == names[-2:]
+
+    # The home page: INDEX_MODELS models, then a link to the rest.
+    def listed(page: str) -> str:  # the models table, before the recent runs
+        return page.split('id="models"', 1)[1].split("<h2>Recent runs", 1)[0]
+
+    home = client.get("/").text
+    assert names[INDEX_MODELS - 1] in listed(home) and names[INDEX_MODELS] not in listed(home)
+    assert f'href="?offset={INDEX_MODELS}"' in listed(home)
+    rest = listed(client.get("/", params={"offset": INDEX_MODELS}).text)
+    assert names[INDEX_MODELS] in rest and names[INDEX_MODELS - 1] not in rest
