@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
+from typing import cast
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 from sqlalchemy.orm import Session, sessionmaker
 
 from memest.analysis.runs import fingerprint
@@ -80,23 +82,25 @@ def _headers() -> dict[str, str]:
 _Line = tuple[str, str]
 
 
+#: prometheus_client's number syntax (Go's), typed here: the library leaves it unannotated.
+_number = cast(Callable[[float], str], floatToGoString)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
 def _render(samples: list[Sample]) -> list[_Line]:
-    """Each sample's exposition line, formatted by prometheus_client, in the order given."""
-    holder = Metric("memest_render", "", "gauge")  # prints each sample under its own name
-    for _, name, labels, value in samples:
-        holder.add_sample(name, labels, value)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Holder(holder))
-    lines = generate_latest(registry).decode().splitlines(keepends=True)[2:]  # past HELP, TYPE
-    return [(family, line) for (family, *_), line in zip(samples, lines, strict=True)]
-
-
-class _Holder(Collector):
-    def __init__(self, metric: Metric) -> None:
-        self._metric = metric
-
-    def collect(self) -> Iterator[Metric]:
-        yield self._metric
+    """Each sample's exposition line, in the order given: the text format prometheus_client's
+    generate_latest writes (labels sorted by name, values escaped, Go float syntax), written
+    directly, since its registry walk costs five times as much for a fleet's 90,000 samples.
+    The builder's names and label names are plain Prometheus names, which it leaves as they are."""
+    out = []
+    for family, name, labels, value in samples:
+        inner = ",".join(f'{key}="{_escape(labels[key])}"' for key in sorted(labels))
+        series = f"{name}{{{inner}}}" if inner else name
+        out.append((family, f"{series} {_number(value)}\n"))
+    return out
 
 
 class MetricsCache:

@@ -132,6 +132,8 @@ def test_the_kept_exposition_reads_as_a_full_build_after_each_change(
         ("post", {**_report("r4", "fleet/z", owners=9), "world_size": 2}),
         ("delete", "r3"),
         ("post", _report("r3", "fleet/x", owners=4)),
+        # Label values the text format escapes.
+        ("post", _report("r5", 'fleet/quote"back\\slash', owners=2)),
     ]
     for i, (action, what) in enumerate(steps):
         writer = (one, two)[i % 2]
