@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
@@ -44,4 +46,25 @@ def metrics(service_metrics: MetricsDep, request: Request) -> Response:
     memest_estimator_error_bytes{estimator} (newest run per model and build, from its accounting) and memest_ingest_reports_total{outcome}."""
     cache: MetricsCache = request.app.state.metrics_cache
     text = generate_latest(service_metrics.registry) + cache.exposition()
-    return Response(text, media_type=CONTENT_TYPE_LATEST)
+    if not _accepts_gzip(request.headers.get("accept-encoding", "")):
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
+    # Prometheus asks for gzip: a fleet's 12 MB of text is about 0.3 MB compressed, for about
+    # 40 ms of compression per scrape.
+    return Response(
+        gzip.compress(text, mtime=0),
+        media_type=CONTENT_TYPE_LATEST,
+        headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"},
+    )
+
+
+def _accepts_gzip(header: str) -> bool:
+    """Whether an Accept-Encoding header takes gzip (named, or "*", without q=0)."""
+    for part in header.lower().split(","):
+        coding, _, params = part.strip().partition(";")
+        if coding.strip() in ("gzip", "*"):
+            q = params.strip().removeprefix("q=").strip() if "q=" in params else "1"
+            try:
+                return float(q) > 0
+            except ValueError:
+                return False
+    return False

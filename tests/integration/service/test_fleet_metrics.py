@@ -219,3 +219,18 @@ def test_models_are_listed_a_page_at_a_time(client: TestClient) -> None:
     assert f'href="?offset={INDEX_MODELS}"' in listed(home)
     rest = listed(client.get("/", params={"offset": INDEX_MODELS}).text)
     assert names[INDEX_MODELS] in rest and names[INDEX_MODELS - 1] not in rest
+
+
+def test_metrics_are_gzipped_for_a_scraper_that_asks(client: TestClient) -> None:
+    import gzip
+
+    _post(client, _report("gz", "fleet/gz", owners=3))
+    plain = client.get("/metrics", headers={"Accept-Encoding": "identity"})
+    assert "content-encoding" not in plain.headers
+    for accept in ("gzip", "deflate, gzip;q=0.5", "*"):
+        with client.stream("GET", "/metrics", headers={"Accept-Encoding": accept}) as packed:
+            raw = b"".join(packed.iter_raw())
+            assert packed.headers["content-encoding"] == "gzip", accept
+        assert gzip.decompress(raw) == plain.content
+    refused = client.get("/metrics", headers={"Accept-Encoding": "gzip;q=0"})
+    assert "content-encoding" not in refused.headers
