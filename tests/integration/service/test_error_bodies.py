@@ -1,0 +1,57 @@
+"""Every error the service answers is one JSON body: a failing database (a full disk) is a 503,
+anything unexpected a 500, neither ever Starlette's text/plain page."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.exc import OperationalError
+
+from memest.demo import demo_report
+from memest.service import store
+from memest.service.routers import reports
+from tests.integration.service.conftest import AUTH
+
+
+def _body() -> str:
+    data = json.loads(demo_report("minimax-m3-eagle3-k3", "PR").model_dump_json())
+    data.update(source="synthetic", report_id="full-r0", run_id="full")
+    return json.dumps(data)
+
+
+def test_a_full_disk_is_a_503_with_a_json_body(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(*_args: object, **_kwargs: object) -> None:
+        raise OperationalError(
+            "INSERT INTO reports ...", {}, sqlite3.OperationalError("database or disk is full")
+        )
+
+    monkeypatch.setattr(store, "ingest", full)
+    answer = client.post(
+        "/api/v1/reports", content=_body(), headers={**AUTH, "Content-Type": "application/json"}
+    )
+    assert answer.status_code == 503
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.json() == {
+        "detail": "the database could not complete the request; try again later"
+    }
+
+
+def test_an_unexpected_error_is_a_500_with_a_json_body(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_args: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(reports, "_parse_and_store", broken)
+    quiet = TestClient(client.app, raise_server_exceptions=False)
+    answer = quiet.post(
+        "/api/v1/reports", content=_body(), headers={**AUTH, "Content-Type": "application/json"}
+    )
+    assert answer.status_code == 500
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.json() == {"detail": "internal error (logged on the server)"}
