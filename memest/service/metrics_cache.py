@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import cast
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -103,6 +104,23 @@ def _render(samples: list[Sample]) -> list[_Line]:
     return out
 
 
+def _series_set(samples: list[Sample]) -> tuple[str, str, str] | None:
+    """The model, build and config labels a run's series carry (the builder's key for "the
+    same series set"); None for a run with no sample carrying them."""
+    for _, _, labels, _ in samples:
+        if "model" in labels:
+            return labels["model"], labels.get("build", ""), labels.get("config", "")
+    return None
+
+
+@dataclass(frozen=True)
+class _RunLines:
+    """One exported run's lines, by family, and the labels that name its series set."""
+
+    labels: object
+    families: dict[str, str]
+
+
 class MetricsCache:
     """The stored reports' exposition, kept up to date incrementally.
 
@@ -123,7 +141,7 @@ class MetricsCache:
         self._state: tuple[int, int, str] | None = None
         self._text = b""
         self._headers = _headers()
-        self._lines: dict[tuple[str, str], list[_Line]] = {}
+        self._runs: dict[tuple[str, str], _RunLines] = {}
 
     def exposition(self) -> bytes:
         """The text of every stored series; one cheap query when nothing changed."""
@@ -141,26 +159,23 @@ class MetricsCache:
         exported = [(run_id, leads[run_id]) for run_id in latest if run_id in leads]
         self._render_new(session, exported)
         kept = {lead for _, lead in exported}
-        self._lines = {lead: lines for lead, lines in self._lines.items() if lead in kept}
-        series: dict[str, dict[str, str]] = {family: {} for family in self._headers}
+        self._runs = {lead: run for lead, run in self._runs.items() if lead in kept}
+        # Two runs whose labels read the same: the newer one's series, as the builder does.
+        newest: dict[object, _RunLines] = {}
         for _, lead in exported:
-            for family, line in self._lines[lead]:
-                # Two runs whose labels read the same: the newer one's sample, as the builder does.
-                key = line.rsplit(" ", 1)[0]
-                samples = series.setdefault(family, {})
-                samples.pop(key, None)
-                samples[key] = line
-        text = "".join(
-            self._headers.get(family, "") + "".join(samples.values())
-            for family, samples in series.items()
-        )
-        return text.encode()
+            run = self._runs[lead]
+            newest.pop(run.labels, None)
+            newest[run.labels] = run
+        parts = []
+        for family, header in self._headers.items():
+            parts.append(header)
+            parts.extend(run.families.get(family, "") for run in newest.values())
+        return "".join(parts).encode()
 
     def _render_new(self, session: Session, exported: list[tuple[str, tuple[str, str]]]) -> None:
         """Render the lines of every exported run whose lead report has none yet."""
-        new = [(run_id, lead) for run_id, lead in exported if lead not in self._lines]
+        new = [(run_id, lead) for run_id, lead in exported if lead not in self._runs]
         stored = store.lead_metric_rows(session, [run_id for run_id, _ in new])
-        batch: list[tuple[tuple[str, str], list[Sample]]] = []
         for run_id, lead in new:
             if run_id not in stored:
                 continue  # deleted since the first query
@@ -169,7 +184,7 @@ class MetricsCache:
                 run_rows = metric_rows(self._parse(store.lead_report(session, run_id)))
             else:
                 run_rows = [(f, n, labels, v) for f, n, labels, v in json.loads(text)]
-            batch.append((lead, run_rows))
-        rendered = iter(_render([sample for _, rows in batch for sample in rows]))
-        for lead, rows in batch:
-            self._lines[lead] = [next(rendered) for _ in rows]
+            families: dict[str, str] = {}
+            for family, line in _render(run_rows):
+                families[family] = families.get(family, "") + line
+            self._runs[lead] = _RunLines(_series_set(run_rows) or lead, families)
