@@ -55,3 +55,25 @@ def test_an_unexpected_error_is_a_500_with_a_json_body(
     assert answer.status_code == 500
     assert answer.headers["content-type"] == "application/json"
     assert answer.json() == {"detail": "internal error (logged on the server)"}
+
+
+def test_healthz_is_not_ok_when_the_database_folder_takes_no_write(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import os
+
+    from memest.service.routers import health
+
+    assert client.get("/healthz").json() == {"status": "ok"}
+
+    def full(_fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(health.os, "fsync", full)
+    answer = client.get("/healthz")
+    assert answer.status_code == 503
+    assert answer.json() == {
+        "status": "not ok",
+        "detail": f"database folder: {os.strerror(errno.ENOSPC)}",
+    }
