@@ -489,23 +489,31 @@ def lead_metric_rows(session: Session, run_ids: list[str]) -> dict[str, str | No
 
 
 def lead_keys(session: Session) -> dict[str, tuple[str, str]]:
-    """Each run's lead (lowest-rank) report: its id and content digest, read without payloads."""
-    rows = session.execute(
-        select(Report.run_id, Report.rank, Report.report_id, Report.payload_sha256)
-    ).all()
-    best: dict[str, tuple[int, str, str]] = {}
-    for run_id, rank, report_id, digest in rows:
+    """Each run's lead (lowest-rank) report id, with its run's ingest time: a report id stored
+    again with other content belongs to a run deleted and stored again, so the pair names
+    one content. Reads only columns stored ahead of the payload (SQLite then never reads a
+    report's payload pages) and the runs' small rows."""
+    best: dict[str, tuple[int, str]] = {}
+    for run_id, rank, report_id in session.execute(
+        select(Report.run_id, Report.rank, Report.report_id)
+    ).tuples():
         if run_id not in best or rank < best[run_id][0]:
-            best[run_id] = (rank, report_id, digest)
-    return {run_id: (report_id, digest) for run_id, (_, report_id, digest) in best.items()}
+            best[run_id] = (rank, report_id)
+    stored_at = dict(session.execute(select(Run.run_id, Run.ingested_at)).tuples().all())
+    return {
+        run_id: (report_id, str(stored_at[run_id]))
+        for run_id, (_, report_id) in best.items()
+        if run_id in stored_at
+    }
 
 
 def stored_state(session: Session) -> tuple[int, int, str]:
     """What changes whenever a report is stored or a run deleted, on any replica: the number of
-    runs and of reports, and the newest ingest time (an ingest adds a newer one, a delete lowers
-    a count). Cached answers derived from all stored reports are keyed by it."""
-    runs = session.scalar(select(func.count()).select_from(Run)) or 0
-    reports, newest = session.execute(
-        select(func.count(Report.report_id), func.max(Report.ingested_at))
-    ).one()
-    return runs, reports or 0, str(newest)
+    runs and of reports, and the newest run's ingest time. A new run raises the time; a report
+    added to a stored run raises the report count; a delete without a new run lowers the run
+    count. Cached answers derived from all stored reports are keyed by it. Read from indexes
+    and the runs' small rows only, never the reports' (a full scan of those reads every
+    payload on SQLite)."""
+    runs, newest = session.execute(select(func.count(), func.max(Run.ingested_at))).one()
+    reports = session.scalar(select(func.count(Report.run_id))) or 0
+    return runs or 0, reports, str(newest)
