@@ -440,11 +440,16 @@ def latest_runs(session: Session, parse: Callable[[Report], RunReport]) -> list[
     The fingerprint is the one stored on the run (no report is parsed to group runs); a run
     stored without one gets it from its lead report, computed the same way.
     """
-    rows = session.execute(
-        select(Run.run_id, Run.model, Run.build_label, Run.config_fingerprint).order_by(
-            Run.created_at, Run.run_id
+    # Through the connection: plain rows, without the ORM's per-row work (30,000 runs in a fleet).
+    rows = (
+        session.connection()
+        .execute(
+            select(Run.run_id, Run.model, Run.build_label, Run.config_fingerprint).order_by(
+                Run.created_at, Run.run_id
+            )
         )
-    ).all()
+        .all()
+    )
     latest: dict[tuple[str, str, str], str] = {}
     for run_id, model, build, stored in rows:
         fp = stored
@@ -494,12 +499,13 @@ def lead_keys(session: Session) -> dict[str, tuple[str, str]]:
     one content. Reads only columns stored ahead of the payload (SQLite then never reads a
     report's payload pages) and the runs' small rows."""
     best: dict[str, tuple[int, str]] = {}
-    for run_id, rank, report_id in session.execute(
+    connection = session.connection()  # plain rows, without the ORM's per-row work
+    for run_id, rank, report_id in connection.execute(
         select(Report.run_id, Report.rank, Report.report_id)
     ).tuples():
         if run_id not in best or rank < best[run_id][0]:
             best[run_id] = (rank, report_id)
-    stored_at = dict(session.execute(select(Run.run_id, Run.ingested_at)).tuples().all())
+    stored_at = dict(connection.execute(select(Run.run_id, Run.ingested_at)).tuples().all())
     return {
         run_id: (report_id, str(stored_at[run_id]))
         for run_id, (_, report_id) in best.items()
