@@ -64,6 +64,16 @@ class Forbidden(ServiceError):
     status_code = 403
 
 
+class TooManyRequests(ServiceError):
+    """A client that must wait (failed logins); answered with Retry-After."""
+
+    status_code = 429
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class Unavailable(ServiceError):
     """A calculator the route needs (memest.plan, memest.estimate) is not available."""
 
@@ -109,6 +119,8 @@ def install_handlers(app: FastAPI) -> None:
         if exc.field is not None:
             body["field"] = exc.field
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        if isinstance(exc, TooManyRequests):
+            headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse(status_code=exc.status_code, content=body, headers=headers)
 
     @app.exception_handler(OperationalError)
