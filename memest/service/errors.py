@@ -64,6 +64,12 @@ class Forbidden(ServiceError):
     status_code = 403
 
 
+class RequestTimeout(ServiceError):
+    """A request body that did not arrive in time."""
+
+    status_code = 408
+
+
 class TooManyRequests(ServiceError):
     """A client that must wait (failed logins); answered with Retry-After."""
 

@@ -8,12 +8,18 @@ import re
 from datetime import UTC
 from typing import Any
 
+import anyio
 from fastapi import Request
 from pydantic import ValidationError
 
 from memest.identity import stored_form
 from memest.schema import SCHEMA_VERSION, RunReport
-from memest.service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from memest.service.errors import (
+    BadRequest,
+    PayloadTooLarge,
+    RequestTimeout,
+    UnsupportedMediaType,
+)
 from memest.service.store import MAX_FINGERPRINT_CHARS, MAX_INT64, to_utc
 
 _ID_RE = re.compile(r"^[A-Za-z0-9._:@+-]{1,200}$")
@@ -21,6 +27,9 @@ _ID_RE = re.compile(r"^[A-Za-z0-9._:@+-]{1,200}$")
 #: levels; the bound keeps every later parse and render of a stored report far from any
 #: recursion limit.
 MAX_JSON_DEPTH = 64
+#: Seconds a client has to send a whole report body (4 MiB take well under a second on any link
+#: a vLLM host has to the service).
+BODY_READ_TIMEOUT_S = 30.0
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _MAX_WORLD = 1 << 16
 #: Longest stored value per indexed column (the table's String lengths).
@@ -50,13 +59,22 @@ async def read_body(request: Request, limit: int) -> bytes:
         )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(
-                f"report body exceeds {limit} bytes (MEMEST_MAX_REPORT_BYTES)", field="body"
-            )
-        chunks.append(chunk)
+    try:
+        # One deadline for the whole body: a client trickling bytes cannot hold a connection
+        # (and its memory) for longer.
+        with anyio.fail_after(BODY_READ_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(
+                        f"report body exceeds {limit} bytes (MEMEST_MAX_REPORT_BYTES)",
+                        field="body",
+                    )
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"report body not received within {BODY_READ_TIMEOUT_S:g} s", field="body"
+        ) from None
     return b"".join(chunks)
 
 

@@ -77,3 +77,36 @@ def test_healthz_is_not_ok_when_the_database_folder_takes_no_write(
         "status": "not ok",
         "detail": f"database folder: {os.strerror(errno.ENOSPC)}",
     }
+
+
+def test_a_body_trickled_past_the_deadline_is_a_408(
+    live_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    import httpx
+
+    from memest.service import ingest
+
+    monkeypatch.setattr(ingest, "BODY_READ_TIMEOUT_S", 0.5)
+    body = _body().encode()
+    where = urlsplit(live_server)
+    head = (
+        f"POST /api/v1/reports HTTP/1.1\r\nHost: {where.netloc}\r\n"
+        f"Authorization: {AUTH['Authorization']}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection((where.hostname, where.port), timeout=30) as sock:
+        sock.sendall(head + body[:10])
+        time.sleep(1.5)  # past the deadline; the rest never comes in time
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.split()[1] == b"408", answer[:300]
+    assert rest.split(b"\r\n\r\n", 1)[1].startswith(
+        b'{"detail":"report body not received within 0.5 s"'
+    )
+    assert httpx.get(live_server + "/api/v1/runs/full", timeout=30).status_code == 404
