@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
@@ -404,14 +404,14 @@ def list_models(
     if limit is not None:
         names = names.limit(limit)
     page = list(session.scalars(names).all())
-    rows: list[tuple[str, str, str, datetime]] = []
+    rows: list[Any] = []  # (model, run id, build label, created at)
     for start in range(0, len(page), _IN_CHUNK):
         stmt = (
             select(Run.model, Run.run_id, Run.build_label, Run.created_at)
             .where(Run.model.in_(page[start : start + _IN_CHUNK]))
             .order_by(Run.model, Run.created_at, Run.run_id)
         )
-        rows.extend(session.execute(stmt).tuples().all())
+        rows.extend(session.execute(stmt).all())
     out: dict[str, ModelRow] = {}
     builds: dict[str, list[str]] = {}
     counts: dict[str, int] = {}
@@ -502,10 +502,12 @@ def lead_keys(session: Session) -> dict[str, tuple[str, str]]:
     connection = session.connection()  # plain rows, without the ORM's per-row work
     for run_id, rank, report_id in connection.execute(
         select(Report.run_id, Report.rank, Report.report_id)
-    ).tuples():
+    ):
         if run_id not in best or rank < best[run_id][0]:
             best[run_id] = (rank, report_id)
-    stored_at = dict(connection.execute(select(Run.run_id, Run.ingested_at)).tuples().all())
+    stored_at = {
+        run_id: at for run_id, at in connection.execute(select(Run.run_id, Run.ingested_at))
+    }
     return {
         run_id: (report_id, str(stored_at[run_id]))
         for run_id, (_, report_id) in best.items()
