@@ -124,8 +124,8 @@ class _RunLines:
 class MetricsCache:
     """The stored reports' exposition, kept up to date incrementally.
 
-    Each exported run's lines are rendered once, keyed by its lead report (id and content
-    digest), and kept while that run is exported: after an ingest or delete (on any replica)
+    Each exported run's lines are rendered once, keyed by its lead report (its id and its run's
+    ingest time, store.lead_keys), and kept while that run is exported: after an ingest or delete (on any replica)
     a rebuild reads which runs are exported and the lead report of each (ids only, no
     payloads), renders only the runs it has not rendered before, and joins the lines. So a
     scrape after one ingest costs two index-only queries and a join, not a pass over every
