@@ -2,14 +2,17 @@
 
 Ingests MODELS x RUNS small synthetic reports (built from a real one under tests/data/reports:
 its breakdown kept, each with its own model name and run id) through a real uvicorn, with
-WRITERS concurrent writers, while one reader samples a model page and the run API; then scrapes
-/metrics twice (the rebuild after the last ingest, then the cached exposition).
+WRITERS concurrent writers, while one reader samples a model page and the run API and a scraper
+reads /metrics every --scrape-every seconds (gzip accepted, as Prometheus asks); then scrapes
+after one more ingest, unchanged, and once more after a restart of the server (everything built
+afresh).
 
   python benchmarks/bench_fleet.py                               # SQLite, 10,000 models x 3 runs
   python benchmarks/bench_fleet.py --database postgres           # PostgreSQL at 127.0.0.1:5432
   python benchmarks/bench_fleet.py --models 1000                 # scaled down
 
-Prints ingest rate, /metrics time and size, page and API p50/p99 under the writers. A benchmark,
+Prints ingest rate, /metrics time and size (text and gzipped), page and API p50/p99 under the
+writers. A benchmark,
 not a test: numbers depend on the machine.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import statistics
 import sys
@@ -87,6 +91,35 @@ async def _writers(base: str, args: argparse.Namespace, done: asyncio.Event) -> 
     return elapsed
 
 
+async def _scrape(client: httpx.AsyncClient, label: str) -> float:
+    """One scrape as Prometheus makes it (gzip accepted); prints its time and sizes."""
+    start = time.perf_counter()
+    async with client.stream("GET", "/metrics", headers={"Accept-Encoding": "gzip"}) as answer:
+        wire = b"".join([chunk async for chunk in answer.aiter_raw()])
+    elapsed = time.perf_counter() - start
+    text = gzip.decompress(wire) if answer.headers.get("content-encoding") == "gzip" else wire
+    series = sum(1 for ln in text.splitlines() if ln and not ln.startswith(b"#"))
+    if label:
+        print(
+            f"/metrics ({label}): {elapsed:.3f} s, {len(text) / 1e6:.2f} MB of text "
+            f"({len(wire) / 1e6:.2f} MB gzipped), {series} series"
+        )
+    return elapsed
+
+
+async def _scraper(base: str, done: asyncio.Event, interval: float) -> list[float]:
+    """Scrapes every ``interval`` seconds while the writers run, as Prometheus would."""
+    times: list[float] = []
+    async with httpx.AsyncClient(base_url=base, timeout=120) as client:
+        while not done.is_set():
+            times.append(await _scrape(client, ""))
+            try:
+                await asyncio.wait_for(done.wait(), interval)
+            except TimeoutError:
+                pass
+    return times
+
+
 async def _reader(base: str, done: asyncio.Event) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {"page": [], "api": []}
     model = quote("fleet/model-00000", safe="")
@@ -107,23 +140,28 @@ async def _run(base: str, args: argparse.Namespace) -> None:
     template = _template()
     async with httpx.AsyncClient(base_url=base, timeout=120) as client:
         await client.post("/api/v1/reports", content=_body(template, 0, 0), headers=HEADERS)
-    _, times = await asyncio.gather(_writers(base, args, done), _reader(base, done))
+    _, times, scrapes = await asyncio.gather(
+        _writers(base, args, done), _reader(base, done), _scraper(base, done, args.scrape_every)
+    )
     for kind, values in times.items():
         if values:
             print(
                 f"{kind} under {args.writers} writers: p50 {_pct(values, 50) * 1000:.0f} ms, "
                 f"p99 {_pct(values, 99) * 1000:.0f} ms ({len(values)} requests)"
             )
+    print(
+        f"/metrics every {args.scrape_every:.0f} s under the writers: p50 "
+        f"{_pct(scrapes, 50):.3f} s, max {max(scrapes):.3f} s ({len(scrapes)} scrapes)"
+    )
     async with httpx.AsyncClient(base_url=base, timeout=300) as client:
-        for label in ("rebuilt", "cached"):
-            start = time.perf_counter()
-            answer = await client.get("/metrics")
-            elapsed = time.perf_counter() - start
-            series = sum(1 for ln in answer.text.splitlines() if ln and not ln.startswith("#"))
-            print(
-                f"/metrics ({label}): {elapsed:.3f} s, {len(answer.content) / 1e6:.2f} MB, "
-                f"{series} series"
-            )
+        await client.post("/api/v1/reports", content=_body(template, 0, args.runs), headers=HEADERS)
+        await _scrape(client, "after one more ingest")
+        await _scrape(client, "unchanged")
+
+
+async def _cold(base: str) -> None:
+    async with httpx.AsyncClient(base_url=base, timeout=300) as client:
+        await _scrape(client, "first scrape after a restart")
 
 
 def main() -> None:
@@ -132,6 +170,9 @@ def main() -> None:
     ap.add_argument("--models", type=int, default=10_000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--writers", type=int, default=16)
+    ap.add_argument(
+        "--scrape-every", type=float, default=15.0, help="seconds between scrapes while ingesting"
+    )
     args = ap.parse_args()
     schema = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,6 +192,10 @@ def main() -> None:
                 f"{args.database}: {args.models} models x {args.runs} runs, {args.writers} writers"
             )
             asyncio.run(_run(base, args))
+            proc.terminate()
+            proc.wait(timeout=30)
+            proc, base = start_server(url, workers=1)
+            asyncio.run(_cold(base))
         finally:
             proc.terminate()
             proc.wait(timeout=30)

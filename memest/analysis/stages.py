@@ -16,6 +16,8 @@ from memest.units import GiB
 REMAINDER_OWNER = "unattributed:remainder"
 #: Owner of the segment that sums a stage's smaller owners once a surface caps them.
 OTHER_OWNER = "other"
+#: Stage of the bar that sums the smaller stages once a surface caps them.
+OTHER_STAGE = "other"
 
 
 class _Staged(Protocol):
@@ -80,14 +82,39 @@ def _capped(segments: list[OwnerSegment], max_owners: int | None) -> list[OwnerS
     return [*kept, other]
 
 
-def stage_bars(report: RunReport, max_owners: int | None = None) -> list[StageBar]:
+def _folded(bars: list[StageBar], max_stages: int | None) -> list[StageBar]:
+    """The ``max_stages - 1`` stages of most pool growth, in their order, then one OTHER_STAGE
+    bar summing the rest (its owners summed across those stages)."""
+    if max_stages is None or len(bars) <= max_stages:
+        return bars
+    by_size = sorted(range(len(bars)), key=lambda i: -bars[i].pool_growth_bytes)
+    kept = set(by_size[: max_stages - 1] if max_stages > 1 else [])
+    rest = [bar for i, bar in enumerate(bars) if i not in kept]
+    owners = _segments((o.owner, o.bytes, o.note) for bar in rest for o in bar.owners)
+    counts = [bar.graph_count for bar in rest]
+    other = StageBar(
+        stage=OTHER_STAGE,
+        phase="capture",
+        pool_growth_bytes=sum(bar.pool_growth_bytes for bar in rest),
+        graph_count=None if None in counts else sum(c for c in counts if c is not None),
+        widest=f"{len(rest)} more stages",
+        owners=sorted(owners.values(), key=lambda o: -o.bytes),
+    )
+    return [*(bar for i, bar in enumerate(bars) if i in kept), other]
+
+
+def stage_bars(
+    report: RunReport, max_owners: int | None = None, max_stages: int | None = None
+) -> list[StageBar]:
     """Pool growth per capture stage, split by the owners of the trigger rows.
 
     A stage without trigger rows is split by its retained rows instead. Growth no row claims becomes
     ``unattributed:remainder``; a stage with no rows at all is one segment of that owner. With
     ``max_owners``, a stage keeps its largest ``max_owners - 1`` segments and sums the rest into
-    one ``other`` segment. Linear in the report's rows: triggers and retained rows are grouped by
-    stage once, not scanned once per stage.
+    one ``other`` segment; with ``max_stages``, the ``max_stages - 1`` stages of most growth are
+    kept and the rest summed into one ``other`` stage. Linear in the report's rows (plus a sort
+    of the stages): triggers and retained rows are grouped by stage once, not scanned once per
+    stage.
     """
     bd = report.breakdown
     if bd is None:
@@ -114,7 +141,10 @@ def stage_bars(report: RunReport, max_owners: int | None = None) -> list[StageBa
                 pool_growth_bytes=st.pool_growth_bytes,
                 graph_count=st.graph_count,
                 widest=st.widest,
-                owners=_capped(segments, max_owners),
+                owners=segments,
             )
         )
-    return bars
+    folded = _folded(bars, max_stages)
+    for bar in folded:
+        bar.owners = _capped(bar.owners, max_owners)
+    return folded

@@ -213,7 +213,7 @@ def _load_only(app: FastAPI) -> int:
     if app.state.settings.demo:
         load_demo(app)
     with app.state.sessionmaker() as session:
-        models = store.list_models(session)
+        models, _ = store.list_models(session)
     app.state.engine.dispose()
     for m in models:
         print(f"{m.model}: {m.runs} runs ({', '.join(m.builds)})")

@@ -112,6 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.ingest_limiter = anyio.CapacityLimiter(INGEST_THREADS)
         db.upgrade(app.state.engine)
+        dashboard.compile_templates()
         if settings.demo:
             n = load_demo(app)
             log.info("demo: %d published reports loaded", n)

@@ -5,18 +5,24 @@
   included) is a 422 naming the refused field, any other MemestError a 422 saying the input
   cannot be used;
 - pydantic's ValidationError, raised where a route validates a body (or a figure computed from
-  absurd input falls out of range): a 422 naming the first field (memest.errors.first_error).
+  absurd input falls out of range): a 422 naming the first field (memest.errors.first_error);
+- the database failing (SQLAlchemy's OperationalError: a full disk, a lost connection): a 503;
+- anything else: a 500, logged; every body is JSON ({"detail", "field"?}).
 """
 
 from __future__ import annotations
 
+import logging
 from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError
 
 from memest.errors import ConfigError, MemestError, first_error
+
+log = logging.getLogger(__name__)
 
 
 class ServiceError(Exception):
@@ -56,6 +62,22 @@ class Unauthorized(ServiceError):
 
 class Forbidden(ServiceError):
     status_code = 403
+
+
+class RequestTimeout(ServiceError):
+    """A request body that did not arrive in time."""
+
+    status_code = 408
+
+
+class TooManyRequests(ServiceError):
+    """A client that must wait (failed logins); answered with Retry-After."""
+
+    status_code = 429
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Unavailable(ServiceError):
@@ -103,4 +125,18 @@ def install_handlers(app: FastAPI) -> None:
         if exc.field is not None:
             body["field"] = exc.field
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        if isinstance(exc, TooManyRequests):
+            headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse(status_code=exc.status_code, content=body, headers=headers)
+
+    @app.exception_handler(OperationalError)
+    async def _database_error(request: Request, exc: OperationalError) -> Response:
+        # A full disk, a lost connection, a lock held too long: the database, not the request.
+        log.error("database error on %s %s: %s", request.method, request.url.path, exc.orig)
+        return _answer(503, "the database could not complete the request; try again later", None)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        # Served by Starlette's outermost middleware: still one JSON body, never text/plain.
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return _answer(500, "internal error (logged on the server)", None)

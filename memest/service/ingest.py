@@ -8,13 +8,19 @@ import re
 from datetime import UTC
 from typing import Any
 
+import anyio
 from fastapi import Request
 from pydantic import ValidationError
 
 from memest.errors import field_errors
 from memest.identity import stored_form
 from memest.schema import SCHEMA_VERSION, RunReport
-from memest.service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from memest.service.errors import (
+    BadRequest,
+    PayloadTooLarge,
+    RequestTimeout,
+    UnsupportedMediaType,
+)
 from memest.service.store import MAX_FINGERPRINT_CHARS, MAX_INT64, to_utc
 
 _ID_RE = re.compile(r"^[A-Za-z0-9._:@+-]{1,200}$")
@@ -25,6 +31,9 @@ MAX_JSON_DEPTH = 64
 #: Errors a refused RunReport names in its one-line detail: enough to fix a hand-edited report
 #: in one pass, few enough that a report wrong everywhere still answers a readable line.
 _NAMED_ERRORS = 10
+#: Seconds a client has to send a whole report body (4 MiB take well under a second on any link
+#: a vLLM host has to the service).
+BODY_READ_TIMEOUT_S = 30.0
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _MAX_WORLD = 1 << 16
 #: Longest stored value per indexed column (the table's String lengths).
@@ -54,13 +63,22 @@ async def read_body(request: Request, limit: int) -> bytes:
         )
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(
-                f"report body exceeds {limit} bytes (MEMEST_MAX_REPORT_BYTES)", field="body"
-            )
-        chunks.append(chunk)
+    try:
+        # One deadline for the whole body: a client trickling bytes cannot hold a connection
+        # (and its memory) for longer.
+        with anyio.fail_after(BODY_READ_TIMEOUT_S):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(
+                        f"report body exceeds {limit} bytes (MEMEST_MAX_REPORT_BYTES)",
+                        field="body",
+                    )
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"report body not received within {BODY_READ_TIMEOUT_S:g} s", field="body"
+        ) from None
     return b"".join(chunks)
 
 
@@ -92,6 +110,39 @@ def load_json(body: bytes, field: str = "body") -> Any:
 def find_unstorable(data: Any) -> tuple[str, str] | None:
     """The first value (its dotted path, what is wrong) that a report may not hold: nesting past
     MAX_JSON_DEPTH, an integer outside int64, a non-finite float, a lone surrogate in a string."""
+    if _storable(data):
+        return None
+    return _first_unstorable(data)
+
+
+def _storable(data: Any) -> bool:
+    """True when find_unstorable finds nothing: the same checks without building paths (a valid
+    report, the common case, costs one pass over its values and no tuple per value)."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH or (depth == MAX_JSON_DEPTH and value):
+            return False  # this value, or a child of it, lies deeper than the bound
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not key.isascii() and _SURROGATE.search(key):
+                    return False
+                if isinstance(item, dict | list):
+                    stack.append((item, depth + 1))
+                elif _scalar_problem(item) is not None:
+                    return False
+        elif isinstance(value, list):
+            for item in value:
+                if isinstance(item, dict | list):
+                    stack.append((item, depth + 1))
+                elif _scalar_problem(item) is not None:
+                    return False
+        elif _scalar_problem(value) is not None:
+            return False
+    return True
+
+
+def _first_unstorable(data: Any) -> tuple[str, str] | None:
     stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
     while stack:
         value, path = stack.pop()

@@ -26,6 +26,9 @@ from memest.schema import RunReport
 #: Owners per capture stage in memest_graph_pool_bytes: the largest, the rest summed as "other"
 #: (memest.analysis.stages.OTHER_OWNER), so a report with thousands of owners adds few series.
 OWNERS_PER_STAGE = 8
+#: Stages per run in memest_graph_pool_bytes: those of most growth, the rest summed as stage
+#: "other" (memest.analysis.stages.OTHER_STAGE); real reports have at most 10.
+STAGES_PER_RUN = 16
 
 #: Labels of every stored series: the configuration's identity, then who sized the KV cache
 #: (memest.reporters.regression): an enable and an apply start of one configuration are two
@@ -87,7 +90,7 @@ FIGURES = (
 
 def _add_start(families: dict[str, GaugeMetricFamily], labels: list[str], rep: RunReport) -> None:
     """Every series of one start, read from its accounting (and its stage bars)."""
-    for bar in stage_bars(rep, max_owners=OWNERS_PER_STAGE):
+    for bar in stage_bars(rep, max_owners=OWNERS_PER_STAGE, max_stages=STAGES_PER_RUN):
         for seg in bar.owners:
             families["pool"].add_metric(
                 [*labels, bar.stage, owner_label(seg.owner), seg.owner], seg.bytes

@@ -20,6 +20,19 @@ from memest.schema import (
     StartAccounting,
 )
 
+#: Stage bars in the run and breakdown APIs: the stages of most pool growth, the rest summed as
+#: one "other" stage, and a stage's largest owners, the rest as "other" (no real report comes
+#: near either: at most 10 stages and 3 owners each under tests/data/reports). The breakdown's
+#: own rows are returned whole.
+API_STAGES = 64
+API_OWNERS_PER_STAGE = 16
+
+STAGES_DESCRIPTION = (
+    f"Pool growth per stage, split by owner: the {API_STAGES - 1} stages of most growth (the "
+    f"rest summed as stage 'other') and each stage's {API_OWNERS_PER_STAGE - 1} largest owners "
+    "(the rest as owner 'other')"
+)
+
 
 class IngestResponse(BaseModel):
     """Outcome of POST /api/v1/reports."""
@@ -87,7 +100,7 @@ class RunDetail(BaseModel):
     )
     facts: RunFacts
     phases: list[PhaseSplit]
-    stages: list[StageBar] = Field(description="Pool growth per stage, split by owner")
+    stages: list[StageBar] = Field(description=STAGES_DESCRIPTION)
     runners: list[RunnerCount] = Field(description="Graph-count table of the capture plan")
     capture_plans: list[CapturePlan]
     live_peaks: list[LivePeak]
@@ -127,4 +140,4 @@ class BreakdownResponse(BaseModel):
     model: str
     build: str
     breakdown: Breakdown | None
-    stages: list[StageBar]
+    stages: list[StageBar] = Field(description=STAGES_DESCRIPTION)

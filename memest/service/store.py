@@ -8,15 +8,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from memest.builds.runs import fingerprint, graph_pool_bytes, kv_tokens
+from memest.builds.runs import fingerprint
+from memest.estimate import account
 from memest.identity import model_display_name, stored_form
-from memest.schema import RunReport
+from memest.schema import RunReport, StartAccounting
 from memest.service.db import write_session
 from memest.service.errors import BadRequest, Conflict, NotFound
 from memest.service.models import Report, Run
@@ -59,14 +60,15 @@ def _int64(value: int | None, field: str) -> int | None:
     return value
 
 
-def _figure(read: Callable[[RunReport], int | None], report: RunReport, field: str) -> int | None:
-    """A stored figure of the report; one its accounting cannot hold (past int64) is a 4xx."""
+def _accounting(report: RunReport) -> StartAccounting:
+    """The report's accounting, whose figures are stored; one it cannot hold (past int64) is a
+    4xx naming the breakdown."""
     try:
-        return read(report)
+        return account(report)
     except ValueError as exc:  # pydantic's ValidationError: a computed figure out of range
         message = str(exc).splitlines()[0]
         raise BadRequest(
-            f"{field}: a figure computed from it is out of range ({message})", field=field
+            f"breakdown: a figure computed from it is out of range ({message})", field="breakdown"
         ) from None
 
 
@@ -108,7 +110,11 @@ def _same_once_stored(stored: str, payload: str) -> bool:
 
 
 def _ingest_once(
-    factory: sessionmaker[Session], report: RunReport, payload: str, metric_rows: str | None
+    factory: sessionmaker[Session],
+    report: RunReport,
+    payload: str,
+    accounting: StartAccounting,
+    metric_rows: str | None,
 ) -> IngestResult:
     digest = hashlib.sha256(payload.encode()).hexdigest()
     now = datetime.now(UTC)
@@ -173,10 +179,8 @@ def _ingest_once(
                 payload=payload,
                 payload_sha256=digest,
                 size_bytes=len(payload.encode()),
-                graph_pool_bytes=_int64(
-                    _figure(graph_pool_bytes, report, "breakdown"), "breakdown"
-                ),
-                kv_tokens=_int64(_figure(kv_tokens, report, "kv_tokens"), "kv_tokens"),
+                graph_pool_bytes=_int64(accounting.graph_pool_bytes, "breakdown"),
+                kv_tokens=_int64(accounting.kv_tokens, "kv_tokens"),
                 metric_rows=metric_rows,
                 ingested_at=now,
             )
@@ -200,9 +204,11 @@ def ingest(
         Conflict: same report id with other content, a rank already taken, or run fields differ.
     """
     payload = canonical_json(report)
+    # Computed once, outside the write transaction (which it would otherwise hold open).
+    accounting = _accounting(report)
     for attempt in range(3):
         try:
-            return _ingest_once(factory, report, payload, metric_rows)
+            return _ingest_once(factory, report, payload, accounting, metric_rows)
         except IntegrityError:
             if attempt == 2:
                 raise
@@ -375,6 +381,10 @@ def lead_report(session: Session, run_id: str) -> Report:
     return row
 
 
+#: Run ids per IN (...) list: far below every driver's limit on bound parameters.
+_IN_CHUNK = 500
+
+
 @dataclass(frozen=True)
 class ModelRow:
     model: str
@@ -384,12 +394,24 @@ class ModelRow:
     latest_created_at: datetime
 
 
-def list_models(session: Session) -> list[ModelRow]:
-    rows = session.execute(
-        select(Run.model, Run.run_id, Run.build_label, Run.created_at).order_by(
-            Run.model, Run.created_at, Run.run_id
+def list_models(
+    session: Session, *, limit: int | None = None, offset: int = 0
+) -> tuple[list[ModelRow], int]:
+    """Models by name, ``limit`` of them from ``offset`` (all when None), with the number of
+    models stored. Only the page's models' runs are read."""
+    total = session.scalar(select(func.count(func.distinct(Run.model)))) or 0
+    names = select(Run.model).group_by(Run.model).order_by(Run.model).offset(offset)
+    if limit is not None:
+        names = names.limit(limit)
+    page = list(session.scalars(names).all())
+    rows: list[Any] = []  # (model, run id, build label, created at)
+    for start in range(0, len(page), _IN_CHUNK):
+        stmt = (
+            select(Run.model, Run.run_id, Run.build_label, Run.created_at)
+            .where(Run.model.in_(page[start : start + _IN_CHUNK]))
+            .order_by(Run.model, Run.created_at, Run.run_id)
         )
-    ).all()
+        rows.extend(session.execute(stmt).all())
     out: dict[str, ModelRow] = {}
     builds: dict[str, list[str]] = {}
     counts: dict[str, int] = {}
@@ -399,7 +421,7 @@ def list_models(session: Session) -> list[ModelRow]:
         if build not in seen:
             seen.append(build)
         out[model] = ModelRow(model, counts[model], seen, run_id, _as_utc(created))
-    return list(out.values())
+    return [out[name] for name in page if name in out], total
 
 
 def model_runs(session: Session, model: str) -> list[Run]:
@@ -419,11 +441,16 @@ def runs_oldest_first(
     The fingerprint is the one stored on the run (no report is parsed to group runs); a run
     stored without one gets it from its lead report, computed the same way.
     """
-    rows = session.execute(
-        select(Run.run_id, Run.model, Run.build_label, Run.config_fingerprint).order_by(
-            Run.created_at, Run.run_id
+    # Through the connection: plain rows, without the ORM's per-row work (30,000 runs in a fleet).
+    rows = (
+        session.connection()
+        .execute(
+            select(Run.run_id, Run.model, Run.build_label, Run.config_fingerprint).order_by(
+                Run.created_at, Run.run_id
+            )
         )
-    ).all()
+        .all()
+    )
     out = []
     for run_id, model, build, stored in rows:
         fp = stored
@@ -461,10 +488,6 @@ def latest_per_config(
     return out
 
 
-#: Run ids per IN (...) list: far below every driver's limit on bound parameters.
-_IN_CHUNK = 500
-
-
 def lead_metric_rows(session: Session, run_ids: list[str]) -> dict[str, str | None]:
     """Each run's lead report's stored metric rows (None where stored without them), read without
     the report payloads; a run with no report left is absent."""
@@ -480,12 +503,35 @@ def lead_metric_rows(session: Session, run_ids: list[str]) -> dict[str, str | No
     return {run_id: stored for run_id, (_, stored) in out.items()}
 
 
+def lead_keys(session: Session) -> dict[str, tuple[str, str]]:
+    """Each run's lead (lowest-rank) report id, with its run's ingest time: a report id stored
+    again with other content belongs to a run deleted and stored again, so the pair names
+    one content. Reads only columns stored ahead of the payload (SQLite then never reads a
+    report's payload pages) and the runs' small rows."""
+    best: dict[str, tuple[int, str]] = {}
+    connection = session.connection()  # plain rows, without the ORM's per-row work
+    for run_id, rank, report_id in connection.execute(
+        select(Report.run_id, Report.rank, Report.report_id)
+    ):
+        if run_id not in best or rank < best[run_id][0]:
+            best[run_id] = (rank, report_id)
+    stored_at = {
+        run_id: at for run_id, at in connection.execute(select(Run.run_id, Run.ingested_at))
+    }
+    return {
+        run_id: (report_id, str(stored_at[run_id]))
+        for run_id, (_, report_id) in best.items()
+        if run_id in stored_at
+    }
+
+
 def stored_state(session: Session) -> tuple[int, int, str]:
     """What changes whenever a report is stored or a run deleted, on any replica: the number of
-    runs and of reports, and the newest ingest time (an ingest adds a newer one, a delete lowers
-    a count). Cached answers derived from all stored reports are keyed by it."""
-    runs = session.scalar(select(func.count()).select_from(Run)) or 0
-    reports, newest = session.execute(
-        select(func.count(Report.report_id), func.max(Report.ingested_at))
-    ).one()
-    return runs, reports or 0, str(newest)
+    runs and of reports, and the newest run's ingest time. A new run raises the time; a report
+    added to a stored run raises the report count; a delete without a new run lowers the run
+    count. Cached answers derived from all stored reports are keyed by it. Read from indexes
+    and the runs' small rows only, never the reports' (a full scan of those reads every
+    payload on SQLite)."""
+    runs, newest = session.execute(select(func.count(), func.max(Run.ingested_at))).one()
+    reports = session.scalar(select(func.count(Report.run_id))) or 0
+    return runs or 0, reports, str(newest)

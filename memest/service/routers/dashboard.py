@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from jinja2 import pass_context
 from markupsafe import Markup, escape
+from sqlalchemy.orm import Session
 
 from memest.analysis.ranks import rank_check
 from memest.analysis.stages import stage_bars
@@ -53,8 +54,9 @@ from memest.reporters.views import (
 )
 from memest.schema import RunReport, StartAccounting
 from memest.service import store
-from memest.service.deps import CacheDep, ReadAuth, SessionDep
+from memest.service.deps import CacheDep, ReadAuth, ResponseCacheDep, SessionDep
 from memest.service.errors import NotFound
+from memest.service.models import Run
 from memest.units import count_cell, gib_cell, ratio_cell
 
 router = APIRouter(tags=["dashboard"], dependencies=[ReadAuth])
@@ -116,6 +118,21 @@ def _url_path(context: dict[str, Any], name: str, /, **params: Any) -> str:
 
 templates.env.globals["url_for"] = _url_path
 
+
+def compile_templates() -> None:
+    """Compile every page template now, at startup: a first view would otherwise spend about
+    half a second compiling (kept by Jinja's template cache afterwards)."""
+    for name in templates.env.list_templates(extensions=["html"]):
+        templates.env.get_template(name)
+
+
+#: Models listed per home page (by name; ?offset= pages on).
+INDEX_MODELS = 100
+#: Stage bars on the model page: the stages of most pool growth, the rest summed as one "other"
+#: stage, and a stage's largest owners, the rest as "other" (a report of 38,000 stages made a
+#: 47 MB page); the run API has more (memest.service.schemas.API_STAGES).
+PAGE_STAGES = 24
+PAGE_OWNERS_PER_STAGE = 10
 #: Live-peak and retained rows shown on the model page (largest first); the API has them all.
 TOP_ROWS = 15
 #: Rows below this many bytes read 0.000 GiB: left off the page's peak and retained table.
@@ -131,14 +148,32 @@ def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
 
 
 @router.get("/", response_class=HTMLResponse, responses=HTML_PAGE)
-def index(request: Request, session: SessionDep, cache: CacheDep) -> HTMLResponse:
-    """Dashboard home: every model with its runs, build labels and its newest run's figures."""
-    models = store.list_models(session)
+def index(
+    request: Request,
+    session: SessionDep,
+    cache: CacheDep,
+    offset: Annotated[
+        int, Query(ge=0, le=10**9, description="Models to skip (by name)", examples=[0])
+    ] = 0,
+) -> HTMLResponse:
+    """Dashboard home: the models with their runs, build labels and their newest run's figures,
+    INDEX_MODELS at a time."""
+    models, total = store.list_models(session, limit=INDEX_MODELS, offset=offset)
     runs, _ = store.list_runs(session, store.RunFilter(), limit=20, offset=0)
     newest = {
         m.model: run_facts(cache.get(store.lead_report(session, m.latest_run_id))) for m in models
     }
-    return _page(request, "index.html", models=models, runs=runs, newest=newest, title="memest")
+    return _page(
+        request,
+        "index.html",
+        models=models,
+        total=total,
+        offset=offset,
+        step=INDEX_MODELS,
+        runs=runs,
+        newest=newest,
+        title="memest",
+    )
 
 
 @router.get(
@@ -151,6 +186,7 @@ def model_page(
     model: str,
     session: SessionDep,
     cache: CacheDep,
+    responses: ResponseCacheDep,
     run: Annotated[
         str | None,
         Query(
@@ -166,13 +202,41 @@ def model_page(
     chosen = runs[-1] if run is None else next((r for r in runs if r.run_id == run), None)
     if chosen is None:
         raise NotFound(f"model {model!r} has no run {run!r}", field="run")
+    # Everything the page shows, as stored: the shown run's reports by id and content digest, the
+    # listed runs' fixed fields, and what the request itself changes (logout button, root path).
+    # A report deleted or stored again is another key, so a cached page is never stale.
+    key = (
+        chosen.run_id,
+        "model-page",
+        model,
+        tuple(store.report_keys(session, chosen.run_id)),
+        tuple((r.run_id, r.build_label, r.vllm_version, r.vllm_commit, r.created_at) for r in runs),
+        bool(request.cookies.get("memest_session")),
+        str(request.scope.get("root_path", "")),
+    )
+    body = responses.get(key)
+    if body is not None:
+        return HTMLResponse(body)
+    page = _model_page(request, model, session, cache, runs, chosen)
+    responses.put(key, bytes(page.body))
+    return page
+
+
+def _model_page(
+    request: Request,
+    model: str,
+    session: Session,
+    cache: store.ReportCache,
+    runs: list[Run],
+    chosen: Run,
+) -> HTMLResponse:
     rows = store.run_reports(session, chosen.run_id)
     all_ranks = [cache.get(r) for r in rows]
     rep = all_ranks[0]
     accounting = account(rep)
     facts = run_facts(rep)
     bd = rep.breakdown
-    bars = stage_bars(rep)
+    bars = stage_bars(rep, max_owners=PAGE_OWNERS_PER_STAGE, max_stages=PAGE_STAGES)
     peaks = [r for r in bd.live_peaks if r.peak_bytes >= SHOWN_MIN_BYTES] if bd else []
     retained = [r for r in bd.retained if r.bytes >= SHOWN_MIN_BYTES] if bd else []
     return _page(

@@ -4,6 +4,11 @@ HttpOnly session cookie, so that a person can read the dashboard when MEMEST_REA
 from __future__ import annotations
 
 import hmac
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
 from typing import Annotated
 from urllib.parse import parse_qs
 
@@ -11,7 +16,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from memest.service.deps import SESSION_COOKIE, SettingsDep, session_value
-from memest.service.errors import BadRequest, PayloadTooLarge
+from memest.service.errors import BadRequest, PayloadTooLarge, TooManyRequests
 from memest.service.routers.dashboard import HTML_PAGE, templates
 
 router = APIRouter(tags=["login"])
@@ -20,6 +25,54 @@ router = APIRouter(tags=["login"])
 _MAX_FORM_BYTES = 8192
 #: Session cookie lifetime, in seconds.
 SESSION_MAX_AGE_S = 12 * 3600
+#: Failed logins one client address may make per LOGIN_WINDOW_S before it is answered 429.
+LOGIN_FAILURES = 10
+LOGIN_WINDOW_S = 60.0
+#: Client addresses with recent failures kept before the quiet ones are dropped.
+_MAX_CLIENTS = 10_000
+
+
+class LoginLimiter:
+    """Failed logins per client address over the last LOGIN_WINDOW_S (in this process): enough
+    to turn guessing a token by the form into a few guesses a minute."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._failures: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def _recent(self, client: str, now: float) -> deque[float]:
+        failures = self._failures.setdefault(client, deque())
+        while failures and failures[0] <= now - LOGIN_WINDOW_S:
+            failures.popleft()
+        return failures
+
+    def wait_s(self, client: str) -> float:
+        """Seconds until ``client`` may try again (0 when it may now)."""
+        with self._lock:
+            now = self._clock()
+            failures = self._recent(client, now)
+            if len(failures) < LOGIN_FAILURES:
+                if not failures:
+                    self._failures.pop(client, None)  # no entry kept for a quiet client
+                return 0.0
+            return failures[0] + LOGIN_WINDOW_S - now
+
+    def failed(self, client: str) -> None:
+        with self._lock:
+            now = self._clock()
+            if len(self._failures) > _MAX_CLIENTS:  # many addresses: drop those gone quiet
+                for quiet in [c for c, f in self._failures.items() if not self._recent(c, now)]:
+                    del self._failures[quiet]
+            self._recent(client, now).append(now)
+
+
+def _limiter(request: Request) -> LoginLimiter:
+    state = request.app.state
+    if not hasattr(state, "login_limiter"):
+        state.login_limiter = LoginLimiter()
+    limiter: LoginLimiter = state.login_limiter
+    return limiter
 
 
 def safe_next(target: str | None) -> str:
@@ -71,6 +124,14 @@ async def _read_form(request: Request) -> dict[str, str]:
 @router.post("/login", include_in_schema=False)
 async def login(request: Request, settings: SettingsDep) -> Response:
     """Check the token and set an HttpOnly session cookie; a wrong token shows the form again."""
+    limiter = _limiter(request)
+    client = request.client.host if request.client else "unknown"
+    wait = limiter.wait_s(client)
+    if wait > 0:
+        raise TooManyRequests(
+            f"too many failed logins from this address; try again in {math.ceil(wait)} s",
+            retry_after_s=math.ceil(wait),
+        )
     form = await _read_form(request)
     next_path = safe_next(form.get("next"))
     given = form.get("token", "").encode()
@@ -83,6 +144,7 @@ async def login(request: Request, settings: SettingsDep) -> Response:
         None,
     )
     if token is None:
+        limiter.failed(client)
         return _form_page(request, next_path, "That token is not the server's.", 401)
     response = RedirectResponse(next_path, status_code=303)
     response.set_cookie(

@@ -25,9 +25,16 @@ ModelQuery = Annotated[
 
 
 @router.get("/models", response_model=ModelList, responses=examples.json_example(examples.MODELS))
-def list_models(session: SessionDep) -> ModelList:
-    """Every model with stored runs: how many, which build labels, and the newest run."""
-    rows = store.list_models(session)
+def list_models(
+    session: SessionDep,
+    limit: Annotated[
+        int, Query(ge=1, le=1000, description="Page size (models by name)", examples=[100])
+    ] = 100,
+    offset: Annotated[int, Query(ge=0, le=10**9, description="Models to skip", examples=[0])] = 0,
+) -> ModelList:
+    """Models with stored runs, by name, a page at a time: how many runs, which build labels, and
+    the newest run; ``count`` is the number of models stored."""
+    rows, total = store.list_models(session, limit=limit, offset=offset)
     data = [
         ModelSummary(
             model=r.model,
@@ -38,7 +45,7 @@ def list_models(session: SessionDep) -> ModelList:
         )
         for r in rows
     ]
-    return ModelList(data=data, count=len(data))
+    return ModelList(data=data, count=total)
 
 
 @router.get(

@@ -34,6 +34,8 @@ from memest.service.estimates import (
 from memest.service.ingest import load_json, read_body
 from memest.service.models import Report, Run
 from memest.service.schemas import (
+    API_OWNERS_PER_STAGE,
+    API_STAGES,
     BreakdownResponse,
     DeleteResponse,
     RankFacts,
@@ -142,7 +144,7 @@ def read_run(run_id: RunIdPath, session: SessionDep, cache: CacheDep) -> RunDeta
         accounting=account(lead),
         facts=run_facts(lead),
         phases=bd.phases if bd else [],
-        stages=stage_bars(lead),
+        stages=stage_bars(lead, max_owners=API_OWNERS_PER_STAGE, max_stages=API_STAGES),
         runners=runner_counts(lead),
         capture_plans=lead.capture_plans,
         live_peaks=bd.live_peaks if bd else [],
@@ -217,7 +219,7 @@ def _breakdown_json(rep: RunReport) -> bytes:
         model=rep.model,
         build=build_label(rep),
         breakdown=rep.breakdown,
-        stages=stage_bars(rep),
+        stages=stage_bars(rep, max_owners=API_OWNERS_PER_STAGE, max_stages=API_STAGES),
     )
     return out.model_dump_json().encode()
 

@@ -133,3 +133,58 @@ def test_the_inverse_never_passes_max_num_batched_tokens(client: TestClient) -> 
     # The start runs max_num_batched_tokens 4096; vLLM refuses max_num_seqs above it.
     assert inverse["largest_max_num_seqs"] <= 4096
     assert inverse["max_num_seqs_ceiling"] == 4096
+
+
+INT64_MAX = 2**63 - 1
+
+
+def _set(data: dict[str, object], dotted: str, value: object) -> None:
+    *parents, last = dotted.split(".")
+    target: object = data
+    for part in parents:
+        target = target[int(part)] if isinstance(target, list) else target[part]  # type: ignore[index]
+    assert isinstance(target, dict) and isinstance(target[last], int), dotted
+    target[last] = value
+
+
+def test_int64_max_byte_fields_are_answered_never_a_5xx(client: TestClient) -> None:
+    # Stored reports each holding int64's largest value in one byte field, then the what-if on
+    # each, at its own grid and at another; and int64's largest value in the request itself.
+    fields = [
+        "gpu.total_bytes",
+        "kv_cache.page_size_bytes",
+        "phases.0.end.device_total_bytes",
+        "breakdown.graph_pool_growth_bytes",
+        "breakdown.stages.0.pool_growth_bytes",
+        "breakdown.phases.0.outside_torch_bytes",
+        "estimate.components.weights_bytes",
+        "estimate.full_init.requested_bytes",
+    ]
+    asked: list[tuple[str, dict[str, object]]] = []
+    for n, field in enumerate(fields):
+        data = json.loads(REPORT.read_text())
+        _set(data, field, INT64_MAX)
+        data.update(run_id=f"int64-{n}", report_id=f"int64-{n}-r0")
+        stored = client.post(
+            "/api/v1/reports",
+            content=json.dumps(data),
+            headers={**AUTH, "Content-Type": "application/json"},
+        )
+        assert stored.status_code < 500, (field, stored.text)
+        if stored.status_code == 201:
+            asked += [(f"int64-{n}", {}), (f"int64-{n}", {"grid": GRID})]
+    assert asked, "no report with an int64-max byte field was stored"
+    run_id = _store(client)
+    model = json.loads(MODEL.read_text())
+    asked += [
+        (run_id, {"kv_tokens": INT64_MAX}),
+        (run_id, {"concurrency": INT64_MAX}),
+        (run_id, {"model_dims": {**model, "vocab_size": INT64_MAX}}),
+        (run_id, {"grid": {"compilation_config": {"cudagraph_capture_sizes": [INT64_MAX]}}}),
+    ]
+    for run, body in asked:
+        answer = client.post(f"/api/v1/runs/{run}/estimate", json=body)
+        assert answer.status_code < 500, (run, body, answer.text[:300])
+        assert answer.headers["content-type"] == "application/json"
+        if answer.status_code >= 400:
+            assert isinstance(answer.json()["detail"], str)

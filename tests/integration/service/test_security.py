@@ -150,3 +150,25 @@ def test_memest_delete_command(live_server: str, capsys: pytest.CaptureFixture[s
     assert main([*args, "--token", TOKEN]) == 1
     assert "HTTP 404" in capsys.readouterr().out
     assert httpx.get(live_server + "/api/v1/runs/sec-cli").status_code == 404
+
+
+def test_failed_logins_from_one_address_are_limited(make_client: MakeClient) -> None:
+    from memest.service.routers.login import LOGIN_FAILURES, LOGIN_WINDOW_S, LoginLimiter
+
+    client = make_client(read_token=READ)
+    now = [1000.0]
+    client.app.state.login_limiter = LoginLimiter(clock=lambda: now[0])  # type: ignore[attr-defined]
+
+    def attempt(token: str) -> httpx.Response:
+        return client.post("/login", data={"token": token, "next": "/"}, follow_redirects=False)
+
+    for _ in range(LOGIN_FAILURES):
+        assert attempt("nope").status_code == 401
+    # The next try, even with the right token, waits out the window of the first failure.
+    now[0] += 10
+    limited = attempt(READ)
+    assert limited.status_code == 429
+    assert limited.headers["retry-after"] == str(int(LOGIN_WINDOW_S) - 10)
+    assert limited.json()["detail"].startswith("too many failed logins")
+    now[0] += LOGIN_WINDOW_S - 10
+    assert attempt(READ).status_code == 303

@@ -208,10 +208,10 @@ def test_a_failing_report_leaves_nothing_half_written(
     db.upgrade(engine)
     factory = db.make_sessionmaker(engine)
 
-    def boom(_report: RunReport) -> int:
+    def boom(_value: int | None, _field: str) -> int:
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(store, "graph_pool_bytes", boom)
+    monkeypatch.setattr(store, "_int64", boom)
     # WHEN a new run's first report is ingested
     with pytest.raises(RuntimeError):
         store.ingest(factory, _variant(1))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memest.analysis.stages import OTHER_OWNER, REMAINDER_OWNER, stage_bars
+from memest.analysis.stages import OTHER_OWNER, OTHER_STAGE, REMAINDER_OWNER, stage_bars
 from memest.demo import demo_report
 from memest.schema import RunReport
 from memest.schema.breakdown import RetainedRow, StageGrowth, TriggerRow
@@ -81,3 +81,40 @@ def test_many_stages_and_triggers_are_grouped_once() -> None:
     bars = stage_bars(rep)
     assert len(bars) == n
     assert all([(o.owner, o.bytes) for o in b.owners] == [("x", 2 * MiB)] for b in bars)
+
+
+def test_capped_stages_keep_the_largest_in_order_and_sum_the_rest_into_other() -> None:
+    # Stages s0..s4 of 5, 1, 4, 2, 3 MiB, each claimed whole by owners x and y.
+    sizes = [5, 1, 4, 2, 3]
+    rep = _report(
+        stages=[
+            StageGrowth(stage=f"s{i}", pool_growth_bytes=size * MiB, graph_count=i + 1)
+            for i, size in enumerate(sizes)
+        ],
+        triggers=[
+            TriggerRow(stage="s0", owner="x", bytes=5 * MiB),
+            TriggerRow(stage="s1", owner="y", bytes=1 * MiB),
+            TriggerRow(stage="s2", owner="x", bytes=4 * MiB),
+            TriggerRow(stage="s3", owner="x", bytes=1 * MiB),
+            TriggerRow(stage="s3", owner="y", bytes=1 * MiB),
+            TriggerRow(stage="s4", owner="x", bytes=2 * MiB),
+            TriggerRow(stage="s4", owner="y", bytes=1 * MiB),
+        ],
+        retained=[],
+    )
+    bars = stage_bars(rep, max_stages=3)
+    # Kept: s0 (5 MiB) and s2 (4 MiB), in the report's order; other: s1 + s3 + s4 = 6 MiB, of
+    # which x 1 + 2 = 3 MiB and y 1 + 1 + 1 = 3 MiB; graphs 2 + 4 + 5 = 11.
+    assert [(b.stage, b.pool_growth_bytes) for b in bars] == [
+        ("s0", 5 * MiB),
+        ("s2", 4 * MiB),
+        (OTHER_STAGE, 6 * MiB),
+    ]
+    other = bars[-1]
+    assert sorted((o.owner, o.bytes) for o in other.owners) == [("x", 3 * MiB), ("y", 3 * MiB)]
+    assert other.graph_count == 11
+    assert other.widest == "3 more stages"
+    # Owners of the folded stages are capped like any stage's: x and y become one "other".
+    (*_, capped) = stage_bars(rep, max_stages=3, max_owners=1)
+    assert [(o.owner, o.bytes) for o in capped.owners] == [(OTHER_OWNER, 6 * MiB)]
+    assert stage_bars(rep, max_stages=5) == stage_bars(rep)
