@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from memest.builds.runs import fingerprint
 from memest.schema import RunReport
 from memest.service import store
-from memest.service.metrics import _StoredReports
+from memest.service.metrics import STORED_LABELS, _StoredReports
 from memest.service.models import Report
 
 #: One sample: family name, sample name, labels, value.
@@ -104,12 +104,12 @@ def _render(samples: list[Sample]) -> list[_Line]:
     return out
 
 
-def _series_set(samples: list[Sample]) -> tuple[str, str, str] | None:
-    """The model, build and config labels a run's series carry (the builder's key for "the
-    same series set"); None for a run with no sample carrying them."""
+def _series_set(samples: list[Sample]) -> tuple[str, ...] | None:
+    """The labels every series of a run carries (memest.service.metrics.STORED_LABELS: the
+    builder's key for "the same series set"); None for a run with no sample carrying them."""
     for _, _, labels, _ in samples:
         if "model" in labels:
-            return labels["model"], labels.get("build", ""), labels.get("config", "")
+            return tuple(labels.get(name, "") for name in STORED_LABELS)
     return None
 
 
