@@ -739,7 +739,8 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         from dsa_standins import register as register_dsa
 
         dtype = torch.bfloat16 if cfg["dsa_standins"] == "bf16" else torch.float32
-        print(f"STANDINS {register_dsa(dtype)}", flush=True)
+        sparse_mla = bool(cfg.get("sparse_mla_standin"))  # FlashMLA's attend in torch
+        print(f"STANDINS {register_dsa(dtype, sparse_mla)}", flush=True)
     if cfg.get("fp8_standins"):
         from fp8_standins import register as register_fp8
 

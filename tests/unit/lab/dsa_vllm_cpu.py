@@ -139,6 +139,15 @@ def meta_build(torch: Any) -> None:
     init_workspace_manager(torch.device("meta"))  # FlashMLA-sparse reserves its workspace
     measured = vllm_meta._measure(folder, 1)
     emit("meta_build", kv=measured["kv"], param_bytes=measured["param_bytes"])
+    import dsa_standins
+    from vllm.v1.attention.backends.mla import flashmla_sparse
+
+    patched = dsa_standins.provide_sparse_mla()
+    emit(
+        "sparse_mla",
+        patched=patched,
+        served=flashmla_sparse.flash_mla_sparse_fwd is dsa_standins.flash_mla_sparse_fwd,
+    )
 
 
 def main() -> int:

@@ -96,3 +96,10 @@ def test_deepseek_v32_builds_on_meta_with_the_stand_ins(
     latent = {"kind": "MLAAttentionSpec", "page_size_bytes": 16 * 576 * 2}
     assert [{k: s[k] for k in ("kind", "page_size_bytes")} for s in kv] == [indexer, latent] * 4
     assert [s["head_size"] for s in kv] == [132, 576] * 4
+
+
+def test_flashmla_sparse_calls_the_stand_in_once_provided(
+    checks: dict[str, dict[str, Any]],
+) -> None:
+    # FlashMLASparseImpl._bf16_flash_mla_kernel calls flash_mla_sparse_fwd by its module's name
+    assert checks["sparse_mla"]["served"] is True
