@@ -15,6 +15,9 @@ Indexer CUDA op requires DeepGEMM support"). `sparse_attn_indexer`
   kernel_config.sparse_indexer_topk_backend is "per_row"; "auto" picks the compiled
   cooperative/persistent top-k, which the carry lacks too).
 
+FlashMLA's sparse attend (`flash_mla_sparse_fwd`, `_flashmla_C`) has a stand-in too, used only
+when asked (`register(sparse_mla=True)`): the wheel ships the kernel itself.
+
 The indexer cache is uint8 [num_blocks, block_size, head_dim + head_dim / 128 * 4]; each block
 holds its block_size x head_dim FP8 values first, then block_size fp32 scales (one per 128
 values): the layout DeepGEMM's paged kernel reads (`kv_cache[:, :block_size * D]` values, the
@@ -343,6 +346,85 @@ def get_paged_mqa_logits_metadata(
     return torch.zeros((num_slots + 1, 2), dtype=torch.int32, device=context_lens.device)
 
 
+# --------------------------------------------------------------------------- sparse MLA
+SPARSE_ROW_CHUNK = 16  # query tokens per step of the sparse MLA stand-in (its FP32 scratch)
+
+
+def flash_mla_sparse_fwd(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int = 512,
+    attn_sink: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashMLA's `flash_mla_sparse_fwd` (vllm/third_party/flashmla/flash_mla_interface.py).
+
+    q [s_q, h_q, d_qk] BF16, kv [s_kv, 1, d_qk] BF16, indices [s_q, 1, topk] int32. Query
+    token i attends to the keys indices[i, 0, :topk_length[i]] that are >= 0 and < s_kv (the
+    others are masked): p = softmax(sm_scale * q . k) over them, output = p . v with v the first
+    d_v values of each key, max_logits the largest scaled score, lse its log-sum-exp. A token with
+    no valid key gets output 0 and lse -inf (the empty sum; FlashMLA's own value for that case
+    is not checked here). FlashMLA-sparse with a BF16 KV cache runs prefill and decode through
+    this one kernel (FlashMLASparseImpl._bf16_flash_mla_kernel).
+
+    Allocates what the kernel returns (output unless ``out`` is given, max_logits, lse); works
+    through scratch buffers kept across calls, SPARSE_ROW_CHUNK tokens at a time, and small
+    per-chunk row tensors; no host read.
+    """
+    if attn_sink is not None:
+        raise NotImplementedError("flash_mla_sparse_fwd stand-in: attention sinks (DeepSeek-V4)")
+    s_q, h_q, d_qk = q.shape
+    s_kv, topk, dev = kv.shape[0], indices.shape[-1], q.device
+    keys = kv.reshape(s_kv, d_qk)
+    output = out if out is not None else q.new_empty((s_q, h_q, d_v))
+    max_logits = torch.empty((s_q, h_q), dtype=torch.float32, device=dev)
+    lse = torch.empty((s_q, h_q), dtype=torch.float32, device=dev)
+    k_b = _scratch("mla_k", dev, kv.dtype, (SPARSE_ROW_CHUNK * topk, d_qk))
+    k_f = _scratch("mla_kf", dev, torch.float32, (SPARSE_ROW_CHUNK, topk, d_qk))
+    q_f = _scratch("mla_q", dev, torch.float32, (SPARSE_ROW_CHUNK, h_q, d_qk))
+    p_f = _scratch("mla_p", dev, torch.float32, (SPARSE_ROW_CHUNK, h_q, topk))
+    o_f = _scratch("mla_o", dev, torch.float32, (SPARSE_ROW_CHUNK, h_q, d_v))
+    slots = torch.arange(topk, device=dev)
+    for r0 in range(0, s_q, SPARSE_ROW_CHUNK):
+        r1 = min(r0 + SPARSE_ROW_CHUNK, s_q)
+        n = r1 - r0
+        idx = indices[r0:r1].reshape(n, topk).long()
+        valid = (idx >= 0) & (idx < s_kv)
+        if topk_length is not None:
+            valid &= slots < topk_length[r0:r1].long().unsqueeze(1)
+        torch.index_select(keys, 0, torch.where(valid, idx, 0).reshape(-1), out=k_b[: n * topk])
+        k_f[:n].copy_(k_b[: n * topk].view(n, topk, d_qk))
+        q_f[:n].copy_(q[r0:r1])
+        scores = p_f[:n]
+        torch.bmm(q_f[:n], k_f[:n].transpose(1, 2), out=scores)
+        scores.mul_(sm_scale).masked_fill_(~valid.unsqueeze(1), float("-inf"))
+        peak = scores.amax(dim=-1)
+        max_logits[r0:r1] = peak
+        scores.sub_(torch.where(torch.isinf(peak), 0.0, peak).unsqueeze(-1)).exp_()
+        total = scores.sum(dim=-1)
+        lse[r0:r1] = torch.log(total) + torch.where(torch.isinf(peak), 0.0, peak)
+        torch.bmm(scores, k_f[:n, :, :d_v], out=o_f[:n])
+        o_f[:n].div_(total.clamp(min=torch.finfo(torch.float32).tiny).unsqueeze(-1))
+        output[r0:r1].copy_(o_f[:n])
+    return output, max_logits, lse
+
+
+#: The module that calls FlashMLA's sparse kernel by the name it imported.
+SPARSE_MLA_MODULE = "vllm.v1.attention.backends.mla.flashmla_sparse"
+
+
+def provide_sparse_mla() -> list[str]:
+    """FlashMLA-sparse's attend served by the stand-in, where `_flashmla_C` cannot run."""
+    import importlib
+
+    module = importlib.import_module(SPARSE_MLA_MODULE)
+    module.flash_mla_sparse_fwd = flash_mla_sparse_fwd  # type: ignore[attr-defined]
+    return [f"{SPARSE_MLA_MODULE}.flash_mla_sparse_fwd"]
+
+
 # --------------------------------------------------------------------------- registration
 IMPLS: dict[tuple[str, str], Callable[..., Any]] = {
     ("_C_cache_ops", "indexer_k_quant_and_cache"): indexer_k_quant_and_cache,
@@ -417,9 +499,12 @@ def provide_deep_gemm_for_indexer(logits_dtype: torch.dtype | None = None) -> li
     return patched
 
 
-def register(logits_dtype: torch.dtype | None = None) -> list[str]:
-    """The ops, then DeepGEMM for the indexer (vLLM imported already: the shim's schemas)."""
+def register(logits_dtype: torch.dtype | None = None, sparse_mla: bool = False) -> list[str]:
+    """The ops, then DeepGEMM for the indexer (vLLM imported already: the shim's schemas), and
+    with ``sparse_mla`` FlashMLA's sparse attend (for a vLLM whose `_flashmla_C` cannot run)."""
     done = register_ops()
     if "vllm" in sys.modules:
         done += provide_deep_gemm_for_indexer(logits_dtype)
+        if sparse_mla:
+            done += provide_sparse_mla()
     return done

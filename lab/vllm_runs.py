@@ -61,6 +61,19 @@ EAGLE3_K5 = json.dumps(
 )
 # MoE and MLA shapes (8 layers each, dummy weights): their configs travel in the repo.
 LAB_MODELS = ROOT / "lab" / "models"
+# DSpark (vLLM's method "dspark"): the Qwen3DSparkModel draft (2 non-causal layers, Markov head
+# of rank 256, anchor sampling: K = 7 query slots per request) on the 12-layer Qwen3-8B target.
+# The draft's attention is named: left unset vLLM picks one for the non-causal draft itself
+# (FLASH_ATTN on SM90, whose kernels the carry lacks); TRITON_ATTN takes non-causal queries and
+# full CUDA graphs, so the drafter's FULL block routine is captured.
+DSPARK_K7 = json.dumps(
+    {
+        "method": "dspark",
+        "model": str(LAB_MODELS / "dspark_qwen3_8b_2l"),
+        "num_speculative_tokens": 7,
+        "attention_backend": "TRITON_ATTN",
+    }
+)
 # MLA: TRITON_MLA decodes. On SM90 vLLM's only automatic prefill choice is FLASH_ATTN
 # (platforms/interface.py get_mla_prefill_backend_cls), whose kernels the carry lacks: the
 # stand-in `_vllm_fa2_C.varlen_fwd` (PyTorch's FlashAttention-2 kernel) serves it, as FA2 (vLLM
@@ -221,6 +234,16 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "mbt": 2048,
         "util": 0.85,
         "standins": True,
+    },
+    # DSpark K=7 on Qwen3-8B with 12 of its 36 layers: the draft logits per draft step and the
+    # drafter's FULL block routine (45 graphs of 1 to 64 requests x 7 query slots, beside the
+    # target's 51 PIECEWISE and 48 FULL decode graphs; tests/unit/plan/test_dspark_lab.py).
+    "P_qwen3_8b12l_dspark7_s64_t2048": {
+        "model": str(LAB_MODELS / "qwen3_8b_12l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": 0.85,
+        "spec": DSPARK_K7,
     },
     # Llama-3-8B with 4 of its 32 layers: a small model, where the plugin's fixed costs show.
     "T_llama8b4l_s128_t4096": {
@@ -433,6 +456,14 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("S_dsv32_4l_s64_t2048", "alone"),
         ("S_dsv32_4l_s64_t2048_bf16", "enable"),
         ("S_dsv32_4l_s64_t2048_bf16", "apply"),
+    ],
+    # Issue 29: DSpark's draft logits and its block routine's graphs in real vLLM, memest apply
+    # beside vLLM alone, and the plan memest wrote.
+    "dspark": [
+        ("P_qwen3_8b12l_dspark7_s64_t2048", "enable"),
+        ("P_qwen3_8b12l_dspark7_s64_t2048", "apply"),
+        ("P_qwen3_8b12l_dspark7_s64_t2048", "alone"),
+        ("P_qwen3_8b12l_dspark7_s64_t2048", "plan"),
     ],
     # An FP8 checkpoint (lab/fp8_standins.py quantizes): vLLM alone, memest apply, its plan.
     "fp8w": [
@@ -708,7 +739,8 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         from dsa_standins import register as register_dsa
 
         dtype = torch.bfloat16 if cfg["dsa_standins"] == "bf16" else torch.float32
-        print(f"STANDINS {register_dsa(dtype)}", flush=True)
+        sparse_mla = bool(cfg.get("sparse_mla_standin"))  # FlashMLA's attend in torch
+        print(f"STANDINS {register_dsa(dtype, sparse_mla)}", flush=True)
     if cfg.get("fp8_standins"):
         from fp8_standins import register as register_fp8
 

@@ -74,15 +74,37 @@ class OwnerRule:
         return self.module is not None or self.code is not None or self.site is not None
 
 
+#: The DSA indexer's logits: the MQA-logits kernel's output as the frame rules name it (BF16, as
+#: DeepGEMM writes it on SM100), vLLM's FP32 copy (as_fp32_logits), and the kernel's output when
+#: it is already FP32 (DeepGEMM on SM90, where as_fp32_logits returns it unchanged).
+INDEXER_LOGITS_BF16 = "indexer_logits_bf16"
+INDEXER_LOGITS_FP32_COPY = "indexer_logits_fp32"
+INDEXER_LOGITS_FP32_KERNEL = "indexer_logits_fp32_kernel"
+
+
+def indexer_kernel_output_is_fp32(
+    stage_owners: Iterable[str], compute_capability: str | None
+) -> bool:
+    """Whether the indexer kernel's output in one captured stage is FP32 rather than BF16.
+
+    A stage holding vLLM's FP32 copy converted a BF16 output. Without a copy the GPU decides:
+    DeepGEMM's SM90 (major 9) kernels write FP32, which vLLM's top-k reads as is; on SM100 a
+    BF16 output without a copy is DeepSelect's top-k reading BF16. Unknown GPU: BF16, as named.
+    """
+    if INDEXER_LOGITS_FP32_COPY in set(stage_owners):
+        return False
+    return (compute_capability or "").split(".")[0] == "9"
+
+
 # vLLM 0.33.0 (shared hook map, section 4). Order matters within one frame only.
 _VLLM_0_33_RULES: tuple[OwnerRule, ...] = (
-    OwnerRule("indexer_logits_fp32", "as_fp32_logits"),
-    OwnerRule("indexer_logits_bf16", "fp8_fp4_paged_mqa_logits"),
-    OwnerRule("indexer_logits_bf16", "fp8_fp4_mqa_logits"),
-    OwnerRule("indexer_logits_bf16", "_decode_rows", "*sparse*indexer*"),
-    OwnerRule("indexer_logits_bf16", "_decode_rows", "*/specialized_decode/*"),
-    OwnerRule("indexer_logits_bf16", "*", "*/sparse_indexer_scores.py"),
-    OwnerRule("indexer_logits_bf16", "*", "*/qsa_indexer.py"),
+    OwnerRule(INDEXER_LOGITS_FP32_COPY, "as_fp32_logits"),
+    OwnerRule(INDEXER_LOGITS_BF16, "fp8_fp4_paged_mqa_logits"),
+    OwnerRule(INDEXER_LOGITS_BF16, "fp8_fp4_mqa_logits"),
+    OwnerRule(INDEXER_LOGITS_BF16, "_decode_rows", "*sparse*indexer*"),
+    OwnerRule(INDEXER_LOGITS_BF16, "_decode_rows", "*/specialized_decode/*"),
+    OwnerRule(INDEXER_LOGITS_BF16, "*", "*/sparse_indexer_scores.py"),
+    OwnerRule(INDEXER_LOGITS_BF16, "*", "*/qsa_indexer.py"),
     # CudaGraphManager.store_capture_output: the hidden-states buffer FULL graphs write (line
     # 653), then EAGLE3's aux hidden-state buffers (line 657)
     OwnerRule(

@@ -24,7 +24,13 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from memest.analysis.owners import UNATTRIBUTED, OwnerRules
+from memest.analysis.owners import (
+    INDEXER_LOGITS_BF16,
+    INDEXER_LOGITS_FP32_KERNEL,
+    UNATTRIBUTED,
+    OwnerRules,
+    indexer_kernel_output_is_fp32,
+)
 from memest.analysis.phase_split import phase_splits
 from memest.errors import InvariantError, SnapshotFormatError, first_error
 from memest.schema.breakdown import (
@@ -299,6 +305,8 @@ def analyze(
     snapshot: Snapshot,
     phases: Sequence[PhaseRecord] | None = None,
     rules: OwnerRules | None = None,
+    *,
+    compute_capability: str | None = None,
 ) -> Breakdown:
     """Build the stage / owner breakdown of one snapshot.
 
@@ -306,6 +314,8 @@ def analyze(
         snapshot: memest's snapshot form (memest.snapshot.load_snapshot / Recorder.snapshot()).
         phases: phase-edge readings; default the snapshot's own "phases" list.
         rules: owner rules; default OwnerRules.default() (vLLM 0.33.0).
+        compute_capability: the GPU's ("9.0", "10.0"), which decides the DSA indexer kernel's
+            output dtype in a stage without vLLM's FP32 copy (owners.indexer_kernel_output_is_fp32).
 
     Returns:
         The Breakdown (phase split, stage growth, triggers, live peaks, retained, unattributed).
@@ -338,12 +348,14 @@ def analyze(
     triggers = _trigger_rows(replay, position)
     total_private_growth = _check_identity(stages, triggers, replay.tally)
     retained = _retained_rows(replay, position)
+    live_peaks = _live_peaks(replay)
+    _label_indexer_dtype(triggers, live_peaks, retained, compute_capability)
     warnings = _warnings(snap, tags, n_events, replay.tally)
     return Breakdown(
         phases=phase_splits(phases, replay.tally.phase_private_net, warnings),
         stages=stages,
         triggers=triggers,
-        live_peaks=_live_peaks(replay),
+        live_peaks=live_peaks,
         retained=retained,
         unattributed=_unattributed_rows(replay, retained),
         graph_pool_growth_bytes=total_private_growth,
@@ -351,6 +363,24 @@ def analyze(
         pools=_pool_rows(snap, replay.tally),
         warnings=warnings,
     )
+
+
+def _label_indexer_dtype(
+    triggers: list[TriggerRow],
+    live_peaks: list[LivePeak],
+    retained: list[RetainedRow],
+    compute_capability: str | None,
+) -> None:
+    """Name the indexer kernel's output by its dtype, stage by stage (in place)."""
+    rows: list[TriggerRow | LivePeak | RetainedRow] = [*triggers, *live_peaks, *retained]
+    owners_by_stage: defaultdict[Ctx, set[str]] = defaultdict(set)
+    for row in rows:
+        owners_by_stage[(row.phase, row.stage)].add(row.owner)
+    for row in rows:
+        if row.owner == INDEXER_LOGITS_BF16 and indexer_kernel_output_is_fp32(
+            owners_by_stage[(row.phase, row.stage)], compute_capability
+        ):
+            row.owner = INDEXER_LOGITS_FP32_KERNEL
 
 
 def _with_compiled_code(snap: Snapshot, rules: OwnerRules) -> OwnerRules:

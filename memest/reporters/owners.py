@@ -24,6 +24,7 @@ from memest.analysis.stages import REMAINDER_OWNER
 OWNER_LABELS = {
     "indexer_logits_fp32": "indexer logits, FP32 copy",
     "indexer_logits_bf16": "indexer logits, BF16",
+    "indexer_logits_fp32_kernel": "indexer logits, FP32 (the kernel's own output)",
     "aux_hidden_states": "aux hidden states (drafter inputs)",
     "draft_logits": "draft logits",
     "attn_output": "attention output",
@@ -63,6 +64,7 @@ OWNER_LABELS = {
 OWNER_COLORS = {
     "indexer_logits_fp32": "#d62728",
     "indexer_logits_bf16": "#ff7f0e",
+    "indexer_logits_fp32_kernel": "#f7b6d2",
     "aux_hidden_states": "#9467bd",
     "draft_logits": "#17becf",
     "attn_output": "#1f77b4",

@@ -91,5 +91,13 @@ def analyze_history() -> Breakdown | None:
         if st.settings.rules_file
         else OwnerRules.default()
     )
-    breakdown: Breakdown = analyze(snapshot, phases, rules.with_compiled(st.compiled_code))
+    from memest_instrumentation.vllm import measure
+
+    props = measure.gpu_properties()  # the indexer logits' dtype follows the GPU's
+    breakdown: Breakdown = analyze(
+        snapshot,
+        phases,
+        rules.with_compiled(st.compiled_code),
+        compute_capability=props[2] if props else None,
+    )
     return breakdown

@@ -300,3 +300,48 @@ def test_malformed_snapshot_rejected() -> None:
     del bad["events"]
     with pytest.raises(SnapshotFormatError, match="missing key 'events'"):
         analyze(bad)
+
+
+def _indexer_history(with_copy: bool, kernel_element_bytes: int) -> dict[str, Any]:
+    """One FULL capture of 8 rows x 4,096 positions: the paged MQA-logits kernel's output, and
+    (SM100 form) vLLM's FP32 copy of it; 8 x 4,096 x 2 B = 64 KiB BF16, x 4 B = 128 KiB FP32."""
+    kernel, copy = fr("fp8_fp4_paged_mqa_logits"), fr("as_fp32_logits")
+    kernel_bytes = 8 * 4096 * kernel_element_bytes
+    events = [
+        ev("segment_alloc", 0x3000_0000, 2 * MiB, kernel, FULL),
+        ev("alloc", 0x3000_0000, kernel_bytes, kernel, FULL),
+    ]
+    if with_copy:
+        events.append(ev("alloc", 0x3010_0000, 8 * 4096 * 4, copy, FULL))
+    return snap(events, [(0x3000_0000, 2 * MiB, (0, 1))])
+
+
+def _owner_bytes(history: dict[str, Any], capability: str | None) -> dict[str, int]:
+    bd = analyze(history, compute_capability=capability)
+    return {p.owner: p.peak_bytes for p in bd.live_peaks if p.stage == "target.full"}
+
+
+def test_indexer_kernel_output_without_a_copy_on_sm90_is_fp32() -> None:
+    # DeepGEMM's SM90 kernel writes FP32; vLLM's as_fp32_logits returns it unchanged (no copy)
+    assert _owner_bytes(_indexer_history(with_copy=False, kernel_element_bytes=4), "9.0") == {
+        "indexer_logits_fp32_kernel": 128 * 1024
+    }
+    bd = analyze(_indexer_history(False, kernel_element_bytes=4), compute_capability="9.0")
+    assert [t.owner for t in bd.triggers] == ["indexer_logits_fp32_kernel"]
+
+
+def test_indexer_kernel_output_with_vllms_copy_is_bf16() -> None:
+    # SM100's pair (or the lab's BF16 stand-in on an H200): BF16 output, then the FP32 copy
+    for capability in ("9.0", "10.0", None):
+        assert _owner_bytes(_indexer_history(True, kernel_element_bytes=2), capability) == {
+            "indexer_logits_bf16": 64 * 1024,
+            "indexer_logits_fp32": 128 * 1024,
+        }
+
+
+def test_indexer_kernel_output_without_a_copy_off_sm90_keeps_bf16() -> None:
+    # SM100 with DeepSelect's top-k reads BF16 without a copy; an unknown GPU keeps the rule's name
+    for capability in ("10.0", None):
+        assert _owner_bytes(_indexer_history(False, kernel_element_bytes=2), capability) == {
+            "indexer_logits_bf16": 64 * 1024
+        }

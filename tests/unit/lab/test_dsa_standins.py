@@ -12,6 +12,7 @@ for the CUDA-graph check: a data-dependent shape or a host read fails there.
 from __future__ import annotations
 
 import importlib.util
+import math
 import types
 from pathlib import Path
 
@@ -257,3 +258,106 @@ def test_stand_ins_run_on_fake_tensors(
         cu = torch.tensor([0, 5], dtype=torch.int32)
         dsa.cp_gather_indexer_k_quant_cache(cache, dst, scale, table[:1], cu)
     assert logits.shape == (3, 256) and logits.dtype == torch.float32
+
+
+# --------------------------------------------------------------------------- sparse MLA
+def _sparse_mla_loop(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    scale: float,
+    d_v: int,
+    lengths: list[int] | None,
+) -> tuple[list[list[list[float]]], list[list[float]]]:
+    """FlashMLA-sparse's attend, one query token and head at a time with plain Python sums."""
+    out: list[list[list[float]]] = []
+    lse: list[list[float]] = []
+    for i in range(q.shape[0]):
+        chosen = [
+            int(j)
+            for n, j in enumerate(indices[i, 0].tolist())
+            if 0 <= j < kv.shape[0] and (lengths is None or n < lengths[i])
+        ]
+        rows, sums = [], []
+        for h in range(q.shape[1]):
+            qh = q[i, h].float().tolist()
+            logits = [
+                scale * sum(a * b for a, b in zip(qh, kv[j, 0].float().tolist(), strict=True))
+                for j in chosen
+            ]
+            top = max(logits, default=0.0)
+            weights = [math.exp(x - top) for x in logits]
+            total = sum(weights)
+            rows.append(
+                [
+                    sum(w * float(kv[j, 0, c]) for w, j in zip(weights, chosen, strict=True))
+                    / total
+                    if total
+                    else 0.0
+                    for c in range(d_v)
+                ]
+            )
+            sums.append(math.log(total) + top if total else -math.inf)
+        out.append(rows)
+        lse.append(sums)
+    return out, lse
+
+
+def test_sparse_mla_attends_only_to_the_valid_selected_keys(dsa: types.ModuleType) -> None:
+    gen = torch.Generator().manual_seed(5)
+    s_q, h_q, d_qk, d_v, s_kv = 3, 2, 8, 4, 6
+    q = torch.randn(s_q, h_q, d_qk, generator=gen).to(torch.bfloat16)
+    kv = torch.randn(s_kv, 1, d_qk, generator=gen).to(torch.bfloat16)
+    # token 0: keys 4, 1 (-1 masked); token 1: 0, 5, 2 and 9 >= s_kv masked; token 2: none valid
+    indices = torch.tensor([[[4, -1, 1, -1]], [[0, 5, 9, 2]], [[-1, -1, 7, -1]]], dtype=torch.int32)
+    out, max_logits, lse = dsa.flash_mla_sparse_fwd(q, kv, indices, 0.5, d_v=d_v)
+    want_out, want_lse = _sparse_mla_loop(q, kv, indices, 0.5, d_v, None)
+    assert out.shape == (s_q, h_q, d_v) and out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), torch.tensor(want_out), atol=2e-2)
+    assert torch.allclose(lse[:2], torch.tensor(want_lse[:2]), atol=1e-4)
+    assert torch.isinf(lse[2]).all() and (lse[2] < 0).all()  # no valid key: the empty sum
+    assert (out[2] == 0).all() and torch.isinf(max_logits[2]).all()
+
+
+def test_sparse_mla_topk_length_cuts_each_tokens_keys(dsa: types.ModuleType) -> None:
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 1, 8, generator=gen).to(torch.bfloat16)
+    kv = torch.randn(5, 1, 8, generator=gen).to(torch.bfloat16)
+    indices = torch.tensor([[[0, 1, 2, 3]], [[4, 3, 2, 1]]], dtype=torch.int32)
+    lengths = torch.tensor([1, 3], dtype=torch.int32)
+    out, _, lse = dsa.flash_mla_sparse_fwd(q, kv, indices, 1.0, d_v=4, topk_length=lengths)
+    want_out, want_lse = _sparse_mla_loop(q, kv, indices, 1.0, 4, [1, 3])
+    # token 0 sees key 0 alone: its output is key 0's first 4 values
+    assert torch.equal(out[0, 0], kv[0, 0, :4])
+    assert torch.allclose(out.float(), torch.tensor(want_out), atol=2e-2)
+    assert torch.allclose(lse, torch.tensor(want_lse), atol=1e-4)
+
+
+def test_sparse_mla_allocates_only_its_outputs_after_the_first_call(
+    dsa: types.ModuleType,
+) -> None:
+    q = torch.zeros(20, 2, 8, dtype=torch.bfloat16)  # two row chunks
+    kv = torch.zeros(4, 1, 8, dtype=torch.bfloat16)
+    indices = torch.zeros(20, 1, 3, dtype=torch.int32)
+    dsa.flash_mla_sparse_fwd(q, kv, indices, 1.0, d_v=4)
+    before = len(dsa._SCRATCH)
+    out, _, _ = dsa.flash_mla_sparse_fwd(q, kv, indices, 1.0, d_v=4)
+    assert len(dsa._SCRATCH) == before and out.shape == (20, 2, 4)
+
+
+def test_sparse_mla_runs_on_fake_tensors(
+    dsa: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(dsa, "_SCRATCH", {})
+    with FakeTensorMode():
+        q = torch.zeros(17, 64, 576, dtype=torch.bfloat16)
+        kv = torch.zeros(32, 1, 576, dtype=torch.bfloat16)
+        indices = torch.zeros(17, 1, 16, dtype=torch.int32)
+        out, max_logits, lse = dsa.flash_mla_sparse_fwd(
+            q, kv, indices, 0.1, topk_length=torch.ones(17, dtype=torch.int32)
+        )
+    assert (
+        out.shape == (17, 64, 512) and lse.shape == (17, 64) and max_logits.dtype == torch.float32
+    )
