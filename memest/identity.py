@@ -17,6 +17,9 @@ _HF_CACHE_DIR = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)(?:/|$)")
 FINGERPRINT_HEX_CHARS = 16
 #: RunConfig fields the fingerprint leaves out (they follow from the model).
 _DERIVED_FIELDS = {"model_dims", "drafter_dims"}
+#: RunConfig fields added after reports were first fingerprinted: left out while a report does not
+#: record them (None), so a report written before them keeps the fingerprint it had.
+_LATER_FIELDS = ("kv_cache_dtype", "quantization")
 
 
 def config_fingerprint(config: RunConfig) -> str:
@@ -24,9 +27,12 @@ def config_fingerprint(config: RunConfig) -> str:
 
     Canonical JSON (sorted keys) of the whole RunConfig. The model's dimensions are left out:
     they follow from the model, so they never tell two setups apart, and a report written before
-    the plugin recorded them keeps its fingerprint.
+    the plugin recorded them keeps its fingerprint; so do the later fields a report leaves unset.
     """
     fields = config.model_dump(mode="json", exclude=_DERIVED_FIELDS)
+    for name in _LATER_FIELDS:
+        if fields[name] is None:
+            del fields[name]
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:FINGERPRINT_HEX_CHARS]
 

@@ -9,8 +9,8 @@ single printed byte fails. After an intended change, regenerate with
 
 and read the diff before committing it.
 
-The reports: every one under tests/data/reports and a handful under reports/vllm/raw (an
-old-style note, a start with only the measured record, MLA, MoE, a fault-injected start, a
+The reports: every one under tests/data/reports and a handful of real starts under
+tests/data/starts (copies of reports/vllm/raw: an old-style note, a start with only the measured record, MLA, MoE, a fault-injected start, a
 default start and its repeat, a plan-record-only start), plus the service's published demo runs.
 """
 
@@ -29,10 +29,11 @@ from urllib.parse import quote
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "golden_tables"
 DATA = ROOT / "tests" / "data" / "reports"
-RAW = ROOT / "reports" / "vllm" / "raw"
+STARTS = ROOT / "tests" / "data" / "starts"
 
-#: The reports under reports/vllm/raw the golden outputs cover (names without .report.rank0.json).
-RAW_RUNS = (
+#: The real starts under tests/data/starts the golden outputs cover (names without
+#: .report.rank0.json).
+START_RUNS = (
     "A_llama8b_s128_t4096.fault",
     "call4.C_llama8b_eagle3k3_s64_t4096.plandiag",
     "call11.W1_llama8b_s32_t4096.apply",
@@ -74,7 +75,7 @@ CHECK_ARGS = (
 def report_paths() -> dict[str, Path]:
     """Golden name -> report file."""
     out = {p.name.removesuffix(".report.rank0.json"): p for p in sorted(DATA.glob("*.json"))}
-    out.update({name: RAW / f"{name}.report.rank0.json" for name in RAW_RUNS})
+    out.update({name: STARTS / f"{name}.report.rank0.json" for name in START_RUNS})
     return out
 
 

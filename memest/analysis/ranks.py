@@ -4,9 +4,9 @@ Tensor-parallel ranks of one start should spend nearly the same memory; a rank w
 (weights, graph pool, each capture stage's pool growth, ...) differs from the median by more than
 a threshold (default 5 % and at least 64 MiB) is flagged, naming the figure. This is the one rule
 for "ranks agree": ``memest analyze --run DIR``, the service's run JSON and the dashboard use it.
-A run at TP > 1 also carries what TP adds outside PyTorch on every rank, derived
-(memest.estimate.parallel): the same on each rank of a group, so it moves no rank against the
-median, but it is memory the binding rank's KV budget is after.
+What TP adds outside PyTorch on every rank (memest.estimate.parallel.run_parallel_bytes) is the
+same on each rank of a group, so it moves no rank against the median; ``memest analyze --run``
+prints it beside this table.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, Field
 
 from memest.errors import ReportFormatError
-from memest.estimate.parallel import ParallelBytes, parallel_bytes, start_layout
 from memest.schema import RunReport, StageGrowth
 from memest.units import MiB, fmt_bytes
 
@@ -113,7 +112,6 @@ class RankAggregate:
     figures: dict[str, dict[int, int]] = field(default_factory=dict)
     outliers: list[RankOutlier] = field(default_factory=list)
     hook_errors: dict[int, list[str]] = field(default_factory=dict)
-    parallel: ParallelBytes | None = None  # what TP adds outside PyTorch per rank (TP > 1)
 
     @property
     def consistent(self) -> bool:
@@ -165,9 +163,6 @@ def aggregate_ranks(
         missing_ranks=[k for k in range(world) if k not in by_rank],
         hook_errors={k: list(r.hook_errors) for k, r in by_rank.items() if r.hook_errors},
     )
-    first = by_rank[min(by_rank)]
-    if first.config.tensor_parallel_size > 1:
-        agg.parallel = parallel_bytes(start_layout(first.config, first.gpu))
     stages = {rank: _stage_figures(r) for rank, r in by_rank.items()}
     table: dict[str, dict[int, int]] = {}
     for name, read in FIGURES.items():

@@ -39,6 +39,7 @@ from memest.analysis.ranks import (
 )
 from memest.cli._reports import load_report
 from memest.errors import CommandError, first_error
+from memest.estimate.parallel import ParallelBytes, run_parallel_bytes
 from memest.files import MAX_REPORT_BYTES, load_json_file
 from memest.reporters.breakdown import render_markdown, render_text
 from memest.reporters.table import Table, markdown_grid
@@ -127,11 +128,13 @@ def _run_ranks(args: argparse.Namespace) -> int:
     paths = sorted(folder.glob("report.rank*.json"))
     if not paths:
         raise CommandError(f"--run {folder}: no report.rank<N>.json files")
+    reports = [load_report(p) for p in paths]
     agg = aggregate_ranks(
-        [load_report(p) for p in paths],
+        reports,
         rel_threshold=args.rel_threshold,
         abs_threshold_bytes=parse_bytes(args.abs_threshold, field="--abs-threshold"),
     )
+    parallel = run_parallel_bytes(reports)
     if args.json:
         doc = {
             "run_id": agg.run_id,
@@ -144,11 +147,11 @@ def _run_ranks(args: argparse.Namespace) -> int:
             "outliers": [o.describe() for o in agg.outliers],
             "hook_errors": {str(k): v for k, v in agg.hook_errors.items()},
         }
-        if agg.parallel is not None:
-            doc["tp_outside_torch_bytes"] = agg.parallel.outside_torch_bytes
+        if parallel is not None:
+            doc["tp_outside_torch_bytes"] = parallel.outside_torch_bytes
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        sys.stdout.write(render_ranks(agg))
+        sys.stdout.write(render_ranks(agg, parallel))
     return 0 if agg.consistent else 1
 
 
@@ -176,8 +179,8 @@ def _cell(name: str, value: int) -> str:
     return fmt_gib(value) if is_bytes else f"{value:,}"
 
 
-def render_ranks(agg: RankAggregate) -> str:
-    """The ranks of one run side by side, then the flags."""
+def render_ranks(agg: RankAggregate, parallel: ParallelBytes | None = None) -> str:
+    """The ranks of one run side by side, what TP adds outside PyTorch (TP > 1), then the flags."""
     lines = [f"run {agg.run_id}: ranks {agg.ranks} of world size {agg.world_size}", ""]
     header = ["Figure", *[f"rank {r}" for r in agg.ranks]]
     rows = [
@@ -191,11 +194,11 @@ def render_ranks(agg: RankAggregate) -> str:
             f"rank {agg.binding_rank} bound the KV cache (least KV memory available; vLLM sizes "
             "every rank's cache by it)"
         )
-    if agg.parallel is not None:
+    if parallel is not None:
         lines.append(
-            f"each rank holds {fmt_gib(agg.parallel.outside_torch_bytes)} GiB outside PyTorch for "
-            f"TP's communicators, derived ({agg.parallel.describe()}; ± "
-            f"{fmt_gib(agg.parallel.uncertainty_bytes)} GiB): the binding rank's KV budget is "
+            f"each rank holds {fmt_gib(parallel.outside_torch_bytes)} GiB outside PyTorch for "
+            f"TP's communicators, derived ({parallel.describe()}; ± "
+            f"{fmt_gib(parallel.uncertainty_bytes)} GiB): the binding rank's KV budget is "
             "after it"
         )
     if agg.missing_ranks:

@@ -78,11 +78,11 @@ and :data:`UNDERIVED_BYTES` per rank with a TP group make the stated half-width.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from memest.errors import ConfigError
-from memest.schema import GpuInfo, RunConfig
+from memest.schema import GpuInfo, RunConfig, RunReport
 from memest.units import KiB, MiB
 
 #: NCCL's pipeline depth (include/device.h NCCL_STEPS).
@@ -338,3 +338,12 @@ def start_layout(config: RunConfig, gpu: GpuInfo | None) -> ParallelLayout:
         compute_capability=capability or "9.0",
         hidden_size=dims.hidden_size if dims is not None else None,
     )
+
+
+def run_parallel_bytes(reports: Sequence[RunReport]) -> ParallelBytes | None:
+    """What TP adds outside PyTorch on each rank of a run at TP > 1 (None at TP 1), derived from
+    its lowest rank's start: the same on every rank of the group (``memest analyze --run``)."""
+    first = min(reports, key=lambda r: r.rank)
+    if first.config.tensor_parallel_size <= 1:
+        return None
+    return parallel_bytes(start_layout(first.config, first.gpu))

@@ -11,7 +11,7 @@ import pytest
 
 from memest.cli import main
 
-RAW = Path(__file__).resolve().parents[2] / "reports" / "vllm" / "raw"
+RAW = Path(__file__).resolve().parents[2] / "tests" / "data" / "starts"
 # Two apply starts of one Qwen3 MoE configuration, calls 12 and 15.
 M12 = RAW / "call12.M_qwen3moe8l_s64_t2048.apply-hist.report.rank0.json"
 M15 = RAW / "call15.M_qwen3moe8l_s64_t2048.apply-hist.report.rank0.json"

@@ -4,7 +4,8 @@
 The grids are those of lab/whatif_grids.py (W1-W4 from call 11's start A), of lab/whatif_terms.py
 (one start's configuration overlaid on another's, written out here as the ``--grid`` a user
 types), the MLA and MoE starts of call 12, and the refusals a user meets; the pre-flight cases are
-the example config and the lab models of reports/preflight/unseen.json. The files under
+the example config and the lab models of reports/preflight/unseen.json. The MLA replay case
+(call 12's 1.6 MB history) is in test_golden_whatif_mla_replay.py. The files under
 tests/data/golden/ were written at the commit that added this test; every figure printed since
 must be the same, byte for byte.
 """
@@ -20,7 +21,7 @@ from memest.cli import main
 from tests.golden import check
 
 ROOT = Path(__file__).resolve().parents[2]
-RAW = "reports/vllm/raw"
+RAW = "tests/data/starts"
 A = f"{RAW}/call11.A_llama8b_s128_t4096.enable-cold"
 B = f"{RAW}/call6.B_llama8b_s32_t2048.apply"
 C = f"{RAW}/call6.C_llama8b_eagle3k3_s64_t4096.apply"
@@ -173,14 +174,6 @@ ESTIMATE_CASES: dict[str, list[str]] = {
         f"{MLA}.report.rank0.json",
         "--grid",
         _grid(max_model_len=2048, max_num_seqs=32),
-    ],
-    "mla-replay": [
-        "--from",
-        f"{MLA}.report.rank0.json",
-        "--grid",
-        _grid(max_num_seqs=128),
-        "--snapshot",
-        f"{MLA}.snapshot.rank0.json.gz",
     ],
     "moe-batched-tokens": [
         "--from",

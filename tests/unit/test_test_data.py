@@ -19,6 +19,10 @@ READS_REPORTS = {
     "tests/unit/lab/test_preflight_check.py",
     # owners on call 12's whole MLA history: a 1.6 MB gzip, over tests/data's 1 MiB a file
     "tests/unit/analysis/test_mla_owners.py",
+    # the what-if replayed through that same MLA history (the 1.6 MB gzip)
+    "tests/integration/test_golden_whatif_mla_replay.py",
+    # the demo's packaged starts must be the committed reports, byte for byte
+    "tests/integration/service/test_demo.py",
 }
 
 

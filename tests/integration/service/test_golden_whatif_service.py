@@ -15,7 +15,7 @@ from tests.golden import check
 from .conftest import AUTH  # noqa: TID252
 
 ROOT = Path(__file__).resolve().parents[3]
-RAW = ROOT / "reports/vllm/raw"
+RAW = ROOT / "tests/data/starts"
 A = RAW / "call11.A_llama8b_s128_t4096.enable-cold.report.rank0.json"
 W4 = RAW / "call11.W4_llama8b_s128_t4096_cap64.apply.report.rank0.json"
 MLA = RAW / "call12.L_dsv2lite8l_s64_t2048.apply-hist.report.rank0.json"

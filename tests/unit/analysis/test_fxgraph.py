@@ -3,7 +3,7 @@
 The cache is call 23's (reports/vllm/raw/call23-cache): vLLM's ``computation_graph.py`` of the
 Llama-8B shape and three generated modules it loaded, copied gzipped to
 tests/data/inductor/cachehit. The ground truth is the map call 11's cold memest start recorded from
-the live FX graph for the same three generated modules (reports/vllm/raw/call11...report).
+the live FX graph for the same three generated modules (its report, copied to tests/data/starts).
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ from memest.snapshot import load_snapshot, scrub_path
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data" / "inductor" / "cachehit"
-COLD = (
-    ROOT / "reports" / "vllm" / "raw" / "call11.A_llama8b_s128_t4096.enable-cold.report.rank0.json"
-)
+COLD = ROOT / "tests/data/starts/call11.A_llama8b_s128_t4096.enable-cold.report.rank0.json"
 HIT = ROOT / "reports" / "vllm" / "owners" / "call23.A_llama8b_s128_t4096.enable"
 COLD_RUN = ROOT / "reports" / "vllm" / "owners" / "call11.A_llama8b_s128_t4096.enable-cold"
 LAST = "4m/c4mozpcpzaepjhpkg4bjwcn3236672fyhxgvwxgbzlv3hvgrdkf7.py"

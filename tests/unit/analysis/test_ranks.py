@@ -4,6 +4,7 @@ import pytest
 
 from memest.analysis.ranks import aggregate_ranks, rank_check
 from memest.errors import ReportFormatError
+from memest.estimate.parallel import run_parallel_bytes
 from memest.schema import (
     Breakdown,
     KVCacheSpec,
@@ -115,7 +116,7 @@ def test_the_rank_with_the_least_kv_memory_binds_the_cache() -> None:
     assert aggregate_ranks([_rep(0, GiB, 10, world=1)]).binding_rank is None
 
 
-def test_a_tp_run_carries_what_tp_adds_outside_pytorch() -> None:
+def test_a_tp_run_names_what_tp_adds_outside_pytorch_and_flags_no_rank() -> None:
     # TP=2 on an H200 (no GPU recorded: sm90 assumed), hidden unknown: NCCL 24 channels x
     # 12 MiB = 288 MiB, custom all-reduce 10 + 16 MiB, symmetric memory 66 MiB, FlashInfer at
     # its 64 MiB maximum per share: 128 + 2 + 384 MiB.
@@ -126,8 +127,8 @@ def test_a_tp_run_carries_what_tp_adds_outside_pytorch() -> None:
         )
         for r in range(2)
     ]
-    agg = aggregate_ranks(reports)
-    assert agg.parallel is not None
-    assert agg.parallel.outside_torch_bytes == (288 + 26 + 66 + 514) * mib
-    assert agg.consistent  # the same on each rank: it flags no rank
-    assert aggregate_ranks([_rep(r, 4 * GiB, 1000) for r in range(4)]).parallel is None
+    parallel = run_parallel_bytes(reports)
+    assert parallel is not None
+    assert parallel.outside_torch_bytes == (288 + 26 + 66 + 514) * mib
+    assert aggregate_ranks(reports).consistent  # the same on each rank: it flags no rank
+    assert run_parallel_bytes([_rep(r, 4 * GiB, 1000) for r in range(4)]) is None

@@ -18,7 +18,7 @@ from memest.estimate.whatif.question import answer
 from memest.preflight.calibration import what_if_calibration
 from memest.schema import KVCacheSpec, RunReport
 
-RAW = Path(__file__).resolve().parents[3] / "reports/vllm/raw"
+RAW = Path(__file__).resolve().parents[3] / "tests/data/starts"
 BF16_APPLY = RAW / "call3.A_llama8b_s128_t4096.apply.report.rank0.json"
 FP8_APPLY = RAW / "call23.F_llama8b_s128_t4096_fp8kv.apply.report.rank0.json"
 FP8_APPLY_TOKENS = 1_672_144  # results.call23.jsonl, F_llama8b_s128_t4096_fp8kv apply

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[3]
 #: Written with the note "KV cache of this start sized by memest" (an apply start).
 NOTED = ROOT / "tests/data/reports/call6.B_llama8b_s32_t2048.apply.report.rank0.json"
 #: Older: only its measured record's note says "this start, KV sized by vllm: ...".
-OLDER = ROOT / "reports/vllm/raw/call3.A_llama8b_s128_t4096.enable.report.rank0.json"
+OLDER = ROOT / "tests/data/starts/call3.A_llama8b_s128_t4096.enable.report.rank0.json"
 
 
 def test_an_older_report_is_read_from_its_note() -> None:

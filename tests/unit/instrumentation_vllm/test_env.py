@@ -76,7 +76,6 @@ def test_run_id_is_shared_by_ranks_of_one_launch() -> None:
 NUMERIC_DEFAULTS: dict[str, float] = {
     "MEMEST_PUSH_TIMEOUT_S": 10.0,
     "MEMEST_PUSH_RETRIES": 3,
-    "MEMEST_STACK_DEPTH": 16,
     "MEMEST_HISTORY_MAX_ENTRIES": 2_000_000,
     "MEMEST_MARGIN_BYTES": 0,
     "MEMEST_PLAN_FREE_TOLERANCE_BYTES": 268_435_456,
@@ -86,7 +85,6 @@ NUMERIC_DEFAULTS: dict[str, float] = {
 _FIELD = {
     "MEMEST_PUSH_TIMEOUT_S": "push_timeout_s",
     "MEMEST_PUSH_RETRIES": "push_retries",
-    "MEMEST_STACK_DEPTH": "stack_depth",
     "MEMEST_HISTORY_MAX_ENTRIES": "history_max_entries",
     "MEMEST_MARGIN_BYTES": "margin_bytes",
     "MEMEST_PLAN_FREE_TOLERANCE_BYTES": "plan_free_tolerance_bytes",

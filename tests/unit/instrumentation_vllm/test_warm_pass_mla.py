@@ -37,7 +37,7 @@ def _vllm_config(layers: dict[str, Any]) -> Any:
 @pytest.mark.vllm
 def test_the_stand_in_is_empty_during_the_pass_and_restored_after() -> None:
     import torch
-    from memest_instrumentation.vllm.hooks import _without_mla_standin
+    from memest_instrumentation.vllm.warm_pass import _without_mla_standin
 
     layer = _real_mla_layer(32768)
     other = types.SimpleNamespace(chunked_prefill_workspace_size=7)  # not an MLA layer
@@ -53,7 +53,7 @@ def test_the_stand_in_is_empty_during_the_pass_and_restored_after() -> None:
 
 @pytest.mark.vllm
 def test_the_width_comes_back_when_the_pass_fails() -> None:
-    from memest_instrumentation.vllm.hooks import _without_mla_standin
+    from memest_instrumentation.vllm.warm_pass import _without_mla_standin
 
     layer = _real_mla_layer(65536)
     with pytest.raises(RuntimeError), _without_mla_standin(_vllm_config({"a": layer})):
@@ -63,8 +63,8 @@ def test_the_width_comes_back_when_the_pass_fails() -> None:
 
 @pytest.mark.vllm
 def test_the_warm_pass_records_running_without_the_stand_in() -> None:
-    from memest_instrumentation.vllm.hooks import warm_profile_peak
     from memest_instrumentation.vllm.state import state
+    from memest_instrumentation.vllm.warm_pass import warm_profile_peak
 
     layer = _real_mla_layer(32768)
     seen: list[int] = []
@@ -85,8 +85,8 @@ def test_the_warm_pass_records_running_without_the_stand_in() -> None:
 
 
 def test_a_model_without_mla_records_nothing() -> None:
-    from memest_instrumentation.vllm.hooks import warm_profile_peak
     from memest_instrumentation.vllm.state import state
+    from memest_instrumentation.vllm.warm_pass import warm_profile_peak
 
     class Runner:
         def profile_run(self, randomize_inputs: bool = False) -> None:
@@ -121,8 +121,8 @@ def test_the_warm_pass_skips_vllms_full_collection_and_restores_it() -> None:
     the real gc.collect is back afterwards, also when the pass raises."""
     import gc
 
-    from memest_instrumentation.vllm.hooks import warm_profile_peak
     from memest_instrumentation.vllm.state import state
+    from memest_instrumentation.vllm.warm_pass import warm_profile_peak
 
     class Cycle:
         def __init__(self) -> None:

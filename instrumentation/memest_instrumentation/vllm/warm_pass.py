@@ -1,0 +1,126 @@
+"""memest's second, warm profile pass: the activation headroom read again after vLLM's own profile
+run, from an empty allocator cache, with the two context managers that keep the pass to what a
+serving step takes (no full garbage collection, no MLA context stand-in).
+
+Runs inside ``guarded`` (hooks.py's ``_after_determine``), so a failure is logged and vLLM goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from memest.estimate.phases import warm_pass_headroom
+from memest.schema import PhaseRecord
+from memest_instrumentation.vllm import measure
+from memest_instrumentation.vllm.state import state
+
+
+def warm_profile_peak(worker: Any) -> None:
+    """Measure the activation headroom again in a second, warm profile pass.
+
+    vLLM's own figure is the allocated peak of its profile run, which has two faults as a
+    budget term: a first start compiles inside that run, and torch.compile's transients
+    inflate the peak (1.32 GiB against 0.55 GiB warm for Llama-8B with EAGLE3 on an H200); and
+    allocated bytes are not what serving's first full-size step takes from the device, which is
+    the allocator's reservation, block rounding and segment sizes included (0.69 GiB there).
+    So memest runs the profile pass once more, after vLLM's, from an empty allocator cache and
+    reads the reservation it adds (phase ``profile_run.warm``).
+    """
+    from memest_instrumentation.vllm.patches import original
+
+    st = state()
+    runner = worker.model_runner
+    bound = runner.profile_run
+    base = original(bound)
+    randomize = bool(getattr(worker, "randomize_dummy_inputs", False))
+    torch = measure._torch() if measure.cuda_ready() else None
+    try:
+        from vllm.config import set_current_vllm_config
+
+        config_ctx: Any = set_current_vllm_config(worker.vllm_config)
+    except Exception:
+        config_ctx = contextlib.nullcontext()
+    # Read before the pass: a wrapper memest could not unwrap would overwrite it.
+    first = st.figures.profile_headroom_bytes or 0
+    measure.settle()
+    measure.reset_peak()
+    start = measure.reading(pools=False)
+    began = time.monotonic()
+    with (
+        torch.inference_mode() if torch is not None else contextlib.nullcontext(),
+        config_ctx,
+        _without_mla_standin(getattr(worker, "vllm_config", None)) as standins,
+        _without_full_collection(),
+    ):
+        if base is bound:
+            bound(randomize_inputs=randomize)
+        else:
+            base(runner, randomize_inputs=randomize)
+    end = measure.reading(pools=False)
+    pass_s = time.monotonic() - began
+    measure.settle()
+    st.phases.append(PhaseRecord(name="profile_run.warm", start=start, end=end))
+    warm = warm_pass_headroom(start, end)
+    st.figures.profile_headroom_bytes = warm
+    if standins and st.config is not None:
+        st.config = st.config.model_copy(update={"mla_warm_pass_without_standin": True})
+    # vLLM counts a load from its compile cache among its compilations: the note says both.
+    compiled = (
+        " (torch.compile compiled or loaded the model in it)"
+        if st.figures.profile_run_compiled
+        else ""
+    )
+    without = f" without the MLA context stand-in of {standins} layers" if standins else ""
+    st.notes.append(
+        f"activation headroom: vLLM's profile run{compiled} peaked {first} B above what it left "
+        f"allocated; a second, warm profile pass{without} added {warm} B of reservation in "
+        f"{pass_s:.2f} s; the estimate uses the second"
+    )
+
+
+@contextlib.contextmanager
+def _without_full_collection() -> Iterator[None]:
+    """vLLM's ``profile_run`` ends with ``gc.collect()``, a full collection of the worker's heap
+    that costs more than the pass's forward on a small model. The pass creates no reference
+    cycles that hold device memory (its tensors are freed by reference counting), and its
+    reading is taken from the allocator, so for the pass alone the call is a no-op."""
+    import gc
+
+    collect = gc.collect
+    gc.collect = lambda generation=2: 0
+    try:
+        yield
+    finally:
+        gc.collect = collect
+
+
+@contextlib.contextmanager
+def _without_mla_standin(vllm_config: Any) -> Iterator[int]:
+    """The model's MLA layers without their profile-run stand-in; yields how many were changed.
+
+    Run without attention metadata, vLLM 0.33.0's ``MLAAttention.forward_impl`` allocates one
+    [chunked_prefill_workspace_size, heads, qk_nope + v] tensor standing in for an up-projected
+    context chunk, its width read through a property over ``_chunked_prefill_workspace_size``.
+    No serving step allocates it, and in the warm pass its segments absorb the pass's other
+    blocks, so the reservation read would be the stand-in's rather than the step's. With the
+    width at 0 for the pass the tensor is empty; memest.estimate.mla_context then counts the
+    whole chunk.
+    """
+    compilation = getattr(vllm_config, "compilation_config", None)
+    layers = getattr(compilation, "static_forward_context", None) or {}
+    saved = [
+        (layer, layer._chunked_prefill_workspace_size)
+        for layer in layers.values()
+        if hasattr(layer, "_chunked_prefill_workspace_size")
+        and isinstance(getattr(type(layer), "chunked_prefill_workspace_size", None), property)
+    ]
+    try:
+        for layer, _ in saved:
+            layer._chunked_prefill_workspace_size = 0
+        yield len(saved)
+    finally:
+        for layer, width in saved:
+            layer._chunked_prefill_workspace_size = width
