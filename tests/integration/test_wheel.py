@@ -175,9 +175,13 @@ def fresh_venv(dists: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactor
     # addsitedir, not a bare path: the linked folder's own .pth files are processed too.
     deps = _deps_without_memest(tmp)
     (site_dir / "zz-dependencies.pth").write_text(f"import site; site.addsitedir({str(deps)!r})\n")
+    # Away from the checkout and its PYTHONPATH: the editable install's *.egg-info folders in the
+    # repository root would tell pip that vllm-memest is installed already.
     _run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps"]
         + ["--no-index", str(dists[0])],
+        env=_venv_env(venv),
+        cwd=tmp,
         timeout=BUILD_TIMEOUT_S,
     )
     return venv
