@@ -240,6 +240,11 @@ def _first_full_step(cfg: dict[str, Any]) -> dict[str, Any]:
         "temperature": 0.0,
         "ignore_eos": True,
     }
+    return {"step_tokens": n, **_complete(body, "completion_status", "step_error")}
+
+
+def _complete(body: dict[str, Any], status_key: str, error_key: str) -> dict[str, Any]:
+    """POST one completion; {status_key: HTTP status} or {error_key: what went wrong}."""
     req = urllib.request.Request(
         f"http://127.0.0.1:{PORT}/v1/completions",
         data=json.dumps(body).encode(),
@@ -247,9 +252,9 @@ def _first_full_step(cfg: dict[str, Any]) -> dict[str, Any]:
     )
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
-            return {"step_tokens": n, "completion_status": r.status}
+            return {status_key: r.status}
     except Exception as exc:
-        return {"step_tokens": n, "step_error": repr(exc)[:300]}
+        return {error_key: repr(exc)[:300]}
 
 
 def _full_batch_step(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -278,16 +283,10 @@ def _full_batch_step(cfg: dict[str, Any]) -> dict[str, Any]:
         "seed": 0,
         "ignore_eos": True,
     }
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{PORT}/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return {"batch_step_seqs": cfg["max_num_seqs"], "batch_step_status": r.status}
-    except Exception as exc:
-        return {"batch_step_seqs": cfg["max_num_seqs"], "batch_step_error": repr(exc)[:300]}
+    return {
+        "batch_step_seqs": cfg["max_num_seqs"],
+        **_complete(body, "batch_step_status", "batch_step_error"),
+    }
 
 
 def _stop(proc: subprocess.Popen[bytes], gpus: Gpus, baseline: list[dict[str, int]]) -> dict:
