@@ -499,12 +499,37 @@ def provide_deep_gemm_for_indexer(logits_dtype: torch.dtype | None = None) -> li
     return patched
 
 
+#: vLLM's CuTe DSL fused_q, which imports `cutlass` (absent where vLLM runs without its kernels).
+FUSED_Q_CUTEDSL_MODULE = "vllm.models.deepseek_v32.nvidia.ops.fused_q_cutedsl"
+
+
+def _fused_q_cutedsl_unreachable(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError("fused_q_cutedsl: the CuTe DSL kernel runs on SM100 only")
+
+
+def provide_fused_q_without_cute_dsl() -> list[str]:
+    """`fused_q` (deepseek_v32/common/kernels.py) imports the CuTe DSL module on every CUDA call
+    and asks it whether its kernel applies; on SM90 the answer is no (it needs compute
+    capability 10.0) and vLLM's own Triton kernel runs. Where `cutlass` cannot import, a module
+    in its place gives that same answer, so the Triton kernel runs as on a full install."""
+    import types
+
+    if FUSED_Q_CUTEDSL_MODULE not in sys.modules:
+        module = types.ModuleType(FUSED_Q_CUTEDSL_MODULE)
+        module.is_fused_q_cutedsl_supported = lambda *a, **k: False  # type: ignore[attr-defined]
+        module.fused_q_cutedsl = _fused_q_cutedsl_unreachable  # type: ignore[attr-defined]
+        sys.modules[FUSED_Q_CUTEDSL_MODULE] = module
+    return [f"{FUSED_Q_CUTEDSL_MODULE} (SM90: Triton fused_q)"]
+
+
 def register(logits_dtype: torch.dtype | None = None, sparse_mla: bool = False) -> list[str]:
-    """The ops, then DeepGEMM for the indexer (vLLM imported already: the shim's schemas), and
-    with ``sparse_mla`` FlashMLA's sparse attend (for a vLLM whose `_flashmla_C` cannot run)."""
+    """The ops, then DeepGEMM for the indexer (vLLM imported already: the shim's schemas), the
+    CuTe DSL fused_q's SM90 answer, and with ``sparse_mla`` FlashMLA's sparse attend (for a
+    vLLM whose `_flashmla_C` cannot run)."""
     done = register_ops()
     if "vllm" in sys.modules:
         done += provide_deep_gemm_for_indexer(logits_dtype)
+        done += provide_fused_q_without_cute_dsl()
         if sparse_mla:
             done += provide_sparse_mla()
     return done

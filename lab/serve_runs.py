@@ -280,6 +280,7 @@ def _full_batch_step(cfg: dict[str, Any]) -> dict[str, Any]:
         "logit_bias": {"0": -1.0, "1": 0.5},
         "logprobs": 5,
         "prompt_logprobs": 1,
+        "return_tokens_as_token_ids": True,  # the server has no tokenizer to name them
         "seed": 0,
         "ignore_eos": True,
     }

@@ -71,6 +71,10 @@ SCHEMAS: dict[tuple[str, str], str] = {
         "Tensor prefix_lse, Tensor suffix_output, Tensor suffix_lse, "
         "int!? prefill_tokens_with_context, Tensor? output_scale=None) -> ()"
     ),
+    ("_C", "dsv3_fused_a_gemm"): (
+        "dsv3_fused_a_gemm(Tensor! output, Tensor mat_a, Tensor mat_b, bool enable_pdl=False) -> ()"
+    ),
+    ("_C", "rms_norm"): "rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()",
     # read from the strings of vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so
     ("_vllm_fa2_C", "varlen_fwd"): (
         "varlen_fwd(Tensor! q, Tensor k, Tensor v, Tensor!? out, Tensor cu_seqlens_q, "
@@ -393,6 +397,38 @@ def merge_attn_states(
         output_lse[:, :merged_tokens].copy_(lse)
 
 
+# --------------------------------------------------------------------------- DeepSeek-V3, DSpark
+def dsv3_fused_a_gemm(
+    output: torch.Tensor, mat_a: torch.Tensor, mat_b: torch.Tensor, enable_pdl: bool = False
+) -> None:
+    """`_C::dsv3_fused_a_gemm`: output = mat_a @ mat_b, BF16, into output (vllm/_custom_ops.py).
+
+    DeepSeek-V2/V3's fused q/kv A-projection calls it for 1 to 16 tokens when hidden_size is
+    7,168 (`_min_latency_fused_qkv_a_proj` in deepseek_v2.py); mat_b is the weight's transposed
+    view. Writes only into ``output``.
+    """
+    torch.mm(mat_a, mat_b, out=output)
+
+
+def rms_norm(
+    result: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, epsilon: float
+) -> None:
+    """`_C::rms_norm`, with its grouped form: a weight of shape [G, H] normalises x[g] with
+    weight[g] (x of shape [G, ..., H]; DFlash/DSpark's context-K norm, one weight per draft
+    layer, `_normalize_context_k` in qwen3_dflash.py). A [H] weight or none is the plain norm,
+    the same arithmetic as the shim's: float32 x * rsqrt(mean(x^2) + eps), cast back, times w.
+    """
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + epsilon)).to(x.dtype)
+    if weight is None:
+        result.copy_(normed)
+    elif weight.dim() == 1:
+        result.copy_(normed * weight)
+    else:
+        groups, hidden = weight.shape[0], weight.shape[-1]
+        result.copy_(normed * weight.view(groups, *([1] * (x.dim() - 2)), hidden))
+
+
 # --------------------------------------------------------------------------- FlashAttention-2
 def _unsupported_varlen(**options: Any) -> list[str]:
     """The varlen_fwd features MLA prefill never uses; the stand-in refuses them by name."""
@@ -544,12 +580,16 @@ IMPLS: dict[tuple[str, str], Callable[..., Any]] = {
     ("_C_cache_ops", "gather_and_maybe_dequant_cache"): gather_and_maybe_dequant_cache,
     ("_C", "merge_attn_states"): merge_attn_states,
     ("_vllm_fa2_C", "varlen_fwd"): varlen_fwd,
+    ("_C", "dsv3_fused_a_gemm"): dsv3_fused_a_gemm,
 }
+# Kernels that replace the shim's own, which lacks a form vLLM calls (the grouped norm).
+OVERRIDES: dict[tuple[str, str], Callable[..., Any]] = {("_C", "rms_norm"): rms_norm}
 # Ops that return tensors need a fake kernel that makes them; the rest only write into buffers.
 FAKES: dict[tuple[str, str], Callable[..., Any]] = {("_vllm_fa2_C", "varlen_fwd"): _varlen_fwd_fake}
 
 # torch.library deregisters what a Library defined when the object is collected: keep them.
 _LIBRARIES: dict[str, Library] = {}
+_REPLACED: set[tuple[str, str]] = set()
 
 
 def _library(namespace: str) -> Library:
@@ -578,8 +618,8 @@ def register(dispatch_keys: Sequence[str] = ("CUDA", "CPU")) -> list[str]:
     """Define (when missing) and implement every op in IMPLS; return "ns::name" of each.
 
     An op whose schema already exists (the shim's `_C_cache_ops`) only gets the kernels; a key
-    that already has a kernel (a real compiled extension) is left alone. Calling it again is a
-    no-op.
+    that already has a kernel (a real compiled extension) is left alone, except for the ops in
+    OVERRIDES, whose kernel is replaced. Calling it again is a no-op.
     """
     registered = []
     for (namespace, name), kernel in IMPLS.items():
@@ -592,4 +632,18 @@ def register(dispatch_keys: Sequence[str] = ("CUDA", "CPU")) -> list[str]:
             if not torch._C._dispatch_has_kernel_for_dispatch_key(qualname, key):
                 lib.impl(name, kernel, key)
         registered.append(qualname)
+    for (namespace, name), kernel in OVERRIDES.items():
+        qualname = f"{namespace}::{name}"
+        lib = _library(namespace)
+        if not _has_schema(namespace, name):
+            lib.define(SCHEMAS[(namespace, name)])
+        _add_fake(qualname, lib, _no_output)
+        for key in dispatch_keys:
+            if (qualname, key) not in _REPLACED:  # replaces the shim's kernel for that key
+                # torch.library refuses a second Python kernel for one key unless the first
+                # one's record is dropped; the dispatcher itself takes the newer kernel
+                torch.library._impls.discard(f"{namespace}/{name}/{key}")
+                lib.impl(name, kernel, key)
+                _REPLACED.add((qualname, key))
+        registered.append(f"{qualname} (replaced)")
     return registered

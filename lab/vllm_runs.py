@@ -182,7 +182,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # and the indexer's compiled ops; top-k "per_row" (the compiled cooperative/persistent
     # top-k "auto" picks are missing too). logits_dtype "fp32" is the H200's own contract (one
     # FP32 logits tensor); "bf16" gives the SM100 pair: BF16 logits and vLLM's FP32 copy.
-    # The sparse MLA attend itself is FlashMLA's (_flashmla_C, in the wheel; no stand-in).
+    # The sparse MLA attend is FlashMLA's (_flashmla_C), which the carry leaves out with every
+    # other compiled extension: its torch stand-in serves it (lab/dsa_standins.py).
     "S_dsv32_4l_s64_t2048": {
         "model": str(LAB_MODELS / "dsv32_4l"),
         "max_num_seqs": 64,
@@ -192,6 +193,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "dsa_standins": "fp32",
         "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
         "attention_backend": "FLASHMLA_SPARSE",
+        "sparse_mla_standin": True,
     },
     "S_dsv32_4l_s64_t2048_bf16": {
         "model": str(LAB_MODELS / "dsv32_4l"),
@@ -202,6 +204,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "dsa_standins": "bf16",
         "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
         "attention_backend": "FLASHMLA_SPARSE",
+        "sparse_mla_standin": True,
     },
     # DeepSeek-scale MLA and MoE breadth (issue 26), each with the FlashAttention prefill where
     # MLA and the step over cached context (32,768-row chunks at max_model_len 4,096).
@@ -243,6 +246,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "max_num_seqs": 64,
         "mbt": 2048,
         "util": 0.85,
+        "standins": True,  # the grouped rms_norm of the draft's context-K norm
         "spec": DSPARK_K7,
     },
     # Llama-3-8B with 4 of its 32 layers: a small model, where the plugin's fixed costs show.
@@ -464,6 +468,15 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("P_qwen3_8b12l_dspark7_s64_t2048", "apply"),
         ("P_qwen3_8b12l_dspark7_s64_t2048", "alone"),
         ("P_qwen3_8b12l_dspark7_s64_t2048", "plan"),
+    ],
+    # Both of issue 29's shapes in one device call: memest apply with the allocator history
+    # kept (the owners and the size law) and vLLM alone, then the SM100 logits pair.
+    "dsa_dspark": [
+        ("S_dsv32_4l_s64_t2048", "apply-hist"),
+        ("S_dsv32_4l_s64_t2048", "alone"),
+        ("P_qwen3_8b12l_dspark7_s64_t2048", "apply-hist"),
+        ("P_qwen3_8b12l_dspark7_s64_t2048", "alone"),
+        ("S_dsv32_4l_s64_t2048_bf16", "apply-hist"),
     ],
     # An FP8 checkpoint (lab/fp8_standins.py quantizes): vLLM alone, memest apply, its plan.
     "fp8w": [

@@ -355,7 +355,9 @@ def test_stand_ins_run_on_fake_tensors(standins: types.ModuleType) -> None:
 
 def test_register_again_keeps_the_kernels(standins: types.ModuleType) -> None:
     """A second call defines and implements nothing twice (torch would refuse a second kernel)."""
-    assert standins.register(("CPU",)) == [f"{ns}::{name}" for ns, name in standins.IMPLS]
+    assert standins.register(("CPU",)) == [f"{ns}::{name}" for ns, name in standins.IMPLS] + [
+        f"{ns}::{name} (replaced)" for ns, name in standins.OVERRIDES
+    ]
     out = torch.empty(2, 3)
     torch.ops._moe_C.moe_sum(torch.ones(2, 4, 3), out)
     assert out.tolist() == [[4.0] * 3] * 2
