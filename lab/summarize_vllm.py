@@ -56,6 +56,7 @@ VARIANT = {
     "old": "the memest tree before the stall fix (git 1bf6c41)",
     "hist": "allocator history kept (MEMEST_KEEP_SNAPSHOT=1)",
     "stephist": "the first full-size step's allocator history kept",
+    "memest": "plugin on, measuring only: the plan path's profile run under vLLM's split limit",
 }
 # Calls whose apply starts ran before the outside-PyTorch term was corrected.
 REPLAYED_CALLS = ("call1", "call2")

@@ -74,7 +74,10 @@ SCHEMAS: dict[tuple[str, str], str] = {
     ("_C", "dsv3_fused_a_gemm"): (
         "dsv3_fused_a_gemm(Tensor! output, Tensor mat_a, Tensor mat_b, bool enable_pdl=False) -> ()"
     ),
-    ("_C", "rms_norm"): "rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()",
+    (
+        "_C",
+        "rms_norm",
+    ): "rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()",
     # read from the strings of vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so
     ("_vllm_fa2_C", "varlen_fwd"): (
         "varlen_fwd(Tensor! q, Tensor k, Tensor v, Tensor!? out, Tensor cu_seqlens_q, "

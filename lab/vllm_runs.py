@@ -257,9 +257,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "util": 0.85,
     },
 }
-#: Issue 26's shapes, each: memest apply (both steps' allocator history), its plan, vLLM alone.
+#: Issue 26's shapes, each: memest apply (both steps' allocator history), its plan without and
+#: with the plugin on (the plan path's profile run under vLLM's split limit), vLLM alone.
 BIGMLA: dict[str, list[tuple[str, str]]] = {
-    f"bigmla_{key}": [(config, mode) for mode in ("apply-hist-stephist", "plan", "alone")]
+    f"bigmla_{key}": [
+        (config, mode) for mode in ("apply-hist-stephist", "plan", "plan-memest", "alone")
+    ]
     for key, config in (
         ("v3", "V3_dsv3mla5l_s64_t2048_fa"),
         ("k", "K_mla64h8l_s64_t2048_fa"),
@@ -914,6 +917,9 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
             env["MEMEST_ESTIMATE"] = "off"
         if mode == "plan":
             env["VLLM_ENABLE_STARTUP_PLAN"] = "1"
+            if "memest" in flags:  # the plugin on, measuring only: the plan path's profile run
+                env["MEMEST_ENABLE"] = "1"  # under vLLM's split limit (MEMEST_PLAN_PATH_SPLIT)
+                env["MEMEST_ESTIMATE"] = "off"
         if "stephist" in flags:
             env["STEP_HISTORY"] = "1"
             env["STEP_HISTORY_PATH"] = str(OUT / "starts" / f"{cfg_name}.{mode_spec}.step.pickle")

@@ -101,6 +101,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "so a next start with a few MiB less free memory still applies it.",
     ),
     EnvVar(
+        "MEMEST_PLAN_PATH_SPLIT",
+        "1",
+        "1 runs vLLM's profile run on its kv_cache_memory_bytes path (a startup plan applied, "
+        "--kv-cache-memory-bytes) under the 20 MiB split limit and the emptied cache its "
+        "profiling path has, so growing workspaces do not pin freed segments beyond what the "
+        "plan was sized for; 0 leaves that path as vLLM runs it.",
+    ),
+    EnvVar(
         "MEMEST_WORK_BUDGET_S",
         "60",
         "Seconds of its own work memest may add to one start. Past it, optional work (allocator "
@@ -147,6 +155,14 @@ def _estimate_default() -> EstimateMode:
     return mode if mode in ESTIMATE_MODES else "off"
 
 
+def _switch(name: str, text: str, problems: list[str]) -> bool:
+    """A 0/1 setting; anything else keeps the default and is named in ``problems``."""
+    if text in ("0", "1"):
+        return text == "1"
+    problems.append(f"{name}={text!r}: expected 0 or 1")
+    return _default(name) == "1"
+
+
 @dataclass(frozen=True)
 class Settings:
     """The plugin's settings, read once per process; each default is ENV_VARS' (declared once)."""
@@ -165,6 +181,7 @@ class Settings:
     estimate: EstimateMode = _estimate_default()
     margin_bytes: int = int(_default("MEMEST_MARGIN_BYTES"))
     plan_free_tolerance_bytes: int = int(_default("MEMEST_PLAN_FREE_TOLERANCE_BYTES"))
+    plan_path_split: bool = _default("MEMEST_PLAN_PATH_SPLIT") == "1"
     work_budget_s: float = float(_default("MEMEST_WORK_BUDGET_S"))
     slow_hook_s: float = float(_default("MEMEST_SLOW_HOOK_S"))
     code_map_dir: str = _default("MEMEST_CODE_MAP_DIR")
@@ -230,6 +247,9 @@ class Settings:
             estimate=mode,
             margin_bytes=integer("MEMEST_MARGIN_BYTES", 0),
             plan_free_tolerance_bytes=integer("MEMEST_PLAN_FREE_TOLERANCE_BYTES", 0),
+            plan_path_split=_switch(
+                "MEMEST_PLAN_PATH_SPLIT", raw("MEMEST_PLAN_PATH_SPLIT"), problems
+            ),
             work_budget_s=number("MEMEST_WORK_BUDGET_S"),
             slow_hook_s=number("MEMEST_SLOW_HOOK_S"),
             code_map_dir=raw("MEMEST_CODE_MAP_DIR") or _default("MEMEST_CODE_MAP_DIR"),

@@ -16,7 +16,7 @@ from typing import Any
 
 from memest.schema import PhaseRecord
 from memest.snapshot.tags import pool_key
-from memest_instrumentation.vllm import measure
+from memest_instrumentation.vllm import measure, plan_path
 from memest_instrumentation.vllm.detect import role_of, stage_of
 from memest_instrumentation.vllm.patches import Patch
 from memest_instrumentation.vllm.state import guarded, state
@@ -160,13 +160,20 @@ def _before_profile_run(self: Any, args: Any, kwargs: Any) -> None:
 
     # Peak stats start here, as inside vLLM's memory_profiling (also when a plan skipped it).
     measure.reset_peak()
-    state().figures.compiles_before_profile_run = collect.compile_count()
+    st = state()
+    st.figures.compiles_before_profile_run = collect.compile_count()
+    st.plan.split_scope = plan_path.enter(self)
 
 
 def _after_profile_run(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
     from memest_instrumentation.vllm import collect
 
     st = state()
+    scope, st.plan.split_scope = st.plan.split_scope, None
+    if scope is not None:
+        plan_path.leave(scope)
+        note = "profile run on the kv_cache_memory_bytes path held to vLLM's 20 MiB split limit"
+        st.notes.append(note + " and emptied after, as its profiling path does")
     before, st.figures.compiles_before_profile_run = st.figures.compiles_before_profile_run, None
     after = collect.compile_count()
     if before is not None and after is not None and after > before:

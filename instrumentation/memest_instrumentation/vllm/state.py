@@ -105,6 +105,7 @@ class PlanState:
     kv_cache_memory_bytes_given: int | None = None  # set: this start was sized by a plan
     kv_cache_memory_bytes: int | None = None
     path: str | None = None
+    split_scope: Any = None  # vLLM's split-limit scope around a bare profile run (plan_path.py)
 
 
 def _vllm_figures() -> VllmFigures:

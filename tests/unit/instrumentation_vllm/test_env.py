@@ -62,6 +62,14 @@ def test_bad_values_keep_defaults_and_are_named() -> None:
     assert any("MEMEST_ESTIMATE='guess'" in p for p in s.problems)
 
 
+def test_plan_path_split_is_on_by_default_and_takes_only_0_or_1() -> None:
+    assert Settings.from_env({}).plan_path_split is True
+    assert Settings.from_env({"MEMEST_PLAN_PATH_SPLIT": "0"}).plan_path_split is False
+    s = Settings.from_env({"MEMEST_PLAN_PATH_SPLIT": "off"})
+    assert s.plan_path_split is True
+    assert s.problems == ("MEMEST_PLAN_PATH_SPLIT='off': expected 0 or 1",)
+
+
 def test_run_id_is_shared_by_ranks_of_one_launch() -> None:
     env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     a = derive_run_id(env, parent_pid=4242)
