@@ -125,7 +125,9 @@ def _rest(st: Start, s: Setup, term: str) -> int:
 
 
 def _params(s: Setup) -> int:
-    return parameter_bytes(s.target) + (parameter_bytes(s.drafter) if s.drafter else 0)
+    return parameter_bytes(s.target) + (
+        parameter_bytes(s.drafter, target_vocab=s.target.vocab) if s.drafter else 0
+    )
 
 
 def _x_residue(s: Setup) -> int:

@@ -80,6 +80,8 @@ def question(name: str) -> PreflightRequest:
     """The pre-flight question of CONFIGS[name], as lab/vllm_runs.py starts it (TP 1)."""
     cfg = CONFIGS[name]
     spec = json.loads(cfg["spec"]) if cfg.get("spec") else None
+    if spec is not None:  # the draft's attention backend is the target's (TRITON_ATTN) here
+        spec.pop("attention_backend", None)
     fields: dict[str, Any] = {
         "model_config": _model_config(cfg["model"]),
         "gpu": GPU,
@@ -249,6 +251,11 @@ def check(paths: Sequence[Path], cal: Calibration | None = None) -> Check:
             why = DIAGNOSTIC_STARTS.get((path.stem.split(".")[-1], name))
             if why is not None:
                 skipped.append(f"{path.name}:{n} {name}/{rec['mode']}: diagnostic ({why})")
+                continue
+            if rec.get("kv_bytes") is None:  # a start that did not come up: nothing to compare
+                skipped.append(
+                    f"{path.name}:{n} {name}/{rec['mode']}: no kv_bytes (rc={rec.get('rc')})"
+                )
                 continue
             if name not in predictions:
                 req = question(name)

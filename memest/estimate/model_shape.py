@@ -31,7 +31,16 @@ IgnoreMatch = Literal["exact", "regex", "modelopt"]
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4}
 #: Architectures whose attention normalizes q and k per head (vLLM 0.33.0's q_norm and k_norm,
 #: head_dim weights each, replicated under TP); config.json has no field that says so.
-QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+#: Draft models on vLLM 0.33.0's DFlash Qwen3 backbone (qwen3_dflash.py, qwen3_dspark.py): Qwen3
+#: decoder layers, an fc over the target's auxiliary hidden states, the target's vocabulary.
+DFLASH_ARCHITECTURES = (
+    "DFlashDraftModel",
+    "MuseGlimmerAssistantModel",
+    "DFlashMuseGlimmerAssistantModel",
+    "Qwen3DSparkModel",
+    "Qwen3OmniDSparkModel",
+)
+QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *DFLASH_ARCHITECTURES)
 
 #: vLLM 0.33.0's max_model_len when config.json names no maximum length (it warns and uses 2048).
 VLLM_DEFAULT_MAX_MODEL_LEN = 2048
@@ -104,6 +113,8 @@ class ModelShape:
     q_lora_rank: int = 0
     extra_input_hidden: int = 0  # EAGLE3 drafters concatenate hidden states: 2 x hidden input
     qk_norm: bool = False  # per-head q and k RMSNorm weights (QK_NORM_ARCHITECTURES)
+    dflash_aux_layers: int = 0  # DFlash/DSpark: target hidden states the drafter's fc takes
+    markov_rank: int = 0  # DSpark's Markov head: vocab x rank, twice
     fp8: Fp8Weights | None = None  # FP8 linear layers (fp8_weights); None: the model's dtype
 
     def is_moe_layer(self, index: int) -> bool:
@@ -321,6 +332,17 @@ def fp8_weights(cfg: Mapping[str, Any], quantization: str | None = None) -> Fp8W
     return parse(qc)
 
 
+def _dflash_aux_layers(cfg: Mapping[str, Any], arch: str, layers: int) -> int:
+    """How many target hidden states a DFlash drafter's fc concatenates (vLLM 0.33.0's
+    _get_dflash_fc_input_size: the auxiliary layer ids, else the drafter's layer count)."""
+    if arch not in DFLASH_ARCHITECTURES:
+        return 0
+    dflash = cfg.get("dflash_config") or {}
+    ids = dflash.get("target_layer_ids") if isinstance(dflash, Mapping) else None
+    ids = ids or cfg.get("target_layer_ids")
+    return len(ids) if isinstance(ids, list) and ids else layers
+
+
 def model_shape(
     cfg: Mapping[str, Any], *, tp: int = 1, dtype: str = "auto", quantization: str | None = None
 ) -> ModelShape:
@@ -361,6 +383,8 @@ def model_shape(
         max_position=_int(cfg, "max_position_embeddings", VLLM_DEFAULT_MAX_MODEL_LEN),
         extra_input_hidden=hidden if "eagle3" in str(archs[0]).lower() else 0,
         qk_norm=str(archs[0]) in QK_NORM_ARCHITECTURES,
+        dflash_aux_layers=_dflash_aux_layers(cfg, str(archs[0]), layers),
+        markov_rank=_int(cfg, "markov_rank", 0, minimum=0) if "DSpark" in str(archs[0]) else 0,
         fp8=fp8_weights(cfg, quantization),
         **moe,
         **_mla_fields(cfg),

@@ -285,7 +285,7 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
     weights = parameter_bytes(s.target) + c.weights_rest_bytes
     if d is not None:
         residue += c.residue_drafter_bytes
-        weights += parameter_bytes(d)
+        weights += parameter_bytes(d, target_vocab=s.target.vocab)
     outside = c.outside_bytes + c.outside_per_graph_layer_bytes * s.graph_layers()
     outside += s.parallel.outside_torch_bytes
     base = c.baseline_bytes + (c.baseline_drafter_bytes if d else 0)

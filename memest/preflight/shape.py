@@ -208,9 +208,24 @@ def _norm_params(s: ModelShape) -> int:
     return 2 * s.hidden + extra
 
 
-def parameter_bytes(s: ModelShape) -> int:
+def _dflash_elems(s: ModelShape, target_vocab: int | None) -> int:
+    """A DFlash/DSpark drafter's elements beside its layers and fc (vLLM 0.33.0's
+    qwen3_dflash.py, qwen3_dspark.py and load_dspark_model): the mask embedding and hidden norm;
+    embed_tokens and lm_head only where the target's cannot be shared (a larger input vocabulary,
+    another output vocabulary); DSpark's Markov head, an embedding and a projection of
+    vocabulary x markov_rank."""
+    h, vocab = s.hidden, padded_vocab(s)
+    shared = target_vocab if target_vocab is not None else s.vocab
+    elems = 2 * h  # mask_embedding, hidden_norm
+    elems += 0 if s.vocab <= shared else vocab * h  # embed_tokens
+    elems += 0 if s.vocab == shared else vocab * h  # lm_head
+    return elems + s.markov_rank * (s.vocab + vocab)
+
+
+def parameter_bytes(s: ModelShape, target_vocab: int | None = None) -> int:
     """Bytes of one rank's weights: embeddings, layers, norms, lm_head (once when tied), the
-    rotary cos/sin cache, and an EAGLE3 drafter's fc (3 x hidden -> hidden). FP8 models
+    rotary cos/sin cache, and an EAGLE3 drafter's fc (3 x hidden -> hidden); a DFlash/DSpark
+    drafter's fc and heads, with ``target_vocab`` deciding what it shares. FP8 models
     (``s.fp8``): linear layers at one byte per weight plus scales, except ignored layers; the
     rest in the model's dtype, with each attention layer's scalar q/k/v/prob scales."""
     h = s.hidden
@@ -228,6 +243,9 @@ def parameter_bytes(s: ModelShape) -> int:
     if s.extra_input_hidden:  # EAGLE3: embeddings and lm_head are the target's; fc and norms
         linear += _linear_bytes(s, "model", [Linear("fc", (h,), 3 * h)])
         elems += 2 * h
+    elif s.dflash_aux_layers:
+        linear += _linear_bytes(s, "model", [Linear("fc", (h,), s.dflash_aux_layers * h)])
+        elems += _dflash_elems(s, target_vocab)
     else:
         elems += vocab * h * (1 if s.tied else 2)
     rope_dim = s.qk_rope_head_dim if s.family == "mla" else s.head_dim
