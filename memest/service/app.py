@@ -145,7 +145,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = ServiceMetrics()
     app.state.metrics_cache = MetricsCache(app.state.sessionmaker, app.state.report_cache.get)
     install_handlers(app)
-    app.add_middleware(HardeningMiddleware)
+    app.add_middleware(HardeningMiddleware, max_head_bytes=settings.max_header_bytes)
     for router in (
         reports,
         models,
