@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from pydantic import SecretStr
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
 from memest.service.db import write_session
@@ -91,8 +91,3 @@ class SessionStore:
                 delete(LoginSession).where(LoginSession.id_sha256 == _digest(session_id))
             )
         return bool(getattr(result, "rowcount", 0))
-
-    def count(self) -> int:
-        """Rows in the table (live and not yet pruned), for tests and diagnostics."""
-        with self._factory() as db:
-            return int(db.scalar(select(func.count()).select_from(LoginSession)) or 0)
