@@ -9,6 +9,11 @@ server makes one up and prints it, so writes always need a bearer token; with --
 (MEMEST_WRITE_TOKEN_FILE, set in the container image) it is made once, kept in that file and read
 back on every later start, never printed. Behind a TLS proxy, --forwarded-allow-ips names the
 proxies whose X-Forwarded-* headers are trusted.
+
+Every read from a client is bounded: a request head must arrive whole within --header-timeout
+seconds (else the connection is closed) and within --max-header-bytes (else 400), a body within
+30 s (else 408); idle keep-alive connections close after --keep-alive-timeout seconds, and past
+--max-connections open connections a request is answered 503.
 """
 
 from __future__ import annotations
@@ -67,12 +72,23 @@ class ServeCommand:
             "FORWARDED_ALLOW_IPS or 127.0.0.1)",
         )
 
+        limits = parser.add_argument_group("read limits (each also MEMEST_<NAME>; see README)")
+        for option, field, metavar, text in _LIMITS:
+            limits.add_argument(
+                option,
+                dest=field,
+                default=None,
+                metavar=metavar,
+                help=f"{text} (default MEMEST_{field.upper()} or {_default(field)})",
+            )
+
     def run(self, args: argparse.Namespace) -> int:
         try:
             import uvicorn
 
             from memest.service import create_app
             from memest.service.config import Settings
+            from memest.service.server import uvicorn_config
         except ImportError as exc:
             raise CommandError(
                 f"the service needs its extra: {install_hint('service')} ({exc.name} missing)"
@@ -82,7 +98,10 @@ class ServeCommand:
             overrides["database_url"] = args.database_url
         if args.demo:
             overrides["demo"] = True
-        settings = Settings(**overrides)  # type: ignore[arg-type]
+        for _, field, _, _ in _LIMITS:
+            if getattr(args, field) is not None:
+                overrides[field] = getattr(args, field)
+        settings = _settings(Settings, overrides)
         generated = token_note = None
         if settings.write_token is None:
             generated, token_note = _write_token(args.write_token_file)
@@ -101,15 +120,51 @@ class ServeCommand:
             )
         if token_note is not None:
             print(token_note, file=sys.stderr, flush=True)
-        uvicorn.run(
+        config = uvicorn_config(
             app,
+            settings,
             host=args.host,
             port=args.port,
             log_level=args.log_level,
             proxy_headers=True,
             forwarded_allow_ips=args.forwarded_allow_ips,
         )
+        uvicorn.Server(config).run()
         return 0
+
+
+#: The server's read limits: option, Settings field, metavar, help.
+_LIMITS = (
+    ("--header-timeout", "header_timeout_s", "S", "seconds to send a whole request head"),
+    ("--max-header-bytes", "max_header_bytes", "N", "largest request head, in bytes"),
+    ("--keep-alive-timeout", "keep_alive_timeout_s", "S", "seconds an idle connection is kept"),
+    ("--max-connections", "max_connections", "N", "open connections before 503"),
+    ("--backlog", "backlog", "N", "connections the kernel queues before accept"),
+)
+
+
+def _default(field: str) -> object:
+    try:
+        from memest.service.config import Settings
+    except ImportError:  # the service extra is missing: run() says so
+        return "see README"
+    return Settings.model_fields[field].default
+
+
+def _settings(settings_class: Any, overrides: dict[str, object]) -> Any:
+    """The service settings; a value pydantic refuses (from an option or MEMEST_*) is one line
+    naming both spellings of the setting."""
+    from pydantic import ValidationError
+
+    from memest.errors import first_error
+
+    try:
+        return settings_class(**overrides)
+    except ValidationError as exc:
+        field, message, _ = first_error(exc)
+        option = next((o for o, f, _, _ in _LIMITS if f == field), None)
+        where = f"MEMEST_{field.upper()}" + (f" / {option}" if option else "")
+        raise CommandError(f"{where}: {message}") from None
 
 
 def _port(text: str) -> int:

@@ -37,6 +37,7 @@ from memest.service.routers import (
     runs,
 )
 from memest.service.routers.calculators import WhatIfRequest
+from memest.service.sessions import SessionStore
 
 log = logging.getLogger("memest.service")
 
@@ -49,7 +50,7 @@ the capture plan that produced them, build comparisons (the seed's "main → PR"
 histories, the capture-plan and estimate calculators, and Prometheus metrics.
 
 Writes and deletes need `Authorization: Bearer $MEMEST_WRITE_TOKEN`; reads are open unless
-`MEMEST_READ_TOKEN` is set (then a bearer token, or the session cookie of the `/login` form).
+`MEMEST_READ_TOKEN` is set (then a bearer token, or the cookie of a `/login` session, which `/logout` ends).
 Bytes are integers everywhere.
 """
 
@@ -140,10 +141,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.report_cache = store.ReportCache(settings.report_cache_size)
     app.state.response_cache = store.ResponseCache(settings.report_cache_size)
 
+    app.state.login_sessions = SessionStore(app.state.sessionmaker)
     app.state.metrics = ServiceMetrics()
     app.state.metrics_cache = MetricsCache(app.state.sessionmaker, app.state.report_cache.get)
     install_handlers(app)
-    app.add_middleware(HardeningMiddleware)
+    app.add_middleware(HardeningMiddleware, max_head_bytes=settings.max_header_bytes)
     for router in (
         reports,
         models,

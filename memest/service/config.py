@@ -40,6 +40,34 @@ class Settings(BaseSettings):
         default=512, ge=0, description="Parsed reports kept in memory (reports are immutable)"
     )
 
+    # memest serve's uvicorn (memest.service.server): every read from a client is bounded.
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        allow_inf_nan=False,
+        description="Seconds a client has to send a whole request head (from the connection, or "
+        "from the first byte of a keep-alive request); then the connection is closed",
+    )
+    max_header_bytes: int = Field(
+        default=16 * 1024,
+        ge=1024,
+        le=MiB,
+        description="Largest request head (request line and headers), in bytes; larger is a 400",
+    )
+    keep_alive_timeout_s: int = Field(
+        default=5, ge=1, le=600, description="Seconds an idle keep-alive connection is kept"
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        le=1_000_000,
+        description="Open connections (or running requests) past which a request is answered 503",
+    )
+    backlog: int = Field(
+        default=2048, ge=1, le=65535, description="Connections the kernel queues before accept"
+    )
+
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:

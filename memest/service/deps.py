@@ -6,11 +6,11 @@ each to the thread pool (a measurable cost at hundreds of requests per second).
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from memest.service.config import Settings
 from memest.service.errors import Forbidden, Unauthorized
 from memest.service.metrics import ServiceMetrics
+from memest.service.sessions import SESSION_COOKIE, SessionStore
 from memest.service.store import ReportCache, ResponseCache
 
 _bearer = HTTPBearer(auto_error=False, description="MEMEST_WRITE_TOKEN / MEMEST_READ_TOKEN")
@@ -90,35 +91,22 @@ async def require_write(request: Request, settings: SettingsDep, creds: Credenti
         raise error
 
 
-#: Cookie that the login form sets, so that a browser can read the dashboard when reads need a
-#: token (a browser cannot send a bearer header on its own).
-SESSION_COOKIE = "memest_session"
-
-
-def session_value(token: SecretStr) -> str:
-    """The session cookie for ``token``: an HMAC keyed by it, so the cookie never holds the token
-    and changing the token ends every session."""
-    key = token.get_secret_value().encode()
-    return hmac.new(key, b"memest dashboard session", hashlib.sha256).hexdigest()
-
-
-def _session_matches(request: Request, *tokens: SecretStr | None) -> bool:
+async def _session_matches(request: Request, *tokens: SecretStr | None) -> bool:
     given = request.cookies.get(SESSION_COOKIE)
     if not given:
         return False
-    return any(
-        t is not None and hmac.compare_digest(given.encode(), session_value(t).encode())
-        for t in tokens
-    )
+    sessions: SessionStore = request.app.state.login_sessions
+    # A database read: off the event loop, like the other database work.
+    return await anyio.to_thread.run_sync(sessions.valid, given, tokens)
 
 
 async def require_read(request: Request, settings: SettingsDep, creds: CredentialsDep) -> None:
     """Reads are open unless MEMEST_READ_TOKEN is set; then the read or write token is needed,
-    as a bearer token or as the session cookie of the login form."""
+    as a bearer token or as the cookie of a live login session (memest.service.sessions)."""
     if settings.read_token is None:
         return
     tokens = (settings.read_token, settings.write_token)
-    if not (_matches(creds, *tokens) or _session_matches(request, *tokens)):
+    if not (_matches(creds, *tokens) or await _session_matches(request, *tokens)):
         raise Unauthorized("reads need a bearer token (MEMEST_READ_TOKEN)", field="token")
 
 

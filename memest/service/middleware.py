@@ -1,5 +1,5 @@
-"""ASGI middleware (pure ASGI, no per-request task): refuse NUL characters in the request target,
-and add the security headers to every response."""
+"""ASGI middleware (pure ASGI, no per-request task): refuse a request head over the size limit
+and NUL characters in the request target, and add the security headers to every response."""
 
 from __future__ import annotations
 
@@ -33,9 +33,19 @@ def _nul_in_target(scope: Scope) -> str | None:
     return None
 
 
+def head_bytes(scope: Scope) -> int:
+    """The request head's size as parsed: target and header lines (each "name: value\r\n")."""
+    target = len(scope.get("raw_path") or scope.get("path", "").encode())
+    target += len(scope.get("query_string", b""))
+    return target + sum(len(k) + len(v) + 4 for k, v in scope.get("headers", ()))
+
+
 class HardeningMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, max_head_bytes: int | None = None) -> None:
         self.app = app
+        # uvicorn's h11 limit (MEMEST_MAX_HEADER_BYTES) holds only while a head is incomplete:
+        # one that arrives whole in one read is parsed at any size, so it is measured here too.
+        self.max_head_bytes = max_head_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -50,6 +60,17 @@ class HardeningMiddleware:
                         headers.raw.append((name, value))
             await send(message)
 
+        if self.max_head_bytes is not None and head_bytes(scope) > self.max_head_bytes:
+            refusal = JSONResponse(
+                status_code=431,
+                content={
+                    "detail": f"the request head is larger than {self.max_head_bytes} bytes",
+                    "field": "headers",
+                },
+                headers={"connection": "close"},  # such a client gets no second request
+            )
+            await refusal(scope, receive, send_with_headers)
+            return
         where = _nul_in_target(scope)
         if where is not None:
             refusal = JSONResponse(

@@ -1,4 +1,5 @@
-"""SQLAlchemy 2.0 tables: runs and their per-rank reports (the report JSON is stored verbatim)."""
+"""SQLAlchemy 2.0 tables: runs and their per-rank reports (the report JSON is stored verbatim),
+and the login form's sessions."""
 
 from __future__ import annotations
 
@@ -55,3 +56,17 @@ class Report(Base):
     ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
     run: Mapped[Run] = relationship(back_populates="reports")
+
+
+class LoginSession(Base):
+    """A browser's login (the /login form): only the SHA-256 of its random id is stored, so a
+    copy of the database cannot be replayed as a cookie; logout deletes the row."""
+
+    __tablename__ = "sessions"
+
+    id_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    #: Which token opened it (memest.service.sessions.token_tag): changing that token ends it.
+    token_tag: Mapped[str] = mapped_column(String(64))
+    #: Unix seconds (integers compare the same on every backend, with no time zone to lose).
+    created_at_s: Mapped[int] = mapped_column(BigInteger)
+    expires_at_s: Mapped[int] = mapped_column(BigInteger, index=True)

@@ -1,5 +1,6 @@
 """GET/POST /login and POST /logout: a form that turns the read (or write) token into an
-HttpOnly session cookie, so that a person can read the dashboard when MEMEST_READ_TOKEN is set."""
+HttpOnly session cookie, so that a person can read the dashboard when MEMEST_READ_TOKEN is set.
+The cookie names a server-side session (memest.service.sessions) that /logout deletes."""
 
 from __future__ import annotations
 
@@ -12,19 +13,19 @@ from collections.abc import Callable
 from typing import Annotated
 from urllib.parse import parse_qs
 
+import anyio
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from memest.service.deps import SESSION_COOKIE, SettingsDep, session_value
+from memest.service.deps import SettingsDep
 from memest.service.errors import BadRequest, PayloadTooLarge, TooManyRequests
 from memest.service.routers.dashboard import HTML_PAGE, templates
+from memest.service.sessions import SESSION_COOKIE, SESSION_MAX_AGE_S, SessionStore
 
 router = APIRouter(tags=["login"])
 
 #: Longest login form body accepted (a token and a return path).
 _MAX_FORM_BYTES = 8192
-#: Session cookie lifetime, in seconds.
-SESSION_MAX_AGE_S = 12 * 3600
 #: Failed logins one client address may make per LOGIN_WINDOW_S before it is answered 429.
 LOGIN_FAILURES = 10
 LOGIN_WINDOW_S = 60.0
@@ -73,6 +74,11 @@ def _limiter(request: Request) -> LoginLimiter:
         state.login_limiter = LoginLimiter()
     limiter: LoginLimiter = state.login_limiter
     return limiter
+
+
+def _sessions(request: Request) -> SessionStore:
+    sessions: SessionStore = request.app.state.login_sessions
+    return sessions
 
 
 def safe_next(target: str | None) -> str:
@@ -146,10 +152,11 @@ async def login(request: Request, settings: SettingsDep) -> Response:
     if token is None:
         limiter.failed(client)
         return _form_page(request, next_path, "That token is not the server's.", 401)
+    session_id = await anyio.to_thread.run_sync(_sessions(request).create, token)
     response = RedirectResponse(next_path, status_code=303)
     response.set_cookie(
         SESSION_COOKIE,
-        session_value(token),
+        session_id,
         max_age=SESSION_MAX_AGE_S,
         httponly=True,
         samesite="strict",
@@ -160,8 +167,12 @@ async def login(request: Request, settings: SettingsDep) -> Response:
 
 
 @router.post("/logout", include_in_schema=False)
-def logout() -> Response:
-    """Clear the session cookie."""
+def logout(request: Request) -> Response:
+    """End the session (its row is deleted, so the cookie is refused from now on, on every
+    replica) and clear the cookie."""
+    given = request.cookies.get(SESSION_COOKIE)
+    if given:
+        _sessions(request).revoke(given)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
     return response

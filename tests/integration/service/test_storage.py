@@ -39,16 +39,16 @@ def test_migrations_upgrade_idempotently_and_downgrade(db_url: str) -> None:
         db.upgrade(engine)
         db.upgrade(engine)
         names = set(inspect(engine).get_table_names())
-        assert {"runs", "reports", "alembic_version"} <= names
+        assert {"runs", "reports", "sessions", "alembic_version"} <= names
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0003"
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0004"
         from alembic import command
 
         cfg = db.alembic_config()
         with engine.begin() as conn:
             cfg.attributes["connection"] = conn
             command.downgrade(cfg, "base")
-        assert not {"runs", "reports"} & set(inspect(engine).get_table_names())
+        assert not {"runs", "reports", "sessions"} & set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
 
