@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_or_skip
+
 torch = pytest.importorskip("torch")
 
 STANDINS = Path(__file__).resolve().parents[3] / "lab" / "dsa_standins.py"
@@ -361,3 +363,95 @@ def test_sparse_mla_runs_on_fake_tensors(
     assert (
         out.shape == (17, 64, 512) and lse.shape == (17, 64) and max_logits.dtype == torch.float32
     )
+
+
+# --------------------------------------------------------------------------- concat_mla_q
+def _concat_loop(
+    ql_nope: torch.Tensor, q_pe: torch.Tensor, q_out: torch.Tensor
+) -> list[list[list[float]]]:
+    """vLLM's semantics, value by value: q_out[t, h] = ql_nope[t, h] then q_pe[t, h]; tokens
+    and heads past ql_nope's keep what q_out held (the BF16 workspace is head-padded)."""
+    want = q_out.float().tolist()
+    nope = ql_nope.shape[2]
+    for t in range(ql_nope.shape[0]):
+        for h in range(ql_nope.shape[1]):
+            for c in range(nope):
+                want[t][h][c] = float(ql_nope[t, h, c])
+            for c in range(q_pe.shape[2]):
+                want[t][h][nope + c] = float(q_pe[t, h, c])
+    return want
+
+
+def test_concat_mla_q_joins_nope_and_rope_into_the_padded_buffer(dsa: types.ModuleType) -> None:
+    gen = torch.Generator().manual_seed(7)
+    tokens, heads, padded_heads = 3, 2, 4
+    ql_nope = torch.randn(tokens, heads, 512, generator=gen).to(torch.bfloat16)
+    # q_pe a strided view (stride 1 in the last dim), as the rope output sliced from q can be
+    q_pe = torch.randn(tokens, heads, 96, generator=gen).to(torch.bfloat16)[..., 16:80]
+    buffer = torch.full((5, padded_heads, 576), 7.0, dtype=torch.bfloat16)  # 5 >= tokens rows
+    want = _concat_loop(ql_nope, q_pe, buffer)
+    torch.ops._C_cache_ops.concat_mla_q(ql_nope, q_pe, buffer)
+    assert buffer.float().tolist() == want
+    assert (buffer[:, heads:] == 7.0).all() and (buffer[tokens:] == 7.0).all()
+
+
+def test_concat_mla_q_refuses_what_the_cuda_kernel_refuses(dsa: types.ModuleType) -> None:
+    nope = torch.zeros(1, 1, 512, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="rope_dim must be 64"):
+        dsa.concat_mla_q(nope, torch.zeros(1, 1, 32), torch.zeros(1, 1, 544))
+    with pytest.raises(RuntimeError, match="multiple of 512"):
+        dsa.concat_mla_q(nope[..., :256], torch.zeros(1, 1, 64), torch.zeros(1, 1, 320))
+    with pytest.raises(RuntimeError, match="nope_dim \\+ rope_dim"):
+        dsa.concat_mla_q(nope, torch.zeros(1, 1, 64), torch.zeros(1, 1, 512))
+
+
+def test_concat_mla_q_only_copies_into_q_out(dsa: types.ModuleType) -> None:
+    """The only aten ops are views of q_out and copies into them: nothing is allocated, no
+    value is read on the host (what a captured graph needs)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    ql_nope = torch.ones(2, 3, 512, dtype=torch.bfloat16)
+    q_pe = torch.ones(2, 3, 64, dtype=torch.bfloat16)
+    q_out = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
+    with Record() as record:
+        dsa.concat_mla_q(ql_nope, q_pe, q_out)
+    assert record.ops == {"slice", "copy_"}
+    assert q_out[:2, :3].eq(1).all() and q_out[2:].eq(0).all() and q_out[:, 3:].eq(0).all()
+
+
+def test_concat_mla_q_runs_on_fake_tensors(dsa: types.ModuleType) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q_out = torch.empty(8, 64, 576, dtype=torch.bfloat16)
+        dsa.concat_mla_q(
+            torch.zeros(5, 16, 512, dtype=torch.bfloat16),
+            torch.zeros(5, 16, 64, dtype=torch.bfloat16),
+            q_out[:5],
+        )
+    assert q_out.shape == (8, 64, 576)
+
+
+@pytest.mark.vllm
+def test_vllms_concat_mla_q_wrapper_reaches_the_stand_in(dsa: types.ModuleType) -> None:
+    try:
+        from vllm import _custom_ops as ops
+    except ImportError:
+        require_or_skip("MEMEST_REQUIRE_VLLM", "vLLM 0.33.0 is not installed")
+        raise
+    gen = torch.Generator().manual_seed(8)
+    ql_nope = torch.randn(2, 3, 512, generator=gen).to(torch.bfloat16)
+    q_pe = torch.randn(2, 3, 64, generator=gen).to(torch.bfloat16)
+    q_out = torch.zeros(2, 64, 576, dtype=torch.bfloat16)  # FlashMLA-sparse's padded buffer
+    want = _concat_loop(ql_nope, q_pe, q_out)
+    ops.concat_mla_q(ql_nope, q_pe, q_out)
+    assert q_out.float().tolist() == want
