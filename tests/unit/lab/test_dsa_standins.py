@@ -15,6 +15,7 @@ import importlib.util
 import math
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -455,3 +456,125 @@ def test_vllms_concat_mla_q_wrapper_reaches_the_stand_in(dsa: types.ModuleType) 
     want = _concat_loop(ql_nope, q_pe, q_out)
     ops.concat_mla_q(ql_nope, q_pe, q_out)
     assert q_out.float().tolist() == want
+
+
+# --------------------------------------------------------------------------- fused_q on SM90
+def _installed_vllm() -> Path:
+    spec = importlib.util.find_spec("vllm")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        require_or_skip("MEMEST_REQUIRE_VLLM", "vLLM 0.33.0 is not installed")
+        raise AssertionError("unreachable")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _real_cutedsl_gate(capability: int) -> Any:
+    """vLLM's own `is_fused_q_cutedsl_supported`, compiled from the installed source text alone
+    (its module imports `cutlass` at the top), on a platform of the given capability."""
+    import ast
+
+    path = _installed_vllm() / "models/deepseek_v32/nvidia/ops/fused_q_cutedsl.py"
+    tree = ast.parse(path.read_text())
+    node = next(
+        n
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name == "is_fused_q_cutedsl_supported"
+    )
+    platform = types.SimpleNamespace(has_device_capability=lambda wanted: capability >= wanted)
+    namespace: dict[str, Any] = {"torch": torch, "current_platform": platform}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace["is_fused_q_cutedsl_supported"]
+
+
+def _dsa_query_shapes() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3.2's per-token shapes at fused_q: q_pe [T, 128, 64], index_q [T, 64, 128],
+    ql_nope [T, 128, 512], all BF16 (lab/models/dsv32_4l)."""
+    return (
+        torch.zeros(2, 128, 64, dtype=torch.bfloat16),
+        torch.zeros(2, 64, 128, dtype=torch.bfloat16),
+        torch.zeros(2, 128, 512, dtype=torch.bfloat16),
+    )
+
+
+def test_vllms_cute_dsl_fused_q_needs_capability_10() -> None:
+    """The stand-in module answers what vLLM's gate answers on SM90: no (the gate's first
+    condition is has_device_capability(100)); on SM100 the same shapes pass it."""
+    q_pe, index_q, ql_nope = _dsa_query_shapes()
+    for quantize_mqa in (False, True):
+        kwargs = {"has_indexer": True, "quantize_mqa": quantize_mqa}
+        assert _real_cutedsl_gate(90)(q_pe, index_q, ql_nope, **kwargs) is False
+        assert _real_cutedsl_gate(100)(q_pe, index_q, ql_nope, **kwargs) is True
+
+
+def test_provided_module_answers_not_supported(
+    dsa: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.delitem(sys.modules, dsa.FUSED_Q_CUTEDSL_MODULE, raising=False)
+    assert dsa.provide_fused_q_without_cute_dsl() == [
+        f"{dsa.FUSED_Q_CUTEDSL_MODULE} (SM90: Triton fused_q)"
+    ]
+    module = sys.modules[dsa.FUSED_Q_CUTEDSL_MODULE]
+    q_pe, index_q, ql_nope = _dsa_query_shapes()
+    assert (
+        module.is_fused_q_cutedsl_supported(
+            q_pe, index_q, ql_nope, has_indexer=True, quantize_mqa=False
+        )
+        is False
+    )
+    with pytest.raises(RuntimeError, match="SM100"):
+        module.fused_q_cutedsl()
+
+
+class _LaunchRecorder:
+    """Stands for a Triton kernel: `kernel[grid](*args, **kwargs)` records the launch."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[Any, int]] = []
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self.launches.append((grid, len(args)))
+
+        return launch
+
+
+@pytest.mark.vllm
+def test_vllms_fused_q_reaches_its_triton_kernel_with_the_provided_module(
+    dsa: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's fused_q on a CUDA platform imports the CuTe DSL module and asks it; with the
+    provided module the answer is no and its own Triton kernel is launched (recorded here: no
+    GPU), with the grid (tokens, 3, max((heads + 1) // 2, index heads))."""
+    import sys
+
+    _installed_vllm()
+    kernels = importlib.import_module("vllm.models.deepseek_v32.common.kernels")
+    monkeypatch.delitem(sys.modules, dsa.FUSED_Q_CUTEDSL_MODULE, raising=False)
+    dsa.provide_fused_q_without_cute_dsl()
+    recorder = _LaunchRecorder()
+    monkeypatch.setattr(kernels, "_fused_q_kernel", recorder)
+    platform = types.SimpleNamespace(is_cuda=lambda: True, is_arch_support_pdl=lambda: False)
+    monkeypatch.setattr(kernels, "current_platform", platform)
+    # without a GPU vLLM's triton is a placeholder; the launch reads one helper of it
+    helpers = types.SimpleNamespace(next_power_of_2=lambda n: 1 << (n - 1).bit_length())
+    monkeypatch.setattr(kernels, "triton", helpers)
+    q_pe, index_q, ql_nope = _dsa_query_shapes()
+    tokens = q_pe.shape[0]
+    index_q_fp8, weights_out, mqa_q = kernels.fused_q(
+        torch.arange(tokens),
+        q_pe,
+        torch.zeros(16, 64),
+        index_q,
+        torch.zeros(16, 64),
+        ql_nope,
+        torch.ones(1),
+        torch.zeros(tokens, 64),
+        0.1,
+        0.125,
+        has_indexer=True,
+        quantize_mqa=False,  # FlashMLA-sparse with a BF16 cache: a BF16 query
+    )
+    assert [grid for grid, _ in recorder.launches] == [(tokens, 3, 64)]
+    assert index_q_fp8.dtype == torch.float8_e4m3fn and mqa_q.shape == q_pe.shape
+    assert weights_out.dtype == torch.float32
