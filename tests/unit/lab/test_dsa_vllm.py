@@ -2,9 +2,10 @@
 
 dsa_vllm_cpu.py runs in a subprocess on vLLM's CPU platform: vLLM's own indexer wrappers called
 through the registered stand-ins, and DeepseekV32ForCausalLM (lab/models/dsv32_4l) built on the
-meta device, both the CPU platform's class and the nvidia class an H200 builds. So the patching of vLLM's modules is checked here before an H200 start spends device
-time on it. Expected values are worked by hand below, or are vLLM's own torch references
-(rocm_aiter_mla_sparse.py), which the script compares with.
+meta device: the CPU platform's class and the nvidia class an H200 builds. So the patching of
+vLLM's modules is checked here before an H200 start spends device time on it. Expected values
+are worked by hand below, or are vLLM's own torch references (rocm_aiter_mla_sparse.py), which
+the script compares with.
 """
 
 from __future__ import annotations
