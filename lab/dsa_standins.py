@@ -11,6 +11,8 @@ Indexer CUDA op requires DeepGEMM support"). `sparse_attn_indexer`
 - `_C_cache_ops.cp_gather_indexer_k_quant_cache`: prefill reads the cached keys back, flat;
 - DeepGEMM's `fp8_fp4_mqa_logits` (prefill) and `fp8_fp4_paged_mqa_logits` (decode, the one in
   the FULL CUDA graphs) through vllm/utils/deep_gemm.py, plus `get_paged_mqa_logits_metadata`;
+- `_C_cache_ops.concat_mla_q`: FlashMLA-sparse's `forward_mqa` joins the absorbed query's
+  latent and rope parts into its workspace buffer before the attend;
 - `_C.top_k_per_row_prefill` / `_C.top_k_per_row_decode` (the decode one when
   kernel_config.sparse_indexer_topk_backend is "per_row"; "auto" picks the compiled
   cooperative/persistent top-k, which the carry lacks too).
@@ -61,6 +63,9 @@ SCHEMAS: dict[tuple[str, str], str] = {
     ("_C_cache_ops", "cp_gather_indexer_k_quant_cache"): (
         "cp_gather_indexer_k_quant_cache(Tensor kv_cache, Tensor! dst_k, Tensor! dst_scale, "
         "Tensor block_table, Tensor cu_seq_lens) -> ()"
+    ),
+    ("_C_cache_ops", "concat_mla_q"): (
+        "concat_mla_q(Tensor ql_nope, Tensor q_pe, Tensor! q_out) -> ()"
     ),
     ("_C", "top_k_per_row_prefill"): (
         "top_k_per_row_prefill(Tensor logits, Tensor rowStarts, Tensor rowEnds, "
@@ -159,6 +164,36 @@ def cp_gather_indexer_k_quant_cache(
     dst_scale.view(torch.uint8).reshape(rows, -1).copy_(
         torch.where(valid.unsqueeze(1), got_scale, old_scale)
     )
+
+
+CONCAT_NOPE_MULTIPLE = 512  # the CUDA kernel's checks: nope_dim a multiple of 512,
+CONCAT_ROPE_DIM = 64  # rope_dim exactly 64
+
+
+def concat_mla_q(ql_nope: torch.Tensor, q_pe: torch.Tensor, q_out: torch.Tensor) -> None:
+    """`_C_cache_ops::concat_mla_q`: q_out[t, h] = cat(ql_nope[t, h], q_pe[t, h]).
+
+    ql_nope [T, H, nope_dim], q_pe [T, H, 64], q_out [>= T, >= H, nope_dim + 64] (vLLM's
+    wrapper docstring; csrc/cache_kernels.cu "replaces torch.cat((ql_nope, q_pe), dim=-1)").
+    Only the first T tokens and H heads of q_out are written: FlashMLA-sparse with a BF16 cache
+    passes its workspace buffer, heads padded to a multiple of 64, and the kernel leaves the
+    padding heads as they are. Inputs may be strided (stride 1 in the last dimension, as the
+    kernel checks). Writes into q_out only; no host read of tensor values.
+    """
+    tokens, heads, nope_dim = ql_nope.shape
+    rope_dim = q_pe.shape[2]
+    if nope_dim % CONCAT_NOPE_MULTIPLE:
+        raise RuntimeError(f"nope_dim must be a multiple of 512, got {nope_dim}")
+    if rope_dim != CONCAT_ROPE_DIM:
+        raise RuntimeError(f"rope_dim must be 64, got {rope_dim}")
+    if q_out.shape[2] != nope_dim + rope_dim:
+        raise RuntimeError("q_out.size(2) must be nope_dim + rope_dim")
+    if ql_nope.stride(2) != 1 or q_pe.stride(2) != 1 or q_out.stride(2) != 1:
+        raise RuntimeError("ql_nope, q_pe and q_out must have stride 1 in dim 2")
+    if tokens == 0:
+        return
+    q_out[:tokens, :heads, :nope_dim].copy_(ql_nope)
+    q_out[:tokens, :heads, nope_dim:].copy_(q_pe)
 
 
 # --------------------------------------------------------------------------- top-k
@@ -429,6 +464,7 @@ def provide_sparse_mla() -> list[str]:
 IMPLS: dict[tuple[str, str], Callable[..., Any]] = {
     ("_C_cache_ops", "indexer_k_quant_and_cache"): indexer_k_quant_and_cache,
     ("_C_cache_ops", "cp_gather_indexer_k_quant_cache"): cp_gather_indexer_k_quant_cache,
+    ("_C_cache_ops", "concat_mla_q"): concat_mla_q,
     ("_C", "top_k_per_row_prefill"): top_k_per_row_prefill,
     ("_C", "top_k_per_row_decode"): top_k_per_row_decode,
 }

@@ -194,6 +194,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
         "attention_backend": "FLASHMLA_SPARSE",
         "sparse_mla_standin": True,
+        # A prefill whose longest sequence fits the top-2,048 runs dense MHA (vLLM's
+        # _use_dense_mha_prefill) through the MLA prefill backend vLLM picks on SM90,
+        # FLASH_ATTN: served by the FA2 stand-in as for the dense MLA starts.
+        "mla_prefill_backend": "FLASH_ATTN",
     },
     "S_dsv32_4l_s64_t2048_bf16": {
         "model": str(LAB_MODELS / "dsv32_4l"),
@@ -205,6 +209,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
         "attention_backend": "FLASHMLA_SPARSE",
         "sparse_mla_standin": True,
+        # A prefill whose longest sequence fits the top-2,048 runs dense MHA (vLLM's
+        # _use_dense_mha_prefill) through the MLA prefill backend vLLM picks on SM90,
+        # FLASH_ATTN: served by the FA2 stand-in as for the dense MLA starts.
+        "mla_prefill_backend": "FLASH_ATTN",
     },
     # DeepSeek-scale MLA and MoE breadth (issue 26), each with the FlashAttention prefill where
     # MLA and the step over cached context (32,768-row chunks at max_model_len 4,096).

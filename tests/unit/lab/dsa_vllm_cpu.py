@@ -12,11 +12,15 @@ is built on the meta device as vLLM's loader builds it (tests/unit/preflight/vll
 Two things on the CPU are not vLLM's GPU path: the CPU platform refuses sparse attention ("Sparse
 Attention is not supported on CPU.") when it picks the attention backend, so its backend choice
 is given FLASHMLA_SPARSE, the one the lab's H200 start names; and FlashMLA's sparse kernels
-(`_flashmla_C`, a CUDA extension) are never called: a meta build runs no forward.
+(`_flashmla_C`, a CUDA extension) are never called: a meta build runs no forward. The CPU
+platform's `DeepseekV32ForCausalLM` is the generic DeepseekV3ForCausalLM; meta_build_h200 builds
+the nvidia class a CUDA platform exports in its place. No forward runs: the nvidia class's forward
+launches Triton kernels at every layer, which need a GPU (reports/vllm/dsa_path.md).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -150,6 +154,35 @@ def meta_build(torch: Any) -> None:
     )
 
 
+def meta_build_h200(torch: Any) -> None:
+    """The class an H200 builds: on CUDA `vllm.models.deepseek_v32` exports the nvidia
+    DeepseekV32ForCausalLM (fused norm/rope and fused_q Triton kernels, FlashMLA-sparse's
+    query join); on the CPU platform it exports the generic DeepseekV3ForCausalLM, which
+    meta_build built. Put in its place, the nvidia class is built on the meta device the same way
+    (after meta_build: the distributed state and the workspace are set up there)."""
+    import vllm_meta
+    from vllm.models.deepseek_v32.nvidia import model as nvidia
+
+    built: list[str] = []
+    cls = nvidia.DeepseekV32ForCausalLM
+    original_init = cls.__init__
+
+    @functools.wraps(original_init)  # the loader reads the signature (vllm_config keyword)
+    def recording_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        built.append(f"{type(self).__module__}.{type(self).__qualname__}")
+        original_init(self, *args, **kwargs)
+
+    cls.__init__ = recording_init  # type: ignore[method-assign]
+    # the loader resolves the architecture through the registry to what `vllm.models.
+    # deepseek_v32` exports (cached per config since meta_build): hand it the nvidia class
+    from vllm.model_executor.model_loader import utils as loader_utils
+
+    loader_utils.get_model_architecture = lambda model_config: (cls, "DeepseekV32ForCausalLM")
+    folder = vllm_meta._model_dir(str(ROOT / "lab" / "models" / "dsv32_4l" / "config.json"))
+    measured = vllm_meta._measure(folder, 1)
+    emit("meta_build_h200", built=built, kv=measured["kv"], param_bytes=measured["param_bytes"])
+
+
 def main() -> int:
     import dsa_standins
     import torch
@@ -161,6 +194,7 @@ def main() -> int:
     prefill_logits(torch)
     decode_topk(torch)
     meta_build(torch)
+    meta_build_h200(torch)
     return 0
 
 

@@ -15,8 +15,11 @@ import importlib.util
 import math
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.conftest import require_or_skip
 
 torch = pytest.importorskip("torch")
 
@@ -361,3 +364,217 @@ def test_sparse_mla_runs_on_fake_tensors(
     assert (
         out.shape == (17, 64, 512) and lse.shape == (17, 64) and max_logits.dtype == torch.float32
     )
+
+
+# --------------------------------------------------------------------------- concat_mla_q
+def _concat_loop(
+    ql_nope: torch.Tensor, q_pe: torch.Tensor, q_out: torch.Tensor
+) -> list[list[list[float]]]:
+    """vLLM's semantics, value by value: q_out[t, h] = ql_nope[t, h] then q_pe[t, h]; tokens
+    and heads past ql_nope's keep what q_out held (the BF16 workspace is head-padded)."""
+    want = q_out.float().tolist()
+    nope = ql_nope.shape[2]
+    for t in range(ql_nope.shape[0]):
+        for h in range(ql_nope.shape[1]):
+            for c in range(nope):
+                want[t][h][c] = float(ql_nope[t, h, c])
+            for c in range(q_pe.shape[2]):
+                want[t][h][nope + c] = float(q_pe[t, h, c])
+    return want
+
+
+def test_concat_mla_q_joins_nope_and_rope_into_the_padded_buffer(dsa: types.ModuleType) -> None:
+    gen = torch.Generator().manual_seed(7)
+    tokens, heads, padded_heads = 3, 2, 4
+    ql_nope = torch.randn(tokens, heads, 512, generator=gen).to(torch.bfloat16)
+    # q_pe a strided view (stride 1 in the last dim), as the rope output sliced from q can be
+    q_pe = torch.randn(tokens, heads, 96, generator=gen).to(torch.bfloat16)[..., 16:80]
+    buffer = torch.full((5, padded_heads, 576), 7.0, dtype=torch.bfloat16)  # 5 >= tokens rows
+    want = _concat_loop(ql_nope, q_pe, buffer)
+    torch.ops._C_cache_ops.concat_mla_q(ql_nope, q_pe, buffer)
+    assert buffer.float().tolist() == want
+    assert (buffer[:, heads:] == 7.0).all() and (buffer[tokens:] == 7.0).all()
+
+
+def test_concat_mla_q_refuses_what_the_cuda_kernel_refuses(dsa: types.ModuleType) -> None:
+    nope = torch.zeros(1, 1, 512, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="rope_dim must be 64"):
+        dsa.concat_mla_q(nope, torch.zeros(1, 1, 32), torch.zeros(1, 1, 544))
+    with pytest.raises(RuntimeError, match="multiple of 512"):
+        dsa.concat_mla_q(nope[..., :256], torch.zeros(1, 1, 64), torch.zeros(1, 1, 320))
+    with pytest.raises(RuntimeError, match="nope_dim \\+ rope_dim"):
+        dsa.concat_mla_q(nope, torch.zeros(1, 1, 64), torch.zeros(1, 1, 512))
+
+
+def test_concat_mla_q_only_copies_into_q_out(dsa: types.ModuleType) -> None:
+    """The only aten ops are views of q_out and copies into them: nothing is allocated, no
+    value is read on the host (what a captured graph needs)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    ql_nope = torch.ones(2, 3, 512, dtype=torch.bfloat16)
+    q_pe = torch.ones(2, 3, 64, dtype=torch.bfloat16)
+    q_out = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
+    with Record() as record:
+        dsa.concat_mla_q(ql_nope, q_pe, q_out)
+    assert record.ops == {"slice", "copy_"}
+    assert q_out[:2, :3].eq(1).all() and q_out[2:].eq(0).all() and q_out[:, 3:].eq(0).all()
+
+
+def test_concat_mla_q_runs_on_fake_tensors(dsa: types.ModuleType) -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q_out = torch.empty(8, 64, 576, dtype=torch.bfloat16)
+        dsa.concat_mla_q(
+            torch.zeros(5, 16, 512, dtype=torch.bfloat16),
+            torch.zeros(5, 16, 64, dtype=torch.bfloat16),
+            q_out[:5],
+        )
+    assert q_out.shape == (8, 64, 576)
+
+
+@pytest.mark.vllm
+def test_vllms_concat_mla_q_wrapper_reaches_the_stand_in(dsa: types.ModuleType) -> None:
+    try:
+        from vllm import _custom_ops as ops
+    except ImportError:
+        require_or_skip("MEMEST_REQUIRE_VLLM", "vLLM 0.33.0 is not installed")
+        raise
+    gen = torch.Generator().manual_seed(8)
+    ql_nope = torch.randn(2, 3, 512, generator=gen).to(torch.bfloat16)
+    q_pe = torch.randn(2, 3, 64, generator=gen).to(torch.bfloat16)
+    q_out = torch.zeros(2, 64, 576, dtype=torch.bfloat16)  # FlashMLA-sparse's padded buffer
+    want = _concat_loop(ql_nope, q_pe, q_out)
+    ops.concat_mla_q(ql_nope, q_pe, q_out)
+    assert q_out.float().tolist() == want
+
+
+# --------------------------------------------------------------------------- fused_q on SM90
+def _installed_vllm() -> Path:
+    spec = importlib.util.find_spec("vllm")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        require_or_skip("MEMEST_REQUIRE_VLLM", "vLLM 0.33.0 is not installed")
+        raise AssertionError("unreachable")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _real_cutedsl_gate(capability: int) -> Any:
+    """vLLM's own `is_fused_q_cutedsl_supported`, compiled from the installed source text alone
+    (its module imports `cutlass` at the top), on a platform of the given capability."""
+    import ast
+
+    path = _installed_vllm() / "models/deepseek_v32/nvidia/ops/fused_q_cutedsl.py"
+    tree = ast.parse(path.read_text())
+    node = next(
+        n
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name == "is_fused_q_cutedsl_supported"
+    )
+    platform = types.SimpleNamespace(has_device_capability=lambda wanted: capability >= wanted)
+    namespace: dict[str, Any] = {"torch": torch, "current_platform": platform}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace["is_fused_q_cutedsl_supported"]
+
+
+def _dsa_query_shapes() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3.2's per-token shapes at fused_q: q_pe [T, 128, 64], index_q [T, 64, 128],
+    ql_nope [T, 128, 512], all BF16 (lab/models/dsv32_4l)."""
+    return (
+        torch.zeros(2, 128, 64, dtype=torch.bfloat16),
+        torch.zeros(2, 64, 128, dtype=torch.bfloat16),
+        torch.zeros(2, 128, 512, dtype=torch.bfloat16),
+    )
+
+
+def test_vllms_cute_dsl_fused_q_needs_capability_10() -> None:
+    """The stand-in module answers what vLLM's gate answers on SM90: no (the gate's first
+    condition is has_device_capability(100)); on SM100 the same shapes pass it."""
+    q_pe, index_q, ql_nope = _dsa_query_shapes()
+    for quantize_mqa in (False, True):
+        kwargs = {"has_indexer": True, "quantize_mqa": quantize_mqa}
+        assert _real_cutedsl_gate(90)(q_pe, index_q, ql_nope, **kwargs) is False
+        assert _real_cutedsl_gate(100)(q_pe, index_q, ql_nope, **kwargs) is True
+
+
+def test_provided_module_answers_not_supported(
+    dsa: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.delitem(sys.modules, dsa.FUSED_Q_CUTEDSL_MODULE, raising=False)
+    assert dsa.provide_fused_q_without_cute_dsl() == [
+        f"{dsa.FUSED_Q_CUTEDSL_MODULE} (SM90: Triton fused_q)"
+    ]
+    module = sys.modules[dsa.FUSED_Q_CUTEDSL_MODULE]
+    q_pe, index_q, ql_nope = _dsa_query_shapes()
+    assert (
+        module.is_fused_q_cutedsl_supported(
+            q_pe, index_q, ql_nope, has_indexer=True, quantize_mqa=False
+        )
+        is False
+    )
+    with pytest.raises(RuntimeError, match="SM100"):
+        module.fused_q_cutedsl()
+
+
+class _LaunchRecorder:
+    """Stands for a Triton kernel: `kernel[grid](*args, **kwargs)` records the launch."""
+
+    def __init__(self) -> None:
+        self.launches: list[tuple[Any, int]] = []
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            self.launches.append((grid, len(args)))
+
+        return launch
+
+
+@pytest.mark.vllm
+def test_vllms_fused_q_reaches_its_triton_kernel_with_the_provided_module(
+    dsa: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's fused_q on a CUDA platform imports the CuTe DSL module and asks it; with the
+    provided module the answer is no and its own Triton kernel is launched (recorded here: no
+    GPU), with the grid (tokens, 3, max((heads + 1) // 2, index heads))."""
+    import sys
+
+    _installed_vllm()
+    kernels = importlib.import_module("vllm.models.deepseek_v32.common.kernels")
+    monkeypatch.delitem(sys.modules, dsa.FUSED_Q_CUTEDSL_MODULE, raising=False)
+    dsa.provide_fused_q_without_cute_dsl()
+    recorder = _LaunchRecorder()
+    monkeypatch.setattr(kernels, "_fused_q_kernel", recorder)
+    platform = types.SimpleNamespace(is_cuda=lambda: True, is_arch_support_pdl=lambda: False)
+    monkeypatch.setattr(kernels, "current_platform", platform)
+    # without a GPU vLLM's triton is a placeholder; the launch reads one helper of it
+    helpers = types.SimpleNamespace(next_power_of_2=lambda n: 1 << (n - 1).bit_length())
+    monkeypatch.setattr(kernels, "triton", helpers)
+    q_pe, index_q, ql_nope = _dsa_query_shapes()
+    tokens = q_pe.shape[0]
+    index_q_fp8, weights_out, mqa_q = kernels.fused_q(
+        torch.arange(tokens),
+        q_pe,
+        torch.zeros(16, 64),
+        index_q,
+        torch.zeros(16, 64),
+        ql_nope,
+        torch.ones(1),
+        torch.zeros(tokens, 64),
+        0.1,
+        0.125,
+        has_indexer=True,
+        quantize_mqa=False,  # FlashMLA-sparse with a BF16 cache: a BF16 query
+    )
+    assert [grid for grid, _ in recorder.launches] == [(tokens, 3, 64)]
+    assert index_q_fp8.dtype == torch.float8_e4m3fn and mqa_q.shape == q_pe.shape
+    assert weights_out.dtype == torch.float32

@@ -2,9 +2,10 @@
 
 dsa_vllm_cpu.py runs in a subprocess on vLLM's CPU platform: vLLM's own indexer wrappers called
 through the registered stand-ins, and DeepseekV32ForCausalLM (lab/models/dsv32_4l) built on the
-meta device. So the patching of vLLM's modules is checked here before an H200 start spends device
-time on it. Expected values are worked by hand below, or are vLLM's own torch references
-(rocm_aiter_mla_sparse.py), which the script compares with.
+meta device: the CPU platform's class and the nvidia class an H200 builds. So the patching of
+vLLM's modules is checked here before an H200 start spends device time on it. Expected values
+are worked by hand below, or are vLLM's own torch references (rocm_aiter_mla_sparse.py), which
+the script compares with.
 """
 
 from __future__ import annotations
@@ -103,3 +104,34 @@ def test_flashmla_sparse_calls_the_stand_in_once_provided(
 ) -> None:
     # FlashMLASparseImpl._bf16_flash_mla_kernel calls flash_mla_sparse_fwd by its module's name
     assert checks["sparse_mla"]["served"] is True
+
+
+def test_the_h200s_deepseek_v32_class_builds_on_meta(checks: dict[str, dict[str, Any]]) -> None:
+    h200 = checks["meta_build_h200"]
+    assert h200["built"] == ["vllm.models.deepseek_v32.nvidia.model.DeepseekV32ForCausalLM"]
+    # its layers register MLA's latent cache before the indexer's key cache
+    latent = {"kind": "MLAAttentionSpec", "page_size_bytes": 16 * 576 * 2}
+    indexer = {"kind": "MLAAttentionSpec", "page_size_bytes": 16 * 132}
+    kv = h200["kv"]
+    assert [{k: s[k] for k in ("kind", "page_size_bytes")} for s in kv] == [latent, indexer] * 4
+    # lab/models/dsv32_4l by hand, BF16 unless noted: per layer the fused q/kv A projection
+    # 7168 x (1536 + 512 + 64), q_b 1536 x 128 x 192, kv_b 512 x 128 x (128 + 128), o_proj
+    # 128 x 128 x 7168, norms 1536 + 512 + 2 x 7168; the indexer's wq_b 1536 x 64 x 128 and
+    # wk + weights_proj 7168 x (128 + 64); the dense MLP 7168 x 2 x 18432 + 18432 x 7168; the
+    # indexer's k_norm (LayerNorm(128), weight and bias) in FP32; plus embedding and lm_head
+    # 2 x 129280 x 7168 and the final norm 7168
+    layer_bf16 = (
+        7168 * 2112
+        + 1536 * 128 * 192
+        + 512 * 128 * 256
+        + 128 * 128 * 7168
+        + 1536
+        + 512
+        + 2 * 7168
+        + 1536 * 64 * 128
+        + 7168 * (128 + 64)
+        + 7168 * 2 * 18432
+        + 18432 * 7168
+    )
+    want = 2 * (4 * layer_bf16 + 2 * 129280 * 7168 + 7168) + 4 * 4 * 256
+    assert h200["param_bytes"] == want

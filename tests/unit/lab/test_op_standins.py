@@ -12,6 +12,7 @@ CUDA-graph check that needs a GPU: an op with a data-dependent shape or a host r
 from __future__ import annotations
 
 import importlib
+import math
 import types
 from typing import Any
 
@@ -681,3 +682,98 @@ def test_vllm_merge_attn_states_reaches_the_stand_in(vllm_ops: Any) -> None:
     out = torch.empty(3, 2, 8)
     vllm_ops.merge_attn_states(out, prefix, lse, suffix, lse)
     assert torch.allclose(out, (prefix + suffix) / 2, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- DeepSeek-V3's A-GEMM
+def ref_matmul(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
+    """out[i][j] = sum_k a[i][k] * b[k][j], one product at a time."""
+    return [
+        [sum(a[i][k] * b[k][j] for k in range(len(b))) for j in range(len(b[0]))]
+        for i in range(len(a))
+    ]
+
+
+def small_integers(shape: tuple[int, ...], seed: int) -> Any:
+    """BF16 integers in [-3, 3]: products and sums of 48 of them stay exact in BF16's 8 bits."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(-3, 4, shape, generator=gen).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 16])
+def test_dsv3_fused_a_gemm_is_the_matmul(standins: types.ModuleType, tokens: int) -> None:
+    # |sum| <= 48 * 9 = 432 < 512: every partial sum is an integer BF16 holds exactly
+    x = small_integers((tokens, 48), 1)
+    weight = small_integers((24, 48), 2)  # [N, K] like the fused q/kv A weight
+    out = torch.full((tokens, 24), 99.0, dtype=torch.bfloat16)
+    torch.ops._C.dsv3_fused_a_gemm(out, x, weight.t(), False)
+    want = ref_matmul(x.float().tolist(), weight.t().float().tolist())
+    assert out.float().tolist() == want and out.dtype == torch.bfloat16
+
+
+@pytest.mark.vllm
+def test_vllm_dsv3_fused_a_gemm_wrapper_reaches_the_stand_in(vllm_ops: Any) -> None:
+    """vLLM's caller (_min_latency_fused_qkv_a_proj_impl) passes weight.T, column-major."""
+    x = small_integers((3, 32), 3)
+    weight = small_integers((8, 32), 4)
+    out = torch.empty(3, 8, dtype=torch.bfloat16)
+    vllm_ops.dsv3_fused_a_gemm(out, x, weight.T)
+    assert out.float().tolist() == ref_matmul(x.float().tolist(), weight.T.float().tolist())
+
+
+# --------------------------------------------------------------------------- grouped rms_norm
+def ref_rms(row: list[float], weight: list[float], eps: float) -> list[float]:
+    """x / sqrt(mean(x^2) + eps) * w, in Python floats."""
+    scale = 1.0 / math.sqrt(sum(v * v for v in row) / len(row) + eps)
+    return [v * scale * w for v, w in zip(row, weight, strict=True)]
+
+
+def test_grouped_rms_norm_applies_weight_g_to_x_g(standins: types.ModuleType) -> None:
+    gen = torch.Generator().manual_seed(9)
+    groups, tokens, hidden, eps = 3, 4, 16, 1e-6
+    x = torch.randn(groups, tokens, hidden, generator=gen)
+    weight = torch.randn(groups, hidden, generator=gen)
+    out = torch.empty_like(x)
+    torch.ops._C.rms_norm(out, x, weight, eps)
+    for g in range(groups):
+        for t in range(tokens):
+            want = ref_rms(x[g, t].tolist(), weight[g].tolist(), eps)
+            assert out[g, t].tolist() == pytest.approx(want, rel=1e-5, abs=1e-6)
+    # a [G, H] weight over a 4-D x [G, B, T, H]: still x[g] with weight[g]
+    x4 = torch.randn(groups, 2, 3, hidden, generator=gen)
+    out4 = torch.empty_like(x4)
+    torch.ops._C.rms_norm(out4, x4, weight, eps)
+    want4 = ref_rms(x4[2, 1, 0].tolist(), weight[2].tolist(), eps)
+    assert out4[2, 1, 0].tolist() == pytest.approx(want4, rel=1e-5, abs=1e-6)
+
+
+def _shim_rms() -> Any:
+    """The shim's own `_rms`, taken from its source alone (importing the shim registers ops)."""
+    import ast
+    from pathlib import Path
+
+    path = Path("/work/shared/vllm-h200/vllm_c_shim.py")
+    if not path.exists():
+        pytest.skip("the vLLM shim is not on this machine")
+    tree = ast.parse(path.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_rms")
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace["_rms"]
+
+
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_plain_rms_norm_matches_the_shims_arithmetic(
+    standins: types.ModuleType, with_weight: bool
+) -> None:
+    """A [H] weight (or none): bit for bit the shim's kernel, which the override replaces."""
+    shim_rms = _shim_rms()
+    gen = torch.Generator().manual_seed(10)
+    x = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
+    weight = torch.randn(64, generator=gen).to(torch.bfloat16) if with_weight else None
+    out = torch.empty_like(x)
+    torch.ops._C.rms_norm(out, x, weight, 1e-6)
+    assert torch.equal(out, shim_rms(x, weight, 1e-6))
+    row = ref_rms(
+        x[0].float().tolist(), (weight if with_weight else torch.ones(64)).float().tolist(), 1e-6
+    )
+    assert out[0].float().tolist() == pytest.approx(row, rel=2e-2, abs=1e-2)  # BF16 rounding
