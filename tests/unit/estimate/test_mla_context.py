@@ -24,6 +24,7 @@ from memest.schema import RunConfig, RunReport
 
 ROOT = Path(__file__).resolve().parents[3]
 DSV2 = json.loads((ROOT / "lab/models/dsv2lite_8l/config.json").read_text())
+DSV3 = json.loads((ROOT / "lab/models/dsv3_5l/config.json").read_text())
 LLAMA = json.loads((ROOT / "examples/llama8b.config.json").read_text())
 RAW = ROOT / "tests/data/starts"
 MiB = 1 << 20
@@ -300,3 +301,33 @@ def test_the_derived_sequence_reserves_what_the_recorded_context_step_did() -> N
     )
     large = [s for s in replay.context_segments if s > 2 * MiB]
     assert recorded == large == [256 * MiB, 192 * MiB, 192 * MiB]
+
+
+def _context_segments(history: str) -> list[int]:
+    """Segments a recorded context step opened from MLA's ``_compute_prefill_context``."""
+    from memest.snapshot import load_snapshot
+
+    snap = load_snapshot(RAW / history)
+    ev, frames, stacks = snap["events"], snap["frames"], snap["stacks"]
+    return [
+        ev["size"][i]
+        for i in range(len(ev["action"]))
+        if snap["actions"][ev["action"][i]] == "segment_alloc"
+        and ev["stack"][i] >= 0
+        and any(frames[f][2] == "_compute_prefill_context" for f in stacks[ev["stack"][i]])
+    ]
+
+
+def test_the_derived_sequence_reserves_what_deepseek_v3s_context_step_did() -> None:
+    """Call 31's context step of DeepSeek-V3's attention (128 heads, kv_lora_rank 512): the
+    same 17 requests over 34,544 cached rows. By hand, the first 32,768-row chunk: kv_b_proj's
+    output [32,768 x 128 heads x (128 nope + 128 v)] x 2 B = 2 GiB; k [32,768 x 128 x 192] x 2 B
+    = 1.5 GiB; FA2's v padded to 192, 1.5 GiB. The second chunk (1,776 rows) fits their blocks."""
+    recorded = _context_segments(
+        "call31-logs/V3_dsv3mla5l_s64_t2048_fa.apply-hist-stephist.context_step.pickle.gz"
+    )
+    replay = replay_context_step(
+        model_shape(DSV3), 2048, [32768, 1776], v_padded=True, query_tokens=272
+    )
+    large = [s for s in replay.context_segments if s > 2 * MiB]
+    assert recorded == large == [2 * GiB, 1536 * MiB, 1536 * MiB]
