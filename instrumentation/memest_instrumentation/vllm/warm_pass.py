@@ -152,8 +152,11 @@ def draft_block_graphed_up_to(speculator: Any) -> int:
         return 0
     if getattr(manager, "lora_capture_cases", [0]) != [0]:
         return 0
-    from vllm.config.compilation import CUDAGraphMode
-    from vllm.v1.worker.gpu.cudagraph_utils import _is_compatible
+    try:  # vLLM 0.33.0's names; another version keeps the block in the pass
+        from vllm.config.compilation import CUDAGraphMode
+        from vllm.v1.worker.gpu.cudagraph_utils import _is_compatible
+    except ImportError:
+        return 0
 
     for reqs in range(1, int(max_reqs) + 1):
         tokens = reqs * int(per_req)
