@@ -186,7 +186,10 @@ def _without_graphed_draft_block(runner: Any) -> Iterator[int]:
     the hidden states stored and the context K/V projected before the replay) stays in the pass.
     """
     speculator: Any = getattr(runner, "speculator", None)
-    covered = draft_block_graphed_up_to(speculator) if speculator is not None else 0
+    try:
+        covered = draft_block_graphed_up_to(speculator) if speculator is not None else 0
+    except Exception:  # an unexpected manager: keep the block in the pass rather than lose it
+        covered = 0
     if not covered:
         yield 0
         return
