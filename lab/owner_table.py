@@ -81,7 +81,8 @@ def per_token_bytes(cfg: dict[str, Any]) -> dict[str, int]:
         # EAGLE3's first layer reads [norm(embeds), norm(hidden)]: twice the hidden size
         "qkv_input": (2 if eagle3 else 1) * hidden * BF16,
         "logits": int(cfg["vocab_size"]) * BF16,
-        "draft_logits": int(cfg["vocab_size"]) * BF16,
+        "draft_logits": int(cfg.get("draft_vocab_size") or cfg["vocab_size"]) * BF16,
+        "draft_sample_hidden": hidden * BF16,
     }
     if inter and not cfg.get("num_experts"):  # dense MLP (an MoE layer's experts are fused_moe)
         laws |= {
@@ -92,6 +93,24 @@ def per_token_bytes(cfg: dict[str, Any]) -> dict[str, int]:
     if cfg.get("num_experts"):
         laws["moe_router_logits"] = int(cfg["num_experts"]) * BF16
     return laws
+
+
+def per_request_bytes(cfg: dict[str, Any]) -> dict[str, int]:
+    """Bytes per request of the drafter's owners sized by requests, not tokens.
+
+    An EAGLE-style drafter samples one row per request in each step: draft_logits is requests x
+    vocabulary. DSpark (a ``markov_rank``) computes its base logits over all K positions at once
+    (requests x K = the block's tokens: the per-token law) and then, once per draft step, one
+    row per request (lab/dspark_logits_law.py derives these from vLLM's code).
+    """
+    vocab = int(cfg.get("draft_vocab_size") or cfg["vocab_size"])
+    if not cfg.get("markov_rank"):
+        return {"draft_logits": vocab * BF16}
+    return {
+        "draft_logits.step": vocab * BF16,
+        "draft_logits.markov_bias": vocab * BF16,
+        "draft_markov_embed": int(cfg["markov_rank"]) * BF16,
+    }
 
 
 #: Owners whose size does not follow the token count: (bytes, where the figure comes from).
@@ -185,6 +204,19 @@ def widest_tokens(report: RunReport, bd: Breakdown) -> dict[str, int]:
     return out
 
 
+def widest_requests(report: RunReport) -> dict[str, int]:
+    """Widest capture size in requests of each stage: the plan's, else as many requests as the
+    widest graph's tokens allow within max_num_seqs."""
+    plans = [p for p in report.capture_plans if p.sizing == PLAN_SIZING] or report.capture_plans
+    seqs = report.config.max_num_seqs
+    return {
+        r.runner: r.widest_requests or min(seqs, r.widest_tokens)
+        for p in plans[:1]
+        for r in p.runners
+        if r.widest_requests or r.widest_tokens
+    }
+
+
 def owner_table(bd: Breakdown) -> dict[str, int]:
     """Capture-phase trigger bytes per owner (the table a cold and a warm start must share)."""
     out: dict[str, int] = defaultdict(int)
@@ -198,9 +230,10 @@ def formula_rows(
     report: RunReport, bd: Breakdown, cfg: dict[str, Any], drafter: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """Each large owner's capture live peak beside its size formula (stage by stage)."""
-    widest = widest_tokens(report, bd)
+    widest, requests = widest_tokens(report, bd), widest_requests(report)
     laws = {"target": per_token_bytes(cfg) if cfg else {}}
     laws["draft"] = per_token_bytes(drafter) if drafter else laws["target"]
+    step_laws = per_request_bytes(drafter) if drafter else {}
     rows = []
     for p in sorted(bd.live_peaks, key=lambda p: (p.stage, -p.peak_bytes)):
         if p.phase != "capture" or p.peak_bytes < (1 << 20):
@@ -208,7 +241,10 @@ def formula_rows(
         per_tok = laws.get(p.stage.split(".", 1)[0], {}).get(p.owner)
         tokens = widest.get(p.stage)
         formula, basis = None, ""
-        if per_tok and tokens:
+        per_req, nreq = step_laws.get(p.owner), requests.get(p.stage)
+        if p.stage.startswith("draft") and per_req and nreq:
+            formula, basis = per_req * nreq, f"{per_req} B x {nreq} requests"
+        elif per_tok and tokens:
             formula, basis = per_tok * tokens, f"{per_tok} B x {tokens} tokens"
         elif p.owner in FIXED:
             formula, basis = FIXED[p.owner][0], FIXED[p.owner][1]

@@ -489,6 +489,9 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("P_qwen3_8b12l_dspark7_s64_t2048", "alone"),
         ("S_dsv32_4l_s64_t2048_bf16", "apply-hist"),
     ],
+    # The DSpark start's memest apply alone: the warm profile pass without the drafter's block
+    # routine its FULL graphs cover (the -0.119 GiB of call 30).
+    "dspark_apply": [("P_qwen3_8b12l_dspark7_s64_t2048", "apply")],
     # An FP8 checkpoint (lab/fp8_standins.py quantizes): vLLM alone, memest apply, its plan.
     "fp8w": [
         ("Q8_llama8b_fp8w_s128_t4096", "apply"),

@@ -18,7 +18,8 @@ for ``layers.*.foo``); without any map it stays ``compiled_piece``.
 User rules come from a JSON file::
 
     {"rules": [{"owner": "my_buffer", "function": "alloc_*", "file": "*/mypkg/*.py"},
-               {"owner": "my_proj", "module": "*.my_proj"}],
+               {"owner": "my_proj", "module": "*.my_proj"},
+               {"owner": "my_gemm", "function": "gemm_helper", "defer": true}],
      "skip_files": ["*/mypkg/allocator_shim.py"]}
 """
 
@@ -68,6 +69,7 @@ class OwnerRule:
     code: str | None = None
     site: str | None = None
     line: int | None = None
+    defer: bool = False
 
     @property
     def compiled_only(self) -> bool:
@@ -115,8 +117,26 @@ _VLLM_0_33_RULES: tuple[OwnerRule, ...] = (
     OwnerRule("aux_hidden_states", "_maybe_add_hidden_state"),
     OwnerRule("aux_hidden_states", "_store_hidden_states", "*spec_decode/*"),
     OwnerRule("aux_hidden_states", "store_capture_output"),
+    # DSpark (v1/worker/gpu/spec_decode/dspark/speculator.py, models/qwen3_dspark.py): the
+    # drafter's lm_head over all K positions at once (compute_draft_logits: rows x K x draft
+    # vocabulary), then per draft step the previous token's Markov embedding (rows x rank), the
+    # Markov bias (markov_w2: rows x draft vocabulary; the top-k variant corrects in place) and
+    # the step's logits, base[:, i] + bias (line 193); the gathered head hidden states the
+    # lm_head reads (lines 173 / 222: rows x K x hidden); the rest of _sample_sequential is the
+    # anchor and sampled ids and the sampler's scratch (bytes per request)
     OwnerRule("draft_logits", "compute_draft_logits"),
-    OwnerRule("draft_logits", "_sample_sequential*", "*spec_decode/dspark/*"),
+    OwnerRule("draft_logits.markov_bias", "markov_bias", "*/models/qwen3_dspark.py"),
+    OwnerRule("draft_logits.markov_bias", "apply_markov_bias_gathered"),
+    OwnerRule("draft_markov_embed", "markov_embed", "*/models/qwen3_dspark.py"),
+    OwnerRule("draft_logits.step", "_sample_sequential", "*spec_decode/dspark/*", line=193),
+    OwnerRule("draft_sample_hidden", "_sample_sequential*", "*spec_decode/dspark/*", line=173),
+    OwnerRule("draft_sample_hidden", "_sample_sequential*", "*spec_decode/dspark/*", line=222),
+    OwnerRule("draft_sampler", "_sample_sequential*", "*spec_decode/dspark/*"),
+    # DFlash / DSpark: the context K/V the drafter projects from the target's hidden states,
+    # normalises and ropes before writing it to its KV cache (models/qwen3_dflash.py)
+    OwnerRule("draft_context_kv", "precompute_and_store_context_kv", "*/models/qwen3_dflash.py"),
+    OwnerRule("draft_context_kv", "_project_context_kv", "*/models/qwen3_dflash.py"),
+    OwnerRule("draft_context_kv", "_normalize_context_k", "*/models/qwen3_dflash.py"),
     OwnerRule("draft_logits", "sample_draft", "*spec_decode/*"),
     OwnerRule("attn_output", "_alloc_attn_out"),
     # The MLP's activation (SiluAndMul and the others): its output. Under torch.compile this is
@@ -138,6 +158,9 @@ _VLLM_0_33_RULES: tuple[OwnerRule, ...] = (
     OwnerRule("mla_decode", "forward_mqa", "*/attention/backends/mla/*"),
     OwnerRule("moe_workspace", "_allocate_buffers", "*fused_moe/*"),
     OwnerRule("moe_workspace", "*", "*/fused_moe/*"),
+    # An eager linear layer's F.linear (layers/utils.py): its output is the caller's (the
+    # drafter's lm_head is draft_logits); a GEMM workspace when no caller is named
+    OwnerRule("gemm_workspace", "default_unquantized_gemm", "*/layers/utils.py", defer=True),
     OwnerRule("gemm_workspace", "*gemm*", "*vllm/*"),
     OwnerRule("gemm_workspace", "*", "*/layers/quantization/*"),
     OwnerRule("gemm_workspace", "*_get_*workspace_buffer", "*vllm/v1/attention/*"),
@@ -222,7 +245,9 @@ def _compile(pattern: str | None) -> re.Pattern[str] | None:
     return re.compile(translate(pattern))
 
 
-_Compiled = tuple[str, re.Pattern[str] | None, re.Pattern[str] | None, int | None]
+_Compiled = tuple[str, re.Pattern[str] | None, re.Pattern[str] | None, int | None, bool]
+#: A frame's verdict: (owner or None, file skipped when naming the top frame, owner deferred).
+Verdict = tuple[str | None, bool, bool]
 
 
 @dataclass
@@ -249,7 +274,7 @@ class OwnerRules:
 
     def _recompile(self) -> None:
         self._compiled = [
-            (r.owner, _compile(r.function), _compile(r.file), r.line)
+            (r.owner, _compile(r.function), _compile(r.file), r.line, r.defer)
             for r in self.rules
             if not r.compiled_only
         ]
@@ -338,15 +363,19 @@ class OwnerRules:
 
     def match_frame(self, frame: Sequence[Any]) -> str | None:
         """Owner named by one frame, or None."""
+        return self._match_frame(frame)[0]
+
+    def _match_frame(self, frame: Sequence[Any]) -> tuple[str | None, bool]:
+        """(owner named by one frame or None, whether the matching rule defers)."""
         filename, name = str(frame[0]), str(frame[2])
-        for owner, fpat, filepat, line in self._compiled:
+        for owner, fpat, filepat, line, defer in self._compiled:
             if (
                 (fpat is None or fpat.match(name))
                 and (filepat is None or filepat.match(filename))
                 and (line is None or line == _line(frame))
             ):
-                return owner
-        return None
+                return owner, defer
+        return None, False
 
     def match_site(self, file: CompiledFile, site: CompiledSite | None, line: int = -1) -> str:
         """Owner of an allocation in generated code (at ``line``, an allocation site or not);
@@ -377,16 +406,18 @@ class OwnerRules:
                 return owner
         return None
 
-    def _frame_verdict(self, frame: Sequence[Any]) -> tuple[str | None, bool]:
-        """(owner, skipped) of one frame; a frame in mapped generated code is a compiled site."""
+    def _frame_verdict(self, frame: Sequence[Any]) -> Verdict:
+        """(owner, skipped, deferred) of one frame; a frame in mapped generated code is a
+        compiled site."""
         filename = str(frame[0])
         if self.compiled:
             found = self.compiled.site(filename, _line(frame))
             if found is not None:
-                owner = self.match_site(*found, _line(frame))
-                if not owner.startswith(COMPILED_PIECE):
-                    return owner, False
-        return self.match_frame(frame), self.skipped(filename)
+                site_owner = self.match_site(*found, _line(frame))
+                if not site_owner.startswith(COMPILED_PIECE):
+                    return site_owner, False, False
+        owner, deferred = self._match_frame(frame)
+        return owner, self.skipped(filename), deferred
 
     def classify(self, frames: Sequence[Sequence[Any]]) -> tuple[str, str]:
         """Owner and top frame of a stack (frames ``[filename, line, name]``, innermost first)."""
@@ -396,20 +427,25 @@ class OwnerRules:
         self,
         frames: Sequence[Sequence[Any]],
         stack: Sequence[int],
-        cache: dict[int, tuple[str | None, bool]],
+        cache: dict[int, Verdict],
     ) -> tuple[str, str]:
         """classify() for a stack of indices into ``frames``, memoising each frame's verdict."""
         top = None
+        fallback: tuple[str, str] | None = None
         for idx in stack:
             verdict = cache.get(idx)
             if verdict is None:
                 verdict = self._frame_verdict(frames[idx])
                 cache[idx] = verdict
-            owner, skipped = verdict
-            if owner is not None:
+            owner, skipped, deferred = verdict
+            if owner is not None and not deferred:
                 return owner, _fmt_frame(frames[idx])
+            if owner is not None and fallback is None:
+                fallback = owner, _fmt_frame(frames[idx])
             if top is None and not skipped:
                 top = frames[idx]
+        if fallback is not None:
+            return fallback
         if top is None:
             if not stack:
                 return f"{UNATTRIBUTED}:{NO_STACK}", NO_STACK
@@ -426,11 +462,13 @@ class OwnerRules:
         return self.match_site(*found, _line(top))
 
 
-_RULE_KEYS = ("owner", "function", "file", "module", "code", "site", "line")
+_RULE_KEYS = ("owner", "function", "file", "module", "code", "site", "line", "defer")
+_GLOB_KEYS = ("function", "file", "module", "code", "site")
 
 
-def _rule_values(r: OwnerRule) -> tuple[str | int | None, ...]:
-    return (r.owner, r.function, r.file, r.module, r.code, r.site, r.line)
+def _rule_values(r: OwnerRule) -> tuple[str | int | bool | None, ...]:
+    # defer is written only when set, as the other keys only when given
+    return (r.owner, r.function, r.file, r.module, r.code, r.site, r.line, r.defer or None)
 
 
 def _rule_from(item: object, where: str) -> OwnerRule:
@@ -438,20 +476,23 @@ def _rule_from(item: object, where: str) -> OwnerRule:
         raise ConfigError(where, item, "expected an object")
     unknown = set(item) - set(_RULE_KEYS)
     if unknown:
-        raise ConfigError(
-            where, sorted(unknown), "unknown keys (owner, function, file, module, code, site, line)"
-        )
+        raise ConfigError(where, sorted(unknown), f"unknown keys ({', '.join(_RULE_KEYS)})")
     owner = item.get("owner")
     if not isinstance(owner, str) or not owner:
         raise ConfigError(f"{where}.owner", owner, "expected a non-empty string")
     line = item.get("line")
     if line is not None and (isinstance(line, bool) or not isinstance(line, int) or line < 1):
         raise ConfigError(f"{where}.line", line, "expected a line number (an integer >= 1)")
-    for name in _RULE_KEYS[1:-1]:
+    defer = item.get("defer", False)
+    if not isinstance(defer, bool):
+        raise ConfigError(f"{where}.defer", defer, "expected true or false")
+    if defer and any(item.get(k) is not None for k in ("module", "code", "site")):
+        raise ConfigError(where, item, "'defer' applies to frame rules ('function' / 'file')")
+    for name in _GLOB_KEYS:
         value = item.get(name)
         if value is not None and not isinstance(value, str):
             raise ConfigError(f"{where}.{name}", value, "expected a glob string")
-    if all(item.get(k) is None for k in _RULE_KEYS[1:-1]):
+    if all(item.get(k) is None for k in _GLOB_KEYS):
         raise ConfigError(
             where,
             item,
@@ -465,6 +506,7 @@ def _rule_from(item: object, where: str) -> OwnerRule:
         item.get("code"),
         item.get("site"),
         line,
+        defer,
     )
 
 

@@ -70,7 +70,7 @@ class _Owners:
         self.stacks = snapshot["stacks"]
         self.rules = rules
         self.cache: dict[int, tuple[str, str]] = {}
-        self.frame_cache: dict[int, tuple[str | None, bool]] = {}
+        self.frame_cache: dict[int, tuple[str | None, bool, bool]] = {}
 
     def get(self, stack: int) -> tuple[str, str]:
         hit = self.cache.get(stack)

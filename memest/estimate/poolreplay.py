@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from memest.analysis.owners import OwnerRules
+from memest.analysis.owners import OwnerRules, Verdict
 from memest.errors import ReportFormatError
 from memest.estimate.allocsim import PoolSim
 from memest.schema import CapturePlan
@@ -186,7 +186,7 @@ class _Cutter:
         }
         self.seg_starts: list[int] = []
         self.seg_end: dict[int, tuple[int, str]] = {}
-        self.frame_cache: dict[int, tuple[str | None, bool]] = {}
+        self.frame_cache: dict[int, Verdict] = {}
         self.owner_cache: dict[int, str] = {}
         self.graphs: dict[tuple[str, int], Graph] = {}
         self.order: list[tuple[str, int]] = []

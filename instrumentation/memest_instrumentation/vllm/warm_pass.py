@@ -1,6 +1,7 @@
 """memest's second, warm profile pass: the activation headroom read again after vLLM's own profile
-run, from an empty allocator cache, with the two context managers that keep the pass to what a
-serving step takes (no full garbage collection, no MLA context stand-in).
+run, from an empty allocator cache, with the context managers that keep the pass to what a
+serving step takes (no full garbage collection, no MLA context stand-in, no eager DFlash / DSpark
+draft block when serving replays it from its FULL graphs).
 
 Runs inside ``guarded`` (hooks.py's ``_after_determine``), so a failure is logged and vLLM goes on.
 """
@@ -53,6 +54,7 @@ def warm_profile_peak(worker: Any) -> None:
         torch.inference_mode() if torch is not None else contextlib.nullcontext(),
         config_ctx,
         _without_mla_standin(getattr(worker, "vllm_config", None)) as standins,
+        _without_graphed_draft_block(runner) as graphed_up_to,
         _without_full_collection(),
     ):
         if base is bound:
@@ -74,6 +76,11 @@ def warm_profile_peak(worker: Any) -> None:
         else ""
     )
     without = f" without the MLA context stand-in of {standins} layers" if standins else ""
+    if graphed_up_to:
+        without += (
+            " and without the drafter's block routine (serving replays it from its FULL graphs "
+            f"for every batch of up to {graphed_up_to} requests: its memory is in the graph pools)"
+        )
     st.notes.append(
         f"activation headroom: vLLM's profile run{compiled} peaked {first} B above what it left "
         f"allocated; a second, warm profile pass{without} added {warm} B of reservation in "
@@ -124,3 +131,75 @@ def _without_mla_standin(vllm_config: Any) -> Iterator[int]:
     finally:
         for layer, width in saved:
             layer._chunked_prefill_workspace_size = width
+
+
+def draft_block_graphed_up_to(speculator: Any) -> int:
+    """The request count up to which serving runs a DFlash-family drafter's block routine only
+    from its FULL graphs; 0 when some batch of up to max_num_seqs requests would run it eagerly.
+
+    vLLM 0.33.0's ``DFlashSpeculator.propose`` (DSpark's too) gives every request exactly
+    ``num_query_per_req`` query tokens, so it dispatches each batch, mixed target batches
+    included, to its ``query_cudagraph_manager`` with ``uniform_token_count`` set, and eagerly
+    (``need_eager``) only in the profile run. Request counts are read against the manager's
+    candidates with vLLM's own ``_is_compatible`` (its ``dispatch``, less the captured-yet check:
+    the pass runs before the capture). LoRA cases other than none: 0 (not modelled).
+    """
+    manager = getattr(speculator, "query_cudagraph_manager", None)
+    per_req = getattr(speculator, "num_query_per_req", None)
+    candidates = getattr(manager, "_candidates", None)
+    max_reqs = getattr(manager, "max_num_reqs", None)
+    if not (manager is not None and per_req and candidates and max_reqs):
+        return 0
+    if getattr(manager, "lora_capture_cases", [0]) != [0]:
+        return 0
+    try:  # vLLM 0.33.0's names; another version keeps the block in the pass
+        from vllm.config.compilation import CUDAGraphMode
+        from vllm.v1.worker.gpu.cudagraph_utils import _is_compatible
+    except ImportError:
+        return 0
+
+    for reqs in range(1, int(max_reqs) + 1):
+        tokens = reqs * int(per_req)
+        match = next(
+            (
+                d
+                for d in candidates.get((tokens, 0), [])
+                if _is_compatible(d, reqs, tokens, int(per_req), 0, None, 1)
+            ),
+            None,
+        )
+        if match is None or match.cg_mode != CUDAGraphMode.FULL:
+            return 0
+    return int(max_reqs)
+
+
+@contextlib.contextmanager
+def _without_graphed_draft_block(runner: Any) -> Iterator[int]:
+    """The profile pass without the drafter's block routine when serving never runs it eagerly;
+    yields the request count its FULL graphs cover (0: nothing changed).
+
+    vLLM's profile run drafts eagerly for max_num_seqs requests: DSpark's lm_head over all K
+    positions (requests x K x vocabulary), then each step's Markov bias and logits (136 MB of
+    reservation at 64 requests, K = 7, a 151,936-token vocabulary). Serving replays those in
+    the FULL graphs, whose pool the graph-pool term already holds, so counting them again in the
+    activation headroom over-reserves. The eager work serving does keep (the target's forward,
+    the hidden states stored and the context K/V projected before the replay) stays in the pass.
+    """
+    speculator: Any = getattr(runner, "speculator", None)
+    try:
+        covered = draft_block_graphed_up_to(speculator) if speculator is not None else 0
+    except Exception:  # an unexpected manager: keep the block in the pass rather than lose it
+        covered = 0
+    if not covered:
+        yield 0
+        return
+    had_own = "_generate_draft" in vars(speculator)
+    own = vars(speculator).get("_generate_draft")
+    speculator._generate_draft = lambda *args, **kwargs: None
+    try:
+        yield covered
+    finally:
+        if had_own:
+            speculator._generate_draft = own
+        else:
+            del speculator._generate_draft

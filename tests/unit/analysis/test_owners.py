@@ -150,3 +150,99 @@ def test_a_plain_call_function_stays_unattributed() -> None:
     rules = OwnerRules.default()
     owner, _ = rules.classify([["mypkg/model.py", 3, "call"]])
     assert owner == "unattributed:call (mypkg/model.py)"
+
+
+# DSpark's draft-step stacks as the H200 start call30.P_qwen3_8b12l_dspark7_s64_t2048 recorded
+# them (innermost first; torch's frames left out), vLLM 0.33.0's files and lines.
+GEMM = ["vllm/model_executor/layers/utils.py", 89, "default_unquantized_gemm"]
+PARAM = ["vllm/model_executor/parameter.py", 124, "__torch_function__"]
+HEAD = [
+    ["vllm/model_executor/layers/vocab_parallel_embedding.py", 83, "apply"],
+    ["vllm/model_executor/layers/logits_processor.py", 144, "_apply_head"],
+    ["vllm/model_executor/layers/logits_processor.py", 188, "_get_logits"],
+    ["vllm/model_executor/layers/logits_processor.py", 109, "forward"],
+]
+DSPARK = "vllm/model_executor/models/qwen3_dspark.py"
+SPEC = "vllm/v1/worker/gpu/spec_decode/dspark/speculator.py"
+SAMPLE = [SPEC, 0, "_sample_sequential"]
+OUTER = [[SPEC, 278, "_generate_draft"], ["vllm/v1/worker/gpu/cudagraph_utils.py", 502, "capture"]]
+
+
+def _at(frame: list[object], line: int) -> list[object]:
+    return [frame[0], line, frame[2]]
+
+
+@pytest.mark.parametrize(
+    ("stack", "owner"),
+    [
+        # compute_draft_logits: the lm_head over all K positions (rows x K x vocabulary)
+        (
+            [PARAM, GEMM, *HEAD, [DSPARK, 276, "compute_draft_logits"], _at(SAMPLE, 175), *OUTER],
+            "draft_logits",
+        ),
+        # markov_bias -> DSparkMarkovHead.bias: markov_w2 through the same logits processor
+        (
+            [GEMM, *HEAD, [DSPARK, 93, "bias"], [DSPARK, 288, "markov_bias"], _at(SAMPLE, 190)],
+            "draft_logits.markov_bias",
+        ),
+        ([[DSPARK, 285, "markov_embed"], _at(SAMPLE, 189), *OUTER], "draft_markov_embed"),
+        # logits_i = base_logits[:, i] + bias: one draft step's logits
+        ([_at(SAMPLE, 193), *OUTER], "draft_logits.step"),
+        ([_at(SAMPLE, 173), *OUTER], "draft_sample_hidden"),
+        ([_at(SAMPLE, 196), *OUTER], "draft_sampler"),
+        (
+            [
+                ["vllm/model_executor/models/qwen3_dflash.py", 624, "_normalize_context_k"],
+                [
+                    "vllm/model_executor/models/qwen3_dflash.py",
+                    665,
+                    "precompute_and_store_context_kv",
+                ],
+            ],
+            "draft_context_kv",
+        ),
+        # an eager linear layer nobody outside names (the drafter's fc, with the capture stream's
+        # cuBLAS workspace): the deferred GEMM rule still names it
+        (
+            [
+                PARAM,
+                GEMM,
+                ["vllm/model_executor/layers/linear.py", 242, "apply"],
+                ["vllm/model_executor/models/qwen3_dflash.py", 846, "combine_hidden_states"],
+                *OUTER,
+            ],
+            "gemm_workspace",
+        ),
+    ],
+)
+def test_dspark_draft_step_owners(stack: list[list[object]], owner: str) -> None:
+    assert OwnerRules.default().classify(stack)[0] == owner
+
+
+def test_a_deferred_rule_yields_to_a_named_outer_frame_only() -> None:
+    rules = OwnerRules.from_data(
+        {
+            "rules": [
+                {"owner": "helper", "function": "gemm_helper", "defer": True},
+                {"owner": "head", "function": "head"},
+            ]
+        }
+    )
+    inner = ["a.py", 1, "gemm_helper"]
+    assert rules.classify([inner, ["b.py", 2, "head"]]) == ("head", "head (b.py:2)")
+    assert rules.classify([inner, ["b.py", 2, "other"]]) == ("helper", "gemm_helper (a.py:1)")
+    # the first deferred owner is the fallback, an inner undeferred one still wins outright
+    assert rules.classify([["c.py", 3, "head"], inner]) == ("head", "head (c.py:3)")
+    assert {"owner": "helper", "function": "gemm_helper", "defer": True} in rules.to_data()["rules"]
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"owner": "a", "function": "f", "defer": "yes"},
+        {"owner": "a", "module": "*.fc", "defer": True},
+    ],
+)
+def test_bad_defer_names_the_rule(rule: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        OwnerRules.from_data({"rules": [rule]}, source="rules")
