@@ -17,8 +17,10 @@ Accounting:
 from __future__ import annotations
 
 import bisect
+import itertools
+from array import array
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -81,15 +83,15 @@ class _Owners:
         return hit
 
 
-def _window_tags(snapshot: Snapshot, tags: list[StageTag], tag_col: Sequence[int]) -> list[int]:
+def _window_tags(snap: Snapshot, tags: list[StageTag], tag_col: Sequence[int]) -> Sequence[int]:
     """Tag column with untagged events given the tag of the innermost window around them."""
     windows = [
         w
-        for w in snapshot.get("windows", [])
+        for w in snap.get("windows", [])
         if isinstance(w, dict) and w.get("tag") and w.get("start_us") is not None
     ]
     if not windows or 0 not in tag_col:
-        return list(tag_col)
+        return tag_col  # read only: no copy of a column the size of the history
     windows.sort(key=lambda w: int(w["start_us"]))
     starts = [int(w["start_us"]) for w in windows]
     win_tag: list[int] = []
@@ -98,8 +100,8 @@ def _window_tags(snapshot: Snapshot, tags: list[StageTag], tag_col: Sequence[int
         tags.append(parse_tag(str(w["tag"])))
     far = 1 << 62
     ends = [int(w["end_us"]) if w.get("end_us") is not None else far for w in windows]
-    times = snapshot["events"]["time_us"]
-    out = list(tag_col)
+    times = snap["events"]["time_us"]
+    out = array("q", tag_col)  # a compact copy (window tags appended above may not fit tag_col's)
     for i, t in enumerate(tag_col):
         if t:
             continue
@@ -259,7 +261,7 @@ class _Replay:
         kinds: list[int],
         free_kind: int,
         tag_col: Sequence[int],
-        pool_col: Sequence[int],
+        pool_col: Iterable[int],
     ) -> None:
         # Allocations and frees are most of the events: they stay inline, with local aliases.
         t = self.tally
@@ -337,13 +339,9 @@ def analyze(
         tables, _OwnerIndex(owners), snap.get("pools", []), _Tally(base=len(snap["stacks"]) + 2)
     )
     free_kind = _FREE_DONE if "free_completed" in snap["actions"] else _FREE_REQ
-    replay.run(
-        ev,
-        [_KINDS.get(a, _OTHER) for a in snap["actions"]],
-        free_kind,
-        tag_col,
-        ev.get("pool") or [-1] * n_events,
-    )
+    kinds = [_KINDS.get(a, _OTHER) for a in snap["actions"]]
+    pool_col = ev.get("pool") or itertools.repeat(-1, n_events)  # not a list per event
+    replay.run(ev, kinds, free_kind, tag_col, pool_col)
     stages, position = _stage_rows(snap, replay)
     triggers = _trigger_rows(replay, position)
     total_private_growth = _check_identity(stages, triggers, replay.tally)
