@@ -93,11 +93,14 @@ def read_chunks(
     handle: BinaryIO, *, limit: int, source: str, error: ErrorFactory = InputFileError
 ) -> Iterator[bytes]:
     """The content of ``handle`` in chunks of at most STREAM_CHUNK_BYTES, refusing past ``limit``."""
+    too_large = f"{source}: larger than the {fmt_bytes(limit)} limit{_hint(limit)}"
+    if os.fstat(handle.fileno()).st_size > limit:  # refused before a byte is read
+        raise error(too_large)
     total = 0
     while piece := handle.read(STREAM_CHUNK_BYTES):
         total += len(piece)
-        if total > limit:
-            raise error(f"{source}: larger than the {fmt_bytes(limit)} limit{_hint(limit)}")
+        if total > limit:  # grew meanwhile, or reports no size (as /proc does)
+            raise error(too_large)
         yield piece
 
 
