@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from memest.errors import ConfigError, MemestError, ReportFormatError, first_error
 from memest.schema import SCHEMA_VERSION, RunReport
-from memest.units import GiB, MiB, fmt_bytes, parse_bytes
+from memest.units import GiB, KiB, MiB, fmt_bytes, parse_bytes
 
 MAX_INPUT_ENV = "MEMEST_MAX_INPUT_BYTES"
 DEFAULT_MAX_INPUT_BYTES = 2 * GiB
@@ -33,7 +33,7 @@ MAX_SMALL_JSON_BYTES = 16 * MiB
 
 _CHUNK_BYTES = 4 * MiB
 # Streamed input is decoded a piece at a time: small enough to be noise beside the content.
-STREAM_CHUNK_BYTES = 1 * MiB
+STREAM_CHUNK_BYTES = 256 * KiB
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 
 ErrorFactory = Callable[[str], Exception]

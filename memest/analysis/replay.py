@@ -101,7 +101,7 @@ def _window_tags(snap: Snapshot, tags: list[StageTag], tag_col: Sequence[int]) -
     far = 1 << 62
     ends = [int(w["end_us"]) if w.get("end_us") is not None else far for w in windows]
     times = snap["events"]["time_us"]
-    out = array("q", tag_col)  # a compact copy (window tags appended above may not fit tag_col's)
+    out = array("i", tag_col)  # a compact copy, wide enough for the window tags added above
     for i, t in enumerate(tag_col):
         if t:
             continue

@@ -155,9 +155,10 @@ class _Text:
             except json.JSONDecodeError as exc:
                 # Perhaps cut by the chunk's end: read on, doubling, so a large value is
                 # decoded a bounded number of times.
+                offset = exc.pos - self.pos  # fill moves the value to the buffer's start
                 if self.fill(max(len(self.buf) - self.pos, 1 << 16)):
                     continue
-                raise self.syntax(exc.pos, exc.msg) from None
+                raise self.syntax(self.pos + offset, exc.msg) from None
             except RecursionError:
                 raise SnapshotFormatError(f"{self.source}: JSON nested too deeply") from None
             except ValueError:
