@@ -8,6 +8,7 @@ gzip-compressed.
 from __future__ import annotations
 
 import gzip
+import io
 import itertools
 import json
 from array import array
@@ -23,7 +24,7 @@ from memest.files import (
     open_regular_file,
     read_chunks,
 )
-from memest.snapshot._unpickle import safe_loads
+from memest.snapshot._unpickle import safe_load
 from memest.snapshot.convert import from_torch
 from memest.snapshot.format import FORMAT_NAME, Snapshot, compact_events, validate
 from memest.snapshot.stream import read_json
@@ -87,13 +88,36 @@ def _parse_chunks(
         kind = _detect(head, source)
     if kind == "json":
         return to_memest(read_json(chunks, source=source), source=source, scrub_paths=scrub_paths)
-    data = bytearray()
-    for piece in chunks:
-        data += piece
-    obj = safe_loads(data, source=source)
-    _check_torch_size(obj, len(data), source)
-    del data
-    return compact_events(to_memest(obj, source=source, scrub_paths=scrub_paths))
+    stream = _ChunkStream(chunks)
+    obj = safe_load(io.BufferedReader(stream), source=source)
+    _check_torch_size(obj, stream.n_bytes, source)
+    snap = to_memest(obj, source=source, scrub_paths=scrub_paths)
+    del obj  # torch's form, many times the converted one
+    return compact_events(snap)
+
+
+class _ChunkStream(io.RawIOBase):
+    """The chunks as a binary file, for the unpickler; counts the bytes read."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+        self.rest = memoryview(b"")
+        self.n_bytes = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.rest:
+            piece = next(self.chunks, None)
+            if piece is None:
+                return 0
+            self.rest = memoryview(piece)
+        n = min(len(buffer), len(self.rest))
+        buffer[:n] = self.rest[:n]
+        self.rest = self.rest[n:]
+        self.n_bytes += n
+        return n
 
 
 def _head(chunks: Iterator[bytes], n_bytes: int = 1024) -> tuple[bytes, Iterator[bytes]]:
