@@ -231,7 +231,7 @@ def _real(path: Path, timeout_s: float) -> int:
         return 1
     above = res["peak_rss_bytes"] - res["base_rss_bytes"]
     print(
-        f"{path.name}: {n_bytes / MiB:.1f} MiB of JSON, {res['seconds']:.2f} s, peak RSS "
+        f"{path.name}: {n_bytes / MiB:.1f} MiB (uncompressed), {res['seconds']:.2f} s, peak RSS "
         f"{res['peak_rss_bytes'] / MiB:.0f} MiB, {above / MiB:.0f} MiB above imports = "
         f"{above / n_bytes:.2f}x the input"
     )
