@@ -87,7 +87,8 @@ def _parse_chunks(
             raise SnapshotFormatError(f"{source}: empty file")
         kind = _detect(head, source)
     if kind == "json":
-        return to_memest(read_json(chunks, source=source), source=source, scrub_paths=scrub_paths)
+        obj = read_json(chunks, source=source)  # torch's dict as JSON converts to lists
+        return compact_events(to_memest(obj, source=source, scrub_paths=scrub_paths))
     stream = _ChunkStream(chunks)
     obj = safe_load(io.BufferedReader(stream), source=source)
     _check_torch_size(obj, stream.n_bytes, source)

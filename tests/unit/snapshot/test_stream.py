@@ -17,6 +17,7 @@ import pytest
 
 from memest.analysis import analyze
 from memest.errors import SnapshotFormatError
+from memest.files import InputFileError, gunzip_chunks
 from memest.snapshot import FORMAT_NAME, dump_snapshot, load_snapshot, parse_snapshot
 from memest.snapshot.stream import read_json
 from memest.snapshot.tags import StageTag, format_tag
@@ -219,3 +220,20 @@ def test_smallest_text_per_value_still_bounded(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 2 * n_bytes, f"peak {peak:,} B for {n_bytes:,} B of JSON"
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_gzip_members_and_padding_inflate_across_chunks(chunk: int) -> None:
+    one, two = b'{"a": [1, 2, 3]' * 50, b', "b": 4}'
+    data = gzip.compress(one) + gzip.compress(two) + b"\0" * 9
+    pieces = gunzip_chunks(_chunks(data, chunk), limit=1 << 20, source="s")
+    assert b"".join(pieces) == gzip.decompress(data) == one + two
+
+
+@pytest.mark.parametrize("chunk", [1, 4096])
+def test_truncated_gzip_and_output_over_the_limit_are_refused(chunk: int) -> None:
+    data = gzip.compress(b"x" * 10_000)
+    with pytest.raises(InputFileError, match="truncated gzip"):
+        b"".join(gunzip_chunks(_chunks(data[:-12], chunk), limit=1 << 20, source="s"))
+    with pytest.raises(InputFileError, match="decompresses to more than"):
+        b"".join(gunzip_chunks(_chunks(data, chunk), limit=9_999, source="s"))
