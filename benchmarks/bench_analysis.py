@@ -1,6 +1,7 @@
 """Benchmark: memest's analysis of a synthetic 1,000,000-event allocator history.
 
-Prints (never asserts) wall time and peak RSS of:
+Prints (never asserts) wall time, peak RSS and, for memest's cases, the peak above the imported
+interpreter as a multiple of the input's (uncompressed) size, of:
   1. load_snapshot(memest JSON) + analyze()            target <= 10 s, <= 2 GiB peak RSS
   2. analyze() alone
   3. restricted unpickle + conversion of the same history as a torch pickle
@@ -12,11 +13,13 @@ Prints (never asserts) wall time and peak RSS of:
 Each case runs in a fresh subprocess so peak RSS is its own.
 
 Usage: python benchmarks/bench_analysis.py [--events 1000000] [--workdir DIR] [--skip-torch]
+       python benchmarks/bench_analysis.py --snapshot reports/vllm/raw/call12.L_...snapshot.rank0.json.gz
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import pickle
 import random
@@ -179,17 +182,27 @@ _CASES = {
 _RUNNER = """
 import json, resource, sys, time
 PATH_JSON, PATH_PICKLE = sys.argv[1], sys.argv[2]
+def _status(key):
+    # VmHWM belongs to this process image; ru_maxrss would also count the forking parent.
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+import memest.snapshot, memest.analysis.replay  # imported before the baseline: not the input's
+base_rss = _status("VmRSS:")
 t0 = time.perf_counter()
 {body}
 dt = time.perf_counter() - t0
-def _hwm():
-    # VmHWM belongs to this process image; ru_maxrss would also count the forking parent.
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({{"seconds": dt, "peak_rss_bytes": _hwm(), "result": result}}))
+print(json.dumps({{"seconds": dt, "peak_rss_bytes": _status("VmHWM:"), "base_rss_bytes": base_rss,
+                  "result": result}}))
 """
+# The input each case reads: its peak above the baseline (interpreter and memest imported) per
+# byte of it is the "x input" figure (the memest JSON counts uncompressed).
+_INPUT = {
+    "memest_load_and_analyze": "json",
+    "memest_analyze_only": "json",
+    "memest_from_torch_pickle": "pickle",
+}
 
 
 def run_case(name: str, path_json: Path, path_pickle: Path, timeout_s: float) -> dict[str, Any]:
@@ -208,6 +221,23 @@ def run_case(name: str, path_json: Path, path_pickle: Path, timeout_s: float) ->
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+def _real(path: Path, timeout_s: float) -> int:
+    """One memest case on a real snapshot; its input counts uncompressed."""
+    raw = path.read_bytes()
+    n_bytes = len(gzip.decompress(raw)) if raw[:2] == b"\x1f\x8b" else len(raw)
+    res = run_case("memest_load_and_analyze", path, path, timeout_s)
+    if "error" in res:
+        print(f"{path}: {res['error']}")
+        return 1
+    above = res["peak_rss_bytes"] - res["base_rss_bytes"]
+    print(
+        f"{path.name}: {n_bytes / MiB:.1f} MiB (uncompressed), {res['seconds']:.2f} s, peak RSS "
+        f"{res['peak_rss_bytes'] / MiB:.0f} MiB, {above / MiB:.0f} MiB above imports = "
+        f"{above / n_bytes:.2f}x the input"
+    )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -220,7 +250,15 @@ def main() -> int:
         default=0.01,
         help="share of allocations that reserve a new segment (torch's trace() scans segments)",
     )
+    parser.add_argument(
+        "--snapshot",
+        type=Path,
+        default=None,
+        help="measure memest_load_and_analyze on this snapshot file instead (a real history)",
+    )
     args = parser.parse_args()
+    if args.snapshot is not None:
+        return _real(args.snapshot, args.timeout)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="memest-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -240,15 +278,24 @@ def main() -> int:
     del snap
     results: dict[str, dict[str, Any]] = {}
     names = [n for n in _CASES if not (args.skip_torch and n.startswith("torch_"))]
+    sizes = {"json": path_json.stat().st_size, "pickle": path_pickle.stat().st_size}
     for name in names:
         res = run_case(name, path_json, path_pickle, args.timeout)
         results[name] = res
         if "error" in res:
             print(f"{name:32s} {res['error']}")
-        else:
-            print(
-                f"{name:32s} {res['seconds']:8.2f} s   peak RSS {res['peak_rss_bytes'] / MiB:7.0f} MiB"
+            continue
+        line = (
+            f"{name:32s} {res['seconds']:8.2f} s   peak RSS {res['peak_rss_bytes'] / MiB:7.0f} MiB"
+        )
+        if name in _INPUT:
+            above = res["peak_rss_bytes"] - res["base_rss_bytes"]
+            res["peak_over_input"] = above / sizes[_INPUT[name]]
+            line += (
+                f"   {above / MiB:6.0f} MiB above imports = {res['peak_over_input']:.2f}x "
+                f"its {_INPUT[name]} input"
             )
+        print(line)
     base = results.get("memest_analyze_only", {}).get("seconds")
     if base:
         for name in ("torch_memory_viz_trace", "torch_memory_viz_trace_plot"):

@@ -15,7 +15,7 @@ import json
 import os
 import stat
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from memest.errors import ConfigError, MemestError, ReportFormatError, first_error
 from memest.schema import SCHEMA_VERSION, RunReport
-from memest.units import GiB, MiB, fmt_bytes, parse_bytes
+from memest.units import GiB, KiB, MiB, fmt_bytes, parse_bytes
 
 MAX_INPUT_ENV = "MEMEST_MAX_INPUT_BYTES"
 DEFAULT_MAX_INPUT_BYTES = 2 * GiB
@@ -32,6 +32,8 @@ MAX_SMALL_JSON_BYTES = 16 * MiB
 """Rules files, grids and phase lists: a few KB in practice."""
 
 _CHUNK_BYTES = 4 * MiB
+# Streamed input is decoded a piece at a time: small enough to be noise beside the content.
+STREAM_CHUNK_BYTES = 256 * KiB
 _GZIP_WBITS = 16 + zlib.MAX_WBITS
 
 ErrorFactory = Callable[[str], Exception]
@@ -66,6 +68,16 @@ def read_regular_file(
     are refused before a byte is read (O_NONBLOCK keeps opening a FIFO from hanging).
     """
     p = Path(path)
+    with open_regular_file(p, error=error) as handle:
+        data = _read_at_most(handle, limit, expected=os.fstat(handle.fileno()).st_size)
+    if data is None:
+        raise error(f"{p}: larger than the {fmt_bytes(limit)} limit{_hint(limit)}")
+    return data
+
+
+def open_regular_file(path: str | Path, *, error: ErrorFactory = InputFileError) -> BinaryIO:
+    """``path`` opened for reading in binary, which must be a regular file (as above)."""
+    p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
@@ -74,11 +86,22 @@ def read_regular_file(
     if not stat.S_ISREG(info.st_mode):  # checked before fdopen, which refuses a folder by fd
         os.close(fd)
         raise error(f"{p}: not a regular file ({_kind(info.st_mode)})")
-    with os.fdopen(fd, "rb") as handle:
-        data = _read_at_most(handle, limit, expected=info.st_size)
-    if data is None:
-        raise error(f"{p}: larger than the {fmt_bytes(limit)} limit{_hint(limit)}")
-    return data
+    return os.fdopen(fd, "rb")
+
+
+def read_chunks(
+    handle: BinaryIO, *, limit: int, source: str, error: ErrorFactory = InputFileError
+) -> Iterator[bytes]:
+    """The content of ``handle`` in chunks of at most STREAM_CHUNK_BYTES, refusing past ``limit``."""
+    too_large = f"{source}: larger than the {fmt_bytes(limit)} limit{_hint(limit)}"
+    if os.fstat(handle.fileno()).st_size > limit:  # refused before a byte is read
+        raise error(too_large)
+    total = 0
+    while piece := handle.read(STREAM_CHUNK_BYTES):
+        total += len(piece)
+        if total > limit:  # grew meanwhile, or reports no size (as /proc does)
+            raise error(too_large)
+        yield piece
 
 
 def _read_at_most(handle: BinaryIO, limit: int, *, expected: int) -> bytes | None:
@@ -127,28 +150,45 @@ def gunzip(
 ) -> bytearray:
     """Decompress gzip ``data`` (one or more members) in chunks, refusing output over ``limit``."""
     out = bytearray()
-    rest = data
-    while rest:
-        inflater = zlib.decompressobj(_GZIP_WBITS)
-        pending = rest
-        while not inflater.eof:
+    for piece in gunzip_chunks(iter((data,)), limit=limit, source=source, error=error):
+        out += piece
+    return out
+
+
+def gunzip_chunks(
+    chunks: Iterator[bytes], *, limit: int, source: str, error: ErrorFactory = InputFileError
+) -> Iterator[bytes]:
+    """Decompress a gzip stream (one or more members) given in chunks, yielding pieces of at
+    most STREAM_CHUNK_BYTES and refusing output over ``limit``."""
+    total = 0
+    inflater = zlib.decompressobj(_GZIP_WBITS)
+    started = False  # the current member has had input
+    for chunk in chunks:
+        pending = chunk
+        while pending or started:
+            if not started and not pending.strip(b"\0"):
+                break  # gzip allows zero padding after the last member
+            started = True
             try:
-                piece = inflater.decompress(pending, _CHUNK_BYTES)
+                piece = inflater.decompress(pending, STREAM_CHUNK_BYTES)
             except zlib.error as exc:
                 raise error(f"{source}: corrupt gzip ({exc})") from None
-            out += piece
-            if len(out) > limit:
+            total += len(piece)
+            if total > limit:
                 raise error(
                     f"{source}: decompresses to more than the {fmt_bytes(limit)} limit"
                     f"{_hint(limit)}"
                 )
+            if piece:
+                yield piece
             pending = inflater.unconsumed_tail
-            if not piece and not pending and not inflater.eof:
-                raise error(f"{source}: truncated gzip (ended early)")
-        rest = inflater.unused_data
-        if not rest.strip(b"\0"):  # gzip allows zero padding after the last member
-            break
-    return out
+            if inflater.eof:
+                pending, started = inflater.unused_data, False
+                inflater = zlib.decompressobj(_GZIP_WBITS)
+            elif not piece and not pending:
+                break  # needs the next chunk
+    if started:
+        raise error(f"{source}: truncated gzip (ended early)")
 
 
 def gzip_head(data: bytes, n_bytes: int = 64) -> bytes:

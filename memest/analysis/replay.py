@@ -17,8 +17,10 @@ Accounting:
 from __future__ import annotations
 
 import bisect
+import itertools
+from array import array
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -81,15 +83,15 @@ class _Owners:
         return hit
 
 
-def _window_tags(snapshot: Snapshot, tags: list[StageTag], tag_col: Sequence[int]) -> list[int]:
+def _window_tags(snap: Snapshot, tags: list[StageTag], tag_col: Sequence[int]) -> Sequence[int]:
     """Tag column with untagged events given the tag of the innermost window around them."""
     windows = [
         w
-        for w in snapshot.get("windows", [])
+        for w in snap.get("windows", [])
         if isinstance(w, dict) and w.get("tag") and w.get("start_us") is not None
     ]
     if not windows or 0 not in tag_col:
-        return list(tag_col)
+        return tag_col  # read only: no copy of a column the size of the history
     windows.sort(key=lambda w: int(w["start_us"]))
     starts = [int(w["start_us"]) for w in windows]
     win_tag: list[int] = []
@@ -98,8 +100,8 @@ def _window_tags(snapshot: Snapshot, tags: list[StageTag], tag_col: Sequence[int
         tags.append(parse_tag(str(w["tag"])))
     far = 1 << 62
     ends = [int(w["end_us"]) if w.get("end_us") is not None else far for w in windows]
-    times = snapshot["events"]["time_us"]
-    out = list(tag_col)
+    times = snap["events"]["time_us"]
+    out = array("i", tag_col)  # a compact copy, wide enough for the window tags added above
     for i, t in enumerate(tag_col):
         if t:
             continue
@@ -173,7 +175,7 @@ class _Tally:
     """What the replay accumulates; live tensors are keyed by (ctx, owner) = ctx * base + owner."""
 
     base: int
-    live: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # addr -> size, key, tag
+    live: dict[int, int] = field(default_factory=dict)  # addr -> index of its alloc event
     peak: dict[int, int] = field(default_factory=dict)
     seg_live: dict[int, tuple[str, int]] = field(default_factory=dict)
     stage_growth: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
@@ -259,7 +261,7 @@ class _Replay:
         kinds: list[int],
         free_kind: int,
         tag_col: Sequence[int],
-        pool_col: Sequence[int],
+        pool_col: Iterable[int],
     ) -> None:
         # Allocations and frees are most of the events: they stay inline, with local aliases.
         t = self.tally
@@ -267,24 +269,17 @@ class _Replay:
         stack_owner = [-1] * (base - 1)  # index stack + 1 (stack -1 = none)
         cur: dict[int, int] = {}
         cur_get, peak_get, owner_of = cur.get, peak.get, self.owners.of
-        events = zip(
-            ev["action"],
-            ev["addr"],
-            ev["size"],
-            ev["stream"],
-            tag_col,
-            ev["stack"],
-            pool_col,
-            strict=False,
-        )
-        for a, addr, size, stream, tag, stack, pidx in events:
+        sizes, stacks = ev["size"], ev["stack"]
+        cols = (ev["action"], ev["addr"], sizes, ev["stream"], tag_col, stacks, pool_col)
+        events = zip(itertools.count(), *cols, strict=False)
+        for i, a, addr, size, stream, tag, stack, pidx in events:
             kind = kinds[a]
             if kind == _ALLOC:
                 own = stack_owner[stack + 1]
                 if own < 0:
                     own = stack_owner[stack + 1] = owner_of(stack)
                 key = tag_ctx[tag] * base + own
-                live[addr] = (size, key, tag)
+                live[addr] = i  # an int, not a tuple: size, tag and owner are read back from i
                 c = cur_get(key, 0) + size
                 cur[key] = c
                 if c > peak_get(key, 0):
@@ -292,9 +287,9 @@ class _Replay:
                 if pending and (p := pending.pop(stream, None)) is not None and p[1] <= addr < p[2]:
                     t.trig_req[p[0]] += size
             elif kind == free_kind:
-                entry = live.pop(addr, None)
-                if entry is not None:
-                    cur[entry[1]] -= entry[0]
+                j = live.pop(addr, None)
+                if j is not None:
+                    cur[tag_ctx[tag_col[j]] * base + stack_owner[stacks[j] + 1]] -= sizes[j]
             elif kind == _SEG_ALLOC:
                 self.segment_alloc(addr, size, stream, tag, stack, pidx)
             elif kind == _SEG_FREE:
@@ -337,17 +332,13 @@ def analyze(
         tables, _OwnerIndex(owners), snap.get("pools", []), _Tally(base=len(snap["stacks"]) + 2)
     )
     free_kind = _FREE_DONE if "free_completed" in snap["actions"] else _FREE_REQ
-    replay.run(
-        ev,
-        [_KINDS.get(a, _OTHER) for a in snap["actions"]],
-        free_kind,
-        tag_col,
-        ev.get("pool") or [-1] * n_events,
-    )
+    kinds = [_KINDS.get(a, _OTHER) for a in snap["actions"]]
+    pool_col = ev.get("pool") or itertools.repeat(-1, n_events)  # not a list per event
+    replay.run(ev, kinds, free_kind, tag_col, pool_col)
     stages, position = _stage_rows(snap, replay)
     triggers = _trigger_rows(replay, position)
     total_private_growth = _check_identity(stages, triggers, replay.tally)
-    retained = _retained_rows(replay, position)
+    retained = _retained_rows(replay, position, ev, tag_col)
     live_peaks = _live_peaks(replay)
     _label_indexer_dtype(triggers, live_peaks, retained, compute_capability)
     warnings = _warnings(snap, tags, n_events, replay.tally)
@@ -489,16 +480,19 @@ def _live_peaks(replay: _Replay) -> list[LivePeak]:
     ]
 
 
-def _retained_rows(replay: _Replay, position: dict[int, int]) -> list[RetainedRow]:
+def _retained_rows(
+    replay: _Replay, position: dict[int, int], ev: dict[str, Any], tag_col: Sequence[int]
+) -> list[RetainedRow]:
     """Allocations made under a stage and still live at the last event, by capture size."""
-    t, tables = replay.tally, replay.tables
+    tables = replay.tables
     ret: dict[tuple[int, int, int | None], list[int]] = {}
-    for size, lkey, ltag in t.live.values():
-        ctx, own = divmod(lkey, t.base)
+    for i in replay.tally.live.values():
+        ltag = tag_col[i]
+        ctx, own = tables.tag_ctx[ltag], replay.owners.of(ev["stack"][i])
         if tables.ctx_list[ctx][1] == NO_STAGE:
             continue
         rrow = ret.setdefault((ctx, own, tables.tag_size[ltag]), [0, 0])
-        rrow[0] += size
+        rrow[0] += ev["size"][i]
         rrow[1] += 1
     order = sorted(ret.items(), key=lambda kv: (position.get(kv[0][0], 0), kv[0][1], kv[0][2] or 0))
     return [

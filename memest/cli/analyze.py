@@ -6,7 +6,8 @@ memest analyze --run DIR [--rel-threshold F] [--abs-threshold SIZE] [--json]
 SNAPSHOT is memest's JSON snapshot (as the recorder writes it), or torch's pickle from
 torch.cuda.memory._dump_snapshot (read with a restricted unpickler: only builtin containers and
 scalars; any other global is refused), either optionally gzip-compressed. It must be a regular
-file of at most MEMEST_MAX_INPUT_BYTES (default 2GiB), decompressed content included.
+file of at most MEMEST_MAX_INPUT_BYTES (default 2GiB), decompressed content included. memest JSON
+is read as a stream into compact columns: memory about the snapshot's own size.
 
 --phases takes a JSON list of phase records, or a RunReport (its "phases"); without it the
 snapshot's own phases are used. --rules adds owner rules from a JSON file

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import pickle
-from typing import Any
+from typing import IO, Any
 
 from memest.errors import SnapshotFormatError
 
@@ -58,8 +58,13 @@ def safe_loads(data: bytes | bytearray, *, source: str = "snapshot") -> Any:
     Raises:
         SnapshotFormatError: the pickle names a global, is truncated or is not a pickle.
     """
+    return safe_load(io.BytesIO(data), source=source)
+
+
+def safe_load(file: IO[bytes], *, source: str = "snapshot") -> Any:
+    """As safe_loads, reading the pickle from ``file`` (never held whole)."""
     try:
-        return _RestrictedUnpickler(io.BytesIO(data)).load()
+        return _RestrictedUnpickler(file).load()
     except SnapshotFormatError as exc:
         raise SnapshotFormatError(f"{source}: {exc}") from None
     except EOFError:

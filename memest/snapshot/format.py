@@ -28,12 +28,14 @@ into ``pools`` or -1.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 from pydantic import ValidationError
 
 from memest.errors import SnapshotFormatError, first_error
 from memest.schema.breakdown import PhaseRecord
+from memest.snapshot.stream import compact_column
 from memest.units import MAX_BYTES
 
 FORMAT_NAME = "memest.allocator_snapshot"
@@ -74,6 +76,17 @@ def empty_snapshot() -> Snapshot:
         "windows": [],
         "phases": [],
     }
+
+
+def compact_events(snapshot: Snapshot) -> Snapshot:
+    """The same snapshot with its event columns in compact arrays (validated lists first: a
+    column of non-integers is left for validate to name)."""
+    events = snapshot.get("events")
+    if isinstance(events, dict):
+        for name, column in events.items():
+            if isinstance(column, list) and all(type(v) is int for v in column):
+                events[name] = compact_column(column)
+    return snapshot
 
 
 def _require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -142,7 +155,7 @@ def _check_events(
 ) -> None:
     """The event columns: equal lengths, integers in range, indexes inside their tables
     (``tables``: the action, tag and stack tables; pools when a pool column is present)."""
-    columns = {name: _require(events, name, list, f"{source}.events") for name in EVENT_COLUMNS}
+    columns = {name: _column(events, name, source) for name in EVENT_COLUMNS}
     n = len(columns["action"])
     optional = ("pool",) if "pool" in events else ()
     for name in (*EVENT_COLUMNS, *optional):
@@ -162,6 +175,11 @@ def _check_events(
     _check_strings(pools, f"{source}.pools")
     if n and max(columns["stack"]) >= len(tables["stack"]):
         raise SnapshotFormatError(f"{source}.events.stack: index outside the stacks table")
+
+
+def _column(events: dict[str, Any], name: str, source: str) -> Any:
+    column = events.get(name)
+    return column if isinstance(column, array) else _require(events, name, list, f"{source}.events")
 
 
 def _check_stacks(stacks: list[Any], frames: list[Any], source: str) -> None:
@@ -184,7 +202,8 @@ def _check_column(column: list[Any], name: str, n: int, source: str) -> None:
         raise SnapshotFormatError(f"{where}: {len(column)} values, expected {n} (as 'action')")
     if not n:
         return
-    if set(map(type, column)) != {int}:
+    # array columns (the stream reader's) hold integers by construction
+    if not isinstance(column, array) and set(map(type, column)) != {int}:
         raise SnapshotFormatError(f"{where}: expected integers only")
     low, high = _COLUMN_RANGES[name]
     if min(column) < low or max(column) > high:

@@ -8,16 +8,26 @@ gzip-compressed.
 from __future__ import annotations
 
 import gzip
+import io
+import itertools
 import json
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from memest.errors import SnapshotFormatError
-from memest.files import gunzip, gzip_head, max_input_bytes, parse_json, read_regular_file
-from memest.snapshot._unpickle import safe_loads
+from memest.files import (
+    STREAM_CHUNK_BYTES,
+    gunzip_chunks,
+    max_input_bytes,
+    open_regular_file,
+    read_chunks,
+)
+from memest.snapshot._unpickle import safe_load
 from memest.snapshot.convert import from_torch
-from memest.snapshot.format import FORMAT_NAME, Snapshot, validate
+from memest.snapshot.format import FORMAT_NAME, Snapshot, compact_events, validate
+from memest.snapshot.stream import read_json
 
 
 def detect_format(data: bytes) -> str:
@@ -48,25 +58,80 @@ def parse_snapshot(
         SnapshotFormatError: empty, truncated, unsafe, oversized or unknown content; names the
             problem.
     """
-    if not data:
+    view = memoryview(data)
+    chunks = (
+        bytes(view[i : i + STREAM_CHUNK_BYTES]) for i in range(0, len(view), STREAM_CHUNK_BYTES)
+    )
+    return _parse_chunks(
+        chunks,
+        source=source,
+        scrub_paths=scrub_paths,
+        limit=max_input_bytes() if limit is None else limit,
+    )
+
+
+def _parse_chunks(
+    chunks: Iterator[bytes], *, source: str, scrub_paths: bool, limit: int
+) -> Snapshot:
+    """The one reader: gzip inflated and JSON decoded as the chunks arrive, so neither the
+    compressed nor the decompressed text is ever held whole; a pickle is read whole (the
+    unpickler needs it) and dropped before its conversion."""
+    head, chunks = _head(chunks)
+    if not head:
         raise SnapshotFormatError(f"{source}: empty file")
-    kind = _detect(bytes(data[:1024]), source)
-    if kind == "gzip":
-        _detect(gzip_head(bytes(data)), source)  # refuse a bomb of junk before inflating it
-        data = gunzip(
-            bytes(data),
-            limit=max_input_bytes() if limit is None else limit,
-            source=source,
-            error=SnapshotFormatError,
-        )
-        return parse_snapshot(data, source=source, scrub_paths=scrub_paths, limit=limit)
-    obj: Any
-    if kind == "pickle":
-        obj = safe_loads(data, source=source)
-        _check_torch_size(obj, len(data), source)
-    else:
-        obj = parse_json(data, source=source, error=SnapshotFormatError)
-    return to_memest(obj, source=source, scrub_paths=scrub_paths)
+    kind = _detect(head, source)
+    while kind == "gzip":  # refuses a bomb of junk after its first inflated piece
+        chunks = gunzip_chunks(chunks, limit=limit, source=source, error=SnapshotFormatError)
+        head, chunks = _head(chunks)
+        if not head:
+            raise SnapshotFormatError(f"{source}: empty file")
+        kind = _detect(head, source)
+    if kind == "json":
+        obj = read_json(chunks, source=source)  # torch's dict as JSON converts to lists
+        return compact_events(to_memest(obj, source=source, scrub_paths=scrub_paths))
+    stream = _ChunkStream(chunks)
+    obj = safe_load(io.BufferedReader(stream), source=source)
+    _check_torch_size(obj, stream.n_bytes, source)
+    snap = to_memest(obj, source=source, scrub_paths=scrub_paths)
+    del obj  # torch's form, many times the converted one
+    return compact_events(snap)
+
+
+class _ChunkStream(io.RawIOBase):
+    """The chunks as a binary file, for the unpickler; counts the bytes read."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks = chunks
+        self.rest = memoryview(b"")
+        self.n_bytes = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.rest:
+            piece = next(self.chunks, None)
+            if piece is None:
+                return 0
+            self.rest = memoryview(piece)
+        n = min(len(buffer), len(self.rest))
+        buffer[:n] = self.rest[:n]
+        self.rest = self.rest[n:]
+        self.n_bytes += n
+        return n
+
+
+def _head(chunks: Iterator[bytes], n_bytes: int = 1024) -> tuple[bytes, Iterator[bytes]]:
+    """The first ``n_bytes`` (fewer when the content is shorter), and all the chunks again."""
+    taken: list[bytes] = []
+    size = 0
+    for piece in chunks:
+        taken.append(piece)
+        size += len(piece)
+        if size >= n_bytes:
+            break
+    head = b"".join(taken)[:n_bytes]
+    return head, itertools.chain(taken, chunks)
 
 
 def _detect(head: bytes, source: str) -> str:
@@ -147,15 +212,23 @@ def load_snapshot(path: str | Path, *, scrub_paths: bool = False) -> Snapshot:
     """
     p = Path(path)
     limit = max_input_bytes()
-    data = read_regular_file(p, limit=limit, error=SnapshotFormatError)
-    return parse_snapshot(data, source=str(p), scrub_paths=scrub_paths, limit=limit)
+    with open_regular_file(p, error=SnapshotFormatError) as handle:
+        chunks = read_chunks(handle, limit=limit, source=str(p), error=SnapshotFormatError)
+        return _parse_chunks(chunks, source=str(p), scrub_paths=scrub_paths, limit=limit)
 
 
 def dump_snapshot(snapshot: Snapshot, path: str | Path) -> None:
     """Write a memest snapshot as compact JSON (gzip when the name ends in .gz)."""
-    text = json.dumps(snapshot, separators=(",", ":"))
+    text = json.dumps(snapshot, separators=(",", ":"), default=_plain)
     p = Path(path)
     if p.suffix == ".gz":
         p.write_bytes(gzip.compress(text.encode()))
     else:
         p.write_text(text)
+
+
+def _plain(value: object) -> list[int]:
+    """Compact event columns (array) as JSON lists."""
+    if isinstance(value, array):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
