@@ -520,7 +520,7 @@ def lead_keys(session: Session, run_ids: list[str] | None = None) -> dict[str, t
             if run_id not in best or rank < best[run_id][0]:
                 best[run_id] = (rank, report_id)
         where_runs = runs if chunk is None else runs.where(Run.run_id.in_(chunk))
-        stored_at.update(connection.execute(where_runs).tuples().all())
+        stored_at.update({run_id: at for run_id, at in connection.execute(where_runs)})
     return {
         run_id: (report_id, str(stored_at[run_id]))
         for run_id, (_, report_id) in best.items()

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from memest.demo import demo_report
 from memest.service.store import ReportCache
 from memest.units import MiB
-from tests.integration.service.conftest import AUTH, MakeClient
+from tests.integration.service.conftest import AUTH, MakeClient, Sample, joined_samples
 
 HEADERS = {**AUTH, "Content-Type": "application/json"}
 
@@ -39,9 +39,9 @@ def _post(client: TestClient, data: dict[str, Any]) -> None:
 def _pool_series(client: TestClient, model: str) -> dict[str, float]:
     """memest_graph_pool_bytes of ``model``: owner -> value."""
     out = {}
-    for line in client.get("/metrics").text.splitlines():
+    for line in client.get("/metrics", params={"detail": "true"}).text.splitlines():
         if line.startswith("memest_graph_pool_bytes{") and f'model="{model}"' in line:
-            owner = line.split('owner="', 1)[1].split('"', 1)[0]
+            owner = line.split('owner_id="', 1)[1].split('"', 1)[0]
             out[owner] = float(line.rsplit(" ", 1)[1])
     return out
 
@@ -85,8 +85,19 @@ def test_replicas_on_one_database_export_each_others_writes(
 
 
 def _full_build(client: TestClient) -> str:
+    """The stored series as a cache built afresh from every stored run writes them (nothing
+    kept from earlier scrapes): the reference for the kept text."""
+    from memest.service.metrics_cache import MetricsCache
+
+    app: Any = client.app
+    fresh = MetricsCache(app.state.sessionmaker, app.state.report_cache.get)
+    return fresh.exposition(detail=True).decode()
+
+
+def _builder_samples(client: TestClient) -> dict[Sample, float]:
     """The stored series as the builder yields them when it parses every exported run's lead
-    report at scrape time (no stored samples, no cache): the reference for the cached text."""
+    report at scrape time (no stored samples, no cache), labelled as joined_samples reads the
+    exposition (the owner in words is memest_owner_info's): the reference for what it holds."""
     from prometheus_client import generate_latest
 
     from memest.service import store
@@ -99,15 +110,18 @@ def _full_build(client: TestClient) -> str:
         with app.state.sessionmaker() as session:
             return store.latest_per_config(session, parse)
 
-    reference = ServiceMetrics(latest)
-    text = generate_latest(reference.registry).decode()
-    # Past the builder's own ingest counters (not stored series): from the first stored family.
-    return text[text.index("# HELP memest_graph_pool_bytes ") :]
+    text = generate_latest(ServiceMetrics(latest).registry).decode()
+    samples = joined_samples(text)
+    return {
+        (name, tuple(kv for kv in labels if kv[0] != "owner")): value
+        for (name, labels), value in samples.items()
+        if not name.startswith("memest_ingest")
+    }
 
 
 def _stored_part(client: TestClient) -> str:
-    text = client.get("/metrics").text
-    return text[text.index("# HELP memest_graph_pool_bytes ") :]
+    text = client.get("/metrics", params={"detail": "true"}).text
+    return text[: text.index("# HELP memest_ingest")]
 
 
 def test_the_kept_exposition_reads_as_a_full_build_after_each_change(
@@ -142,7 +156,9 @@ def test_the_kept_exposition_reads_as_a_full_build_after_each_change(
         else:
             assert writer.delete(f"/api/v1/runs/{what}", headers=AUTH).status_code == 200
         for reader in (one, two):
-            assert _stored_part(reader) == _full_build(reader), f"after step {i}: {action}"
+            kept = _stored_part(reader)
+            assert kept == _full_build(reader), f"after step {i}: {action}"
+            assert joined_samples(kept) == _builder_samples(reader), f"after step {i}: {action}"
 
 
 def test_a_scrape_after_one_ingest_renders_only_that_run(
@@ -165,7 +181,7 @@ def test_a_scrape_after_one_ingest_renders_only_that_run(
     assert _pool_series(client, "fleet/m5") == {"o2": 2 * MiB, "o1": 1 * MiB}
     # One run's samples: 2 pool owners, the pool total, KV tokens, KV bytes, non-KV bytes and the
     # estimator errors the demo report's accounting holds (counted from the builder below).
-    one_run = [ln for ln in _full_build(client).splitlines() if 'model="fleet/m5"' in ln]
+    one_run = [k for k in _builder_samples(client) if ("model", "fleet/m5") in k[1]]
     assert rendered == [len(one_run)]
     assert len(one_run) > 2
 
