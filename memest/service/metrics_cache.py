@@ -111,9 +111,8 @@ _ON_INFO = frozenset([*STORED_LABELS[1:], "owner"])
 
 @dataclass(frozen=True)
 class _RunLines:
-    """One exported run's lines by family, its set's labels, and its owners in words."""
+    """One exported run's lines by family, and its owners in words."""
 
-    labels: object
     families: dict[str, str]
     owners: dict[str, str]
 
@@ -138,7 +137,7 @@ def _render(samples: list[Sample]) -> _RunLines:
         kept = {k: v for k, v in sample.items() if k not in _ON_INFO}
         line = _line(name, {**kept, **key}, value)
         families[family] = families.get(family, "") + line
-    return _RunLines(labels, families, owners)
+    return _RunLines(families, owners)
 
 
 #: gzip level of the cached exposition: level 1 packs a fleet's text about as small as 6 does
@@ -180,10 +179,11 @@ class MetricsCache:
         self._lock = threading.Lock()
         self._state: tuple[int, int, str] | None = None
         self._help = _families_help()
-        self._runs: dict[tuple[str, str], _RunLines] = {}
+        self._sets: dict[tuple[str, str], object] = {}  # lead -> its series set's labels
+        self._runs: dict[tuple[str, str], _RunLines] = {}  # lead -> lines, of exported runs
         self._known: dict[str, Any] = {}  # run id -> its ingest time
         self._since: Any = None  # the newest ingest time known
-        self._newest: dict[object, tuple[_Order, _RunLines]] = {}
+        self._newest: dict[object, tuple[_Order, tuple[str, str], str]] = {}  # set -> its run
         self._packed: dict[bool, _Packed] = {}
 
     def exposition(self, detail: bool = False) -> bytes:
@@ -240,9 +240,10 @@ class MetricsCache:
             for run_id, created, _ in new
             if run_id in leads
         ]
-        self._render_new(session, [(run_id, lead) for run_id, _, lead in placed])
-        for _, order, lead in placed:
-            self._place(order, lead)
+        fresh = self._learn(session, placed)
+        for run_id, order, lead in placed:
+            self._place(run_id, order, lead)
+        self._render_exported(session, fresh)
         for run_id, _, ingested in new:
             self._known[run_id] = ingested
             self._since = max(self._since, ingested)
@@ -259,26 +260,68 @@ class MetricsCache:
             for run_id, created, _ in times
             if run_id in leads
         ]
-        self._render_new(session, [(run_id, lead) for run_id, _, lead in placed])
         kept = {lead for _, _, lead in placed}
-        self._runs = {lead: run for lead, run in self._runs.items() if lead in kept}
+        self._sets = {lead: labels for lead, labels in self._sets.items() if lead in kept}
+        fresh = self._learn(session, placed)
         self._newest = {}
-        for _, order, lead in placed:
-            self._place(order, lead)
+        for run_id, order, lead in placed:
+            self._place(run_id, order, lead)
+        self._render_exported(session, fresh)
         self._known = {run_id: ingested for run_id, _, ingested in times}
         self._since = max(self._known.values(), default=None)
 
-    def _place(self, order: _Order, lead: tuple[str, str]) -> None:
+    def _learn(
+        self, session: Session, placed: list[tuple[str, _Order, tuple[str, str]]]
+    ) -> dict[tuple[str, str], list[Sample]]:
+        """Read the series set of each run not seen before; their samples, by lead, so the
+        exported ones are rendered without reading them again."""
+        new = [(run_id, lead) for run_id, _, lead in placed if lead not in self._sets]
+        fresh = self._read(session, new)
+        for lead, samples in fresh.items():
+            self._sets[lead] = _series_set(samples) or lead
+        return fresh
+
+    def _place(self, run_id: str, order: _Order, lead: tuple[str, str]) -> None:
         """Export a run unless its series set has a newer one (the builder's rule)."""
-        run = self._runs.get(lead)
-        if run is None:
+        labels = self._sets.get(lead)
+        if labels is None:
             return  # deleted since the first query
-        held = self._newest.get(run.labels)
+        held = self._newest.get(labels)
         if held is None or order > held[0]:
-            self._newest[run.labels] = (order, run)
+            self._newest[labels] = (order, lead, run_id)
+
+    def _render_exported(
+        self, session: Session, fresh: dict[tuple[str, str], list[Sample]]
+    ) -> None:
+        """Lines for every exported run (only those: a fleet keeps three runs of a set), reading
+        again the samples of a run exported once more after a delete."""
+        exported = {lead: run_id for _, lead, run_id in self._newest.values()}
+        self._runs = {lead: run for lead, run in self._runs.items() if lead in exported}
+        missing = [(r, lead) for lead, r in exported.items() if lead not in self._runs]
+        fresh.update(self._read(session, [(r, lead) for r, lead in missing if lead not in fresh]))
+        for _, lead in missing:
+            if lead in fresh:
+                self._runs[lead] = _render(fresh[lead])
+
+    def _read(
+        self, session: Session, runs: list[tuple[str, tuple[str, str]]]
+    ) -> dict[tuple[str, str], list[Sample]]:
+        """The stored samples of each run, by lead; a report stored without them is parsed."""
+        stored = store.lead_metric_rows(session, [run_id for run_id, _ in runs])
+        out = {}
+        for run_id, lead in runs:
+            if run_id not in stored:
+                continue  # deleted since the first query
+            text = stored[run_id]
+            if text is None:
+                out[lead] = metric_rows(self._parse(store.lead_report(session, run_id)))
+            else:
+                out[lead] = json.loads(text)  # [family, name, labels, value] lists
+        return out
 
     def _join(self, detail: bool) -> bytes:
-        runs = [run for _, run in sorted(self._newest.values(), key=lambda held: held[0])]
+        held = sorted(self._newest.values(), key=lambda entry: entry[0])
+        runs = [self._runs[lead] for _, lead, _ in held if lead in self._runs]
         parts = []
         for family, header in self._help.items():
             if not detail and family not in _FLEET:
@@ -295,21 +338,6 @@ class MetricsCache:
             else:
                 parts.extend(run.families.get(family, "") for run in runs)
         return "".join(parts).encode()
-
-    def _render_new(self, session: Session, exported: list[tuple[str, tuple[str, str]]]) -> None:
-        """Render the lines of every run whose lead report has none yet."""
-        new = [(run_id, lead) for run_id, lead in exported if lead not in self._runs]
-        stored = store.lead_metric_rows(session, [run_id for run_id, _ in new])
-        for run_id, lead in new:
-            if run_id not in stored:
-                continue  # deleted since the first query
-            text = stored[run_id]
-            if text is None:
-                run_rows = metric_rows(self._parse(store.lead_report(session, run_id)))
-            else:
-                run_rows = [(f, n, labels, v) for f, n, labels, v in json.loads(text)]
-            run = _render(run_rows)
-            self._runs[lead] = run if run.labels is not None else _RunLines(lead, {}, {})
 
 
 #: The families of a scrape without ``detail``.
