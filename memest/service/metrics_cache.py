@@ -3,10 +3,12 @@ reports' exposition cached and rebuilt only when the stored reports change.
 
 The series themselves are defined once, in memest.service.metrics (the builder): a report's
 samples are what the builder yields for that report alone, so every family it gains appears
-here without a change. The cache is keyed by memest.service.store.stored_state, read from the
-database on each scrape, so every replica on one database rebuilds after any replica's ingest
-or delete. A report stored before its samples were (NULL metric_rows) is parsed once per
-rebuild.
+here without a change. Here they are written as the exposition: each series set's labels once,
+on memest_run_info, and each value series labelled ``model`` and ``key`` (metrics.series_key);
+the fleet's families, or every family with ``detail``. The cache is keyed by
+memest.service.store.stored_state, read from the database on each scrape, so every replica on
+one database rebuilds after any replica's ingest or delete. A report stored before its samples
+were (NULL metric_rows) is parsed when its set is first read.
 """
 
 from __future__ import annotations

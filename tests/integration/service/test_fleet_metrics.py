@@ -4,6 +4,7 @@ report), the exposition rebuilt after an ingest or delete on any replica of one 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from memest.service.store import ReportCache
 from memest.units import MiB
 from tests.integration.service.conftest import AUTH, MakeClient, Sample, joined_samples
 
+REPORTS = Path(__file__).resolve().parents[2] / "data" / "reports"
 HEADERS = {**AUTH, "Content-Type": "application/json"}
 
 
@@ -250,3 +252,25 @@ def test_metrics_are_gzipped_for_a_scraper_that_asks(client: TestClient) -> None
         assert gzip.decompress(raw) == plain.content
     refused = client.get("/metrics", headers={"Accept-Encoding": "gzip;q=0"})
     assert "content-encoding" not in refused.headers
+
+
+def test_a_plain_scrape_holds_five_short_series_per_set(client: TestClient) -> None:
+    # A real apply start, whose accounting holds every figure (budget, usage, KV bytes, tokens).
+    real = json.loads((REPORTS / "call6.B_llama8b_s32_t2048.apply.report.rank0.json").read_text())
+    for run, created in (("f1", "2026-01-01T00:00:00Z"), ("f2", "2030-01-01T00:00:00Z")):
+        ids = {"run_id": run, "report_id": f"{run}-r0", "created_at": created}
+        _post(client, {**real, **ids, "model": "fleet/f", "source": "synthetic"})
+    lines = [ln for ln in client.get("/metrics").text.splitlines() if 'model="fleet/f"' in ln]
+    # Two runs of one set: the newest exported, as its info line and the four fleet families.
+    names = sorted(ln.split("{", 1)[0] for ln in lines)
+    assert names == sorted(
+        ["memest_run_info", "memest_kv_tokens", "memest_kv_cache_bytes"]
+        + ["memest_budget_bytes", "memest_usage_bytes"]
+    )
+    (info,) = [ln for ln in lines if ln.startswith("memest_run_info{")]
+    key = info.split('key="', 1)[1].split('"', 1)[0]
+    for line in lines:
+        if line is not info:
+            # Only model and key; the value a whole number written as one.
+            assert line.split("{", 1)[1].startswith(f'key="{key}",model="fleet/f"}} ')
+            assert line.rsplit(" ", 1)[1].lstrip("-").isdigit(), line
