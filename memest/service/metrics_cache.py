@@ -18,6 +18,7 @@ import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, cast
 
 from prometheus_client.utils import floatToGoString
@@ -157,6 +158,10 @@ class _Packed:
     gzipped: tuple[bytes, Any] | None = None
 
 
+#: How far back a scrape looks for runs it has not seen: a run's ingest time is taken before its
+#: write commits, so under concurrent writers a run can appear after a newer one was seen.
+LATE = timedelta(minutes=2)
+
 #: A run's place in "newest first": its creation time, then its id (store.runs_oldest_first).
 _Order = tuple[Any, str]
 
@@ -226,7 +231,7 @@ class MetricsCache:
             return False
         new = [
             (run_id, created, ingested)
-            for run_id, created, ingested in store.run_times(session, since=self._since)
+            for run_id, created, ingested in store.run_times(session, since=self._since - LATE)
             if self._known.get(run_id) != ingested
         ]
         if any(run_id in self._known for run_id, _, _ in new):
