@@ -4,7 +4,7 @@ Fills a SQLite database with MODELS x 3 runs directly (the rows ingest writes: e
 report with its stored samples, from the real report bench_fleet.py uses, under its own model
 name), then times memest.service.metrics_cache.MetricsCache: the first build (a server just
 started), a scrape with nothing changed, and a scrape after one more ingest (the case every
-Prometheus scrape meets while reports arrive). CPU time is printed beside wall time because a
+Prometheus scrape meets while reports arrive), each with its gzip; then the detail=true text. CPU time is printed beside wall time because a
 shared machine's wall time says more about its other load than about this code.
 
   python benchmarks/bench_metrics_build.py                  # 10,000 models
@@ -93,12 +93,14 @@ def main() -> None:
         _fill(factory, engine, args.models)
         cache = MetricsCache(factory, lambda row: parse_report(row.payload.encode()))
 
-        def timed(label: str) -> None:
+        def timed(label: str, detail: bool = False) -> None:
             wall, cpu = time.perf_counter(), time.process_time()
-            text = cache.exposition()
+            text = cache.exposition(detail)
+            packed = cache.gzipped(b"", detail)  # as Prometheus asks
             print(
                 f"{label}: {time.perf_counter() - wall:.3f} s wall, "
-                f"{time.process_time() - cpu:.3f} s CPU, {len(text) / 1e6:.2f} MB"
+                f"{time.process_time() - cpu:.3f} s CPU, {len(text) / 1e6:.2f} MB "
+                f"({len(packed) / 1e6:.2f} MB gzipped)"
             )
 
         print(f"{args.models} models x {RUNS} runs (SQLite)")
@@ -107,6 +109,7 @@ def main() -> None:
         extra = parse_report(_body(_template(), 0, RUNS))
         store.ingest(factory, extra, metric_rows_json(extra))
         timed("after one more ingest")
+        timed("with detail=true", detail=True)
         engine.dispose()
 
 

@@ -2,14 +2,18 @@
 budget per estimator, KV bytes and tokens, non-KV, graph pool in total and per stage and owner),
 and ingest counters. One registry per app, so several apps (tests) never share series.
 
-The stored series are labelled ``model``, ``build``, ``config`` (the configuration fingerprint
-the history page shows), ``mode`` (measure / apply / plan) and ``sized_by`` (who sized the KV
-cache): one set per configuration and mode actually started with a build, so their number is
-bounded by the stored runs' distinct (model, build, configuration, mode), never by the runs
-themselves."""
+The builder (_StoredReports) yields each start's samples labelled with STORED_LABELS: ``model``,
+``build``, ``config`` (the configuration fingerprint the history page shows), ``mode`` (measure /
+apply / plan) and ``sized_by`` (who sized the KV cache). Those five name a series set: one per
+configuration and mode actually started with a build, so their number is bounded by the stored
+runs' distinct sets, never by the runs themselves. The exposition (memest.service.metrics_cache)
+writes them once per set, on memest_run_info, and labels each value series with ``model`` and
+``key`` (series_key) only, so a fleet's text stays small; PromQL joins the rest back with
+``* on(model, key) group_left(...) memest_run_info``."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter
@@ -35,6 +39,22 @@ STAGES_PER_RUN = 16
 #: series, never one that jumps between them.
 STORED_LABELS = ("model", "build", "config", "mode", "sized_by")
 
+#: The exposition's label naming a series set within its model (series_key), beside ``model``.
+KEY_LABEL = "key"
+#: One series per set, every figure of a set, written once: value 1 with STORED_LABELS and KEY_LABEL.
+RUN_INFO = "memest_run_info"
+#: One series per owner of the exported graph-pool series: owner_id and the owner in words.
+OWNER_INFO = "memest_owner_info"
+#: The families of every scrape (a fleet's): one series per set each, so a set costs its info line
+#: and four short value lines. The others (per estimator, per stage and owner, graph pool total,
+#: non-KV) come with ``GET /metrics?detail=true`` only.
+FLEET_FAMILIES = (
+    "memest_kv_tokens",
+    "memest_kv_cache_bytes",
+    "memest_budget_bytes",
+    "memest_usage_bytes",
+)
+
 
 def _gauge(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, labels=[*STORED_LABELS, *labels])
@@ -46,7 +66,8 @@ def _families() -> dict[str, GaugeMetricFamily]:
         "pool": _gauge(
             "memest_graph_pool_bytes",
             "Graph-pool growth of the newest run per model, build, configuration and mode, by "
-            "capture stage and owner (owner: what it is in words; owner_id: memest's name)",
+            "capture stage and owner (owner_id: memest's name; memest_owner_info says it in "
+            "words)",
             "stage",
             "owner",
             "owner_id",
@@ -103,6 +124,13 @@ def _add_start(families: dict[str, GaugeMetricFamily], labels: list[str], rep: R
     for rec in acc.estimators:
         if rec.usage_minus_budget_bytes is not None:
             families["error"].add_metric([*labels, rec.estimator], rec.usage_minus_budget_bytes)
+
+
+def series_key(labels: tuple[str, ...]) -> str:
+    """KEY_LABEL's value for a set's STORED_LABELS values: a digest of all but the model, 8 hex
+    digits (two sets of one model share one with odds of about 1 in 4 billion)."""
+    text = "\0".join(labels[1:]).encode()
+    return hashlib.blake2b(text, digest_size=4).hexdigest()
 
 
 def start_labels(rep: RunReport, fingerprint: str) -> list[str]:

@@ -3,30 +3,39 @@ reports' exposition cached and rebuilt only when the stored reports change.
 
 The series themselves are defined once, in memest.service.metrics (the builder): a report's
 samples are what the builder yields for that report alone, so every family it gains appears
-here without a change. The cache is keyed by memest.service.store.stored_state, read from the
-database on each scrape, so every replica on one database rebuilds after any replica's ingest
-or delete. A report stored before its samples were (NULL metric_rows) is parsed once per
-rebuild.
+here without a change. Here they are written as the exposition: each series set's labels once,
+on memest_run_info, and each value series labelled ``model`` and ``key`` (metrics.series_key);
+the fleet's families, or every family with ``detail``. The cache is keyed by
+memest.service.store.stored_state, read from the database on each scrape, so every replica on
+one database rebuilds after any replica's ingest or delete. A report stored before its samples
+were (NULL metric_rows) is parsed when its set is first read.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from datetime import timedelta
+from typing import Any, cast
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 from sqlalchemy.orm import Session, sessionmaker
 
 from memest.builds.runs import fingerprint
 from memest.schema import RunReport
 from memest.service import store
-from memest.service.metrics import STORED_LABELS, _StoredReports
+from memest.service.metrics import (
+    FLEET_FAMILIES,
+    KEY_LABEL,
+    OWNER_INFO,
+    RUN_INFO,
+    STORED_LABELS,
+    _StoredReports,
+    series_key,
+)
 from memest.service.models import Report
 
 #: One sample: family name, sample name, labels, value.
@@ -52,56 +61,42 @@ def metric_rows_json(report: RunReport) -> str | None:
         return None
 
 
-class _Families(Collector):
-    """The builder's families (names, help, types) filled with given samples."""
-
-    def __init__(self, samples: list[Sample]) -> None:
-        self._samples = samples
-
-    def collect(self) -> Iterator[Metric]:
-        families = {}
-        for empty in _StoredReports(list).collect():
-            families[empty.name] = Metric(empty.name, empty.documentation, empty.type)
-        for family, name, labels, value in self._samples:
-            if family in families:
-                families[family].add_sample(name, labels, value)
-        yield from families.values()
-
-
-def _headers() -> dict[str, str]:
-    """Each of the builder's families (in the builder's order): its # HELP and # TYPE lines."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families([]))
-    out: dict[str, str] = {}
-    for line in generate_latest(registry).decode().splitlines(keepends=True):
-        family = line.split(" ", 3)[2]
-        out[family] = out.get(family, "") + line
-    return out
-
-
-#: One rendered sample: its family, and its line of the exposition.
-_Line = tuple[str, str]
+def _families_help() -> dict[str, str]:
+    """Each family of the exposition, in its order, with its # HELP and # TYPE lines:
+    memest_run_info, the fleet's families, the builder's others, memest_owner_info."""
+    docs = {family.name: family.documentation for family in _StoredReports(list).collect()}
+    order = [RUN_INFO, *FLEET_FAMILIES]
+    order += [name for name in docs if name not in order]
+    docs[RUN_INFO] = (
+        "1 per exported series set: its model, build, configuration fingerprint, mode, who "
+        "sized the KV cache, and the key its value series carry beside model"
+    )
+    docs[OWNER_INFO] = "1 per graph-pool owner exported: owner_id and what it is in words"
+    return {
+        name: f"# HELP {name} {docs[name]}\n# TYPE {name} gauge\n" for name in [*order, OWNER_INFO]
+    }
 
 
 #: prometheus_client's number syntax (Go's), typed here: the library leaves it unannotated.
-_number = cast(Callable[[float], str], floatToGoString)
+_go_number = cast(Callable[[float], str], floatToGoString)
+
+
+def _number(value: float) -> str:
+    """A whole number of bytes or tokens as an integer (fewer bytes than Go's 1.2e+11 form, and
+    read the same by Prometheus), anything else as prometheus_client writes it."""
+    if float(value).is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return _go_number(value)
 
 
 def _escape(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
-def _render(samples: list[Sample]) -> list[_Line]:
-    """Each sample's exposition line, in the order given: the text format prometheus_client's
-    generate_latest writes (labels sorted by name, values escaped, Go float syntax), written
-    directly, since its registry walk costs five times as much for a fleet's 90,000 samples.
-    The builder's names and label names are plain Prometheus names, which it leaves as they are."""
-    out = []
-    for family, name, labels, value in samples:
-        inner = ",".join(f'{key}="{_escape(labels[key])}"' for key in sorted(labels))
-        series = f"{name}{{{inner}}}" if inner else name
-        out.append((family, f"{series} {_number(value)}\n"))
-    return out
+def _line(name: str, labels: dict[str, str], value: float) -> str:
+    """One line of the text format (labels sorted by name, values escaped)."""
+    inner = ",".join(f'{key}="{_escape(labels[key])}"' for key in sorted(labels))
+    return f"{name}{{{inner}}} {_number(value)}\n"
 
 
 def _series_set(samples: list[Sample]) -> tuple[str, ...] | None:
@@ -113,23 +108,74 @@ def _series_set(samples: list[Sample]) -> tuple[str, ...] | None:
     return None
 
 
+#: The builder's labels the value series leave to the info lines.
+_ON_INFO = frozenset([*STORED_LABELS[1:], "owner"])
+
+
 @dataclass(frozen=True)
 class _RunLines:
-    """One exported run's lines, by family, and the labels that name its series set."""
+    """One exported run's lines by family, and its owners in words."""
 
-    labels: object
     families: dict[str, str]
+    owners: dict[str, str]
+
+
+def _render(samples: list[Sample]) -> _RunLines:
+    """One run's lines: its memest_run_info line, and each sample labelled ``model``, ``key``
+    and what tells it from the set's other series of its family (stage, owner_id, estimator).
+    Written directly, since prometheus_client's registry walk costs five times as much for a
+    fleet's samples; the builder's names and label names are plain Prometheus names."""
+    labels = _series_set(samples)
+    families: dict[str, str] = {}
+    owners: dict[str, str] = {}
+    key: dict[str, str] = {}
+    if labels is not None:
+        key = {"model": labels[0], KEY_LABEL: series_key(labels)}
+        families[RUN_INFO] = _line(
+            RUN_INFO, {**dict(zip(STORED_LABELS, labels, strict=True)), **key}, 1
+        )
+    for family, name, sample, value in samples:
+        if "owner_id" in sample and "owner" in sample:
+            owners[sample["owner_id"]] = sample["owner"]
+        kept = {k: v for k, v in sample.items() if k not in _ON_INFO}
+        line = _line(name, {**kept, **key}, value)
+        families[family] = families.get(family, "") + line
+    return _RunLines(families, owners)
+
+
+#: gzip level of the cached exposition: level 1 packs a fleet's text about as small as 6 does
+#: (the lines differ in a few digits) in a third of the time, paid on every change.
+GZIP_LEVEL = 1
+
+
+@dataclass
+class _Packed:
+    """One variant of the exposition (fleet or detail): its text and, once asked for, that text
+    gzipped up to a sync point with the compressor to finish it (each scrape appends its own
+    counters, compressing only those)."""
+
+    text: bytes
+    gzipped: tuple[bytes, Any] | None = None
+
+
+#: How far back a scrape looks for runs it has not seen: a run's ingest time is taken before its
+#: write commits, so under concurrent writers a run can appear after a newer one was seen.
+LATE = timedelta(minutes=2)
+
+#: A run's place in "newest first": its creation time, then its id (store.runs_oldest_first).
+_Order = tuple[Any, str]
 
 
 class MetricsCache:
     """The stored reports' exposition, kept up to date incrementally.
 
-    Each exported run's lines are rendered once, keyed by its lead report (its id and its run's
-    ingest time, store.lead_keys), and kept while that run is exported: after an ingest or delete (on any replica)
-    a rebuild reads which runs are exported and the lead report of each (ids only, no
-    payloads), renders only the runs it has not rendered before, and joins the lines. So a
-    scrape after one ingest costs two index-only queries and a join, not a pass over every
-    stored report's samples.
+    Each run's lines are rendered once, keyed by its lead report (its id and its run's ingest
+    time, store.lead_keys), and the newest run of each series set exported. After an ingest (on
+    any replica) a rebuild reads only the runs ingested since the last one it saw, and checks the
+    stored counts of runs and reports against what it knows plus those: anything else (a
+    delete, a run stored again, a report added to an older run, a write that committed late)
+    rebuilds from every run's ids (no payloads), rendering only runs it has not seen. The text of
+    each variant, and its gzip, are made at most once per change.
     """
 
     def __init__(
@@ -139,55 +185,167 @@ class MetricsCache:
         self._parse = parse
         self._lock = threading.Lock()
         self._state: tuple[int, int, str] | None = None
-        self._text = b""
-        self._headers = _headers()
-        self._runs: dict[tuple[str, str], _RunLines] = {}
+        self._help = _families_help()
+        self._sets: dict[tuple[str, str], object] = {}  # lead -> its series set's labels
+        self._runs: dict[tuple[str, str], _RunLines] = {}  # lead -> lines, of exported runs
+        self._known: dict[str, Any] = {}  # run id -> its ingest time
+        self._since: Any = None  # the newest ingest time known
+        self._newest: dict[object, tuple[_Order, tuple[str, str], str]] = {}  # set -> its run
+        self._packed: dict[bool, _Packed] = {}
 
-    def exposition(self) -> bytes:
-        """The text of every stored series; one cheap query when nothing changed."""
+    def exposition(self, detail: bool = False) -> bytes:
+        """The text of every stored series (with ``detail``, of every family); one cheap query
+        when nothing changed."""
+        return self._current(detail).text
+
+    def gzipped(self, tail: bytes, detail: bool = False) -> bytes:
+        """exposition(detail) followed by ``tail``, gzipped: the exposition compressed once per
+        change, ``tail`` (the ingest counters) on each call."""
+        packed = self._current(detail)
+        with self._lock:
+            if packed.gzipped is None:
+                packer = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)  # 31: gzip framing
+                head = packer.compress(packed.text) + packer.flush(zlib.Z_SYNC_FLUSH)
+                packed.gzipped = (head, packer)
+            head, packer = packed.gzipped
+            finish = packer.copy()
+        return bytes(head + finish.compress(tail) + finish.flush())
+
+    def _current(self, detail: bool) -> _Packed:
         with self._factory() as session:
             state = store.stored_state(session)
             with self._lock:  # one rebuild at a time; scrapes that wait then find it built
                 if state != self._state:
-                    self._text = self._build(session)
+                    if not self._grow(session, state):
+                        self._rebuild(session)
                     self._state = state
-                return self._text
+                    self._packed = {}
+                if detail not in self._packed:
+                    self._packed[detail] = _Packed(self._join(detail))
+                return self._packed[detail]
 
-    def _build(self, session: Session) -> bytes:
-        # Every run, oldest first: the newest run per series set wins below, and the labels name
-        # the configuration and who sized its KV cache, so an enable and an apply start of one
-        # configuration stay two series (memest.service.metrics.STORED_LABELS).
-        latest = [run[0] for run in store.runs_oldest_first(session, self._parse)]
+    def _grow(self, session: Session, state: tuple[int, int, str]) -> bool:
+        """Add the runs ingested since the last build; False when the stored counts say more
+        than that changed (then only a rebuild is right)."""
+        if self._state is None or self._since is None:
+            return False
+        new = [
+            (run_id, created, ingested)
+            for run_id, created, ingested in store.run_times(session, since=self._since - LATE)
+            if self._known.get(run_id) != ingested
+        ]
+        if any(run_id in self._known for run_id, _, _ in new):
+            return False  # deleted and stored again
+        ids = [run_id for run_id, _, _ in new]
+        if state[0] != self._state[0] + len(new):
+            return False
+        if state[1] != self._state[1] + store.report_count(session, ids):
+            return False
+        leads = store.lead_keys(session, ids)
+        placed = [
+            (run_id, (created, run_id), leads[run_id])
+            for run_id, created, _ in new
+            if run_id in leads
+        ]
+        fresh = self._learn(session, placed)
+        for run_id, order, lead in placed:
+            self._place(run_id, order, lead)
+        self._render_exported(session, fresh)
+        for run_id, _, ingested in new:
+            self._known[run_id] = ingested
+            self._since = max(self._since, ingested)
+        return True
+
+    def _rebuild(self, session: Session) -> None:
+        # Every run, oldest first: the newest run per series set wins, and the labels name the
+        # configuration and who sized its KV cache, so an enable and an apply start of one
+        # configuration stay two sets (memest.service.metrics.STORED_LABELS).
+        times = store.run_times(session)
         leads = store.lead_keys(session)
-        exported = [(run_id, leads[run_id]) for run_id in latest if run_id in leads]
-        self._render_new(session, exported)
-        kept = {lead for _, lead in exported}
-        self._runs = {lead: run for lead, run in self._runs.items() if lead in kept}
-        # Two runs whose labels read the same: the newer one's series, as the builder does.
-        newest: dict[object, _RunLines] = {}
-        for _, lead in exported:
-            run = self._runs[lead]
-            newest.pop(run.labels, None)
-            newest[run.labels] = run
-        parts = []
-        for family, header in self._headers.items():
-            parts.append(header)
-            parts.extend(run.families.get(family, "") for run in newest.values())
-        return "".join(parts).encode()
+        placed = [
+            (run_id, (created, run_id), leads[run_id])
+            for run_id, created, _ in times
+            if run_id in leads
+        ]
+        kept = {lead for _, _, lead in placed}
+        self._sets = {lead: labels for lead, labels in self._sets.items() if lead in kept}
+        fresh = self._learn(session, placed)
+        self._newest = {}
+        for run_id, order, lead in placed:
+            self._place(run_id, order, lead)
+        self._render_exported(session, fresh)
+        self._known = {run_id: ingested for run_id, _, ingested in times}
+        self._since = max(self._known.values(), default=None)
 
-    def _render_new(self, session: Session, exported: list[tuple[str, tuple[str, str]]]) -> None:
-        """Render the lines of every exported run whose lead report has none yet."""
-        new = [(run_id, lead) for run_id, lead in exported if lead not in self._runs]
-        stored = store.lead_metric_rows(session, [run_id for run_id, _ in new])
-        for run_id, lead in new:
+    def _learn(
+        self, session: Session, placed: list[tuple[str, _Order, tuple[str, str]]]
+    ) -> dict[tuple[str, str], list[Sample]]:
+        """Read the series set of each run not seen before; their samples, by lead, so the
+        exported ones are rendered without reading them again."""
+        new = [(run_id, lead) for run_id, _, lead in placed if lead not in self._sets]
+        fresh = self._read(session, new)
+        for lead, samples in fresh.items():
+            self._sets[lead] = _series_set(samples) or lead
+        return fresh
+
+    def _place(self, run_id: str, order: _Order, lead: tuple[str, str]) -> None:
+        """Export a run unless its series set has a newer one (the builder's rule)."""
+        labels = self._sets.get(lead)
+        if labels is None:
+            return  # deleted since the first query
+        held = self._newest.get(labels)
+        if held is None or order > held[0]:
+            self._newest[labels] = (order, lead, run_id)
+
+    def _render_exported(
+        self, session: Session, fresh: dict[tuple[str, str], list[Sample]]
+    ) -> None:
+        """Lines for every exported run (only those: a fleet keeps three runs of a set), reading
+        again the samples of a run exported once more after a delete."""
+        exported = {lead: run_id for _, lead, run_id in self._newest.values()}
+        self._runs = {lead: run for lead, run in self._runs.items() if lead in exported}
+        missing = [(r, lead) for lead, r in exported.items() if lead not in self._runs]
+        fresh.update(self._read(session, [(r, lead) for r, lead in missing if lead not in fresh]))
+        for _, lead in missing:
+            if lead in fresh:
+                self._runs[lead] = _render(fresh[lead])
+
+    def _read(
+        self, session: Session, runs: list[tuple[str, tuple[str, str]]]
+    ) -> dict[tuple[str, str], list[Sample]]:
+        """The stored samples of each run, by lead; a report stored without them is parsed."""
+        stored = store.lead_metric_rows(session, [run_id for run_id, _ in runs])
+        out = {}
+        for run_id, lead in runs:
             if run_id not in stored:
                 continue  # deleted since the first query
             text = stored[run_id]
             if text is None:
-                run_rows = metric_rows(self._parse(store.lead_report(session, run_id)))
+                out[lead] = metric_rows(self._parse(store.lead_report(session, run_id)))
             else:
-                run_rows = [(f, n, labels, v) for f, n, labels, v in json.loads(text)]
-            families: dict[str, str] = {}
-            for family, line in _render(run_rows):
-                families[family] = families.get(family, "") + line
-            self._runs[lead] = _RunLines(_series_set(run_rows) or lead, families)
+                out[lead] = json.loads(text)  # [family, name, labels, value] lists
+        return out
+
+    def _join(self, detail: bool) -> bytes:
+        held = sorted(self._newest.values(), key=lambda entry: entry[0])
+        runs = [self._runs[lead] for _, lead, _ in held if lead in self._runs]
+        parts = []
+        for family, header in self._help.items():
+            if not detail and family not in _FLEET:
+                continue
+            parts.append(header)
+            if family == OWNER_INFO:
+                owners: dict[str, str] = {}
+                for run in runs:  # oldest first: the newest run's words win
+                    owners.update(run.owners)
+                parts.extend(
+                    _line(OWNER_INFO, {"owner": words, "owner_id": owner}, 1)
+                    for owner, words in sorted(owners.items())
+                )
+            else:
+                parts.extend(run.families.get(family, "") for run in runs)
+        return "".join(parts).encode()
+
+
+#: The families of a scrape without ``detail``.
+_FLEET = frozenset([RUN_INFO, *FLEET_FAMILIES])

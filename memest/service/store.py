@@ -503,26 +503,52 @@ def lead_metric_rows(session: Session, run_ids: list[str]) -> dict[str, str | No
     return {run_id: stored for run_id, (_, stored) in out.items()}
 
 
-def lead_keys(session: Session) -> dict[str, tuple[str, str]]:
+def lead_keys(session: Session, run_ids: list[str] | None = None) -> dict[str, tuple[str, str]]:
     """Each run's lead (lowest-rank) report id, with its run's ingest time: a report id stored
     again with other content belongs to a run deleted and stored again, so the pair names
-    one content. Reads only columns stored ahead of the payload (SQLite then never reads a
-    report's payload pages) and the runs' small rows."""
+    one content. Of every run, or of ``run_ids``. Reads only columns stored ahead of the
+    payload (SQLite then never reads a report's payload pages) and the runs' small rows."""
     best: dict[str, tuple[int, str]] = {}
+    stored_at: dict[str, Any] = {}
     connection = session.connection()  # plain rows, without the ORM's per-row work
-    for run_id, rank, report_id in connection.execute(
-        select(Report.run_id, Report.rank, Report.report_id)
-    ):
-        if run_id not in best or rank < best[run_id][0]:
-            best[run_id] = (rank, report_id)
-    stored_at = {
-        run_id: at for run_id, at in connection.execute(select(Run.run_id, Run.ingested_at))
-    }
+    reports = select(Report.run_id, Report.rank, Report.report_id)
+    runs = select(Run.run_id, Run.ingested_at)
+    chunks: list[list[str] | None] = [None] if run_ids is None else [*_chunks(run_ids)]
+    for chunk in chunks:
+        where_reports = reports if chunk is None else reports.where(Report.run_id.in_(chunk))
+        for run_id, rank, report_id in connection.execute(where_reports):
+            if run_id not in best or rank < best[run_id][0]:
+                best[run_id] = (rank, report_id)
+        where_runs = runs if chunk is None else runs.where(Run.run_id.in_(chunk))
+        stored_at.update({run_id: at for run_id, at in connection.execute(where_runs)})
     return {
         run_id: (report_id, str(stored_at[run_id]))
         for run_id, (_, report_id) in best.items()
         if run_id in stored_at
     }
+
+
+def _chunks(run_ids: list[str]) -> list[list[str]]:
+    return [run_ids[start : start + _IN_CHUNK] for start in range(0, len(run_ids), _IN_CHUNK)]
+
+
+def run_times(session: Session, since: datetime | None = None) -> list[tuple[str, Any, Any]]:
+    """(run id, created at, ingested at) of every run, or of those ingested at or after
+    ``since``, as the database returns them (compared only with each other)."""
+    stmt = select(Run.run_id, Run.created_at, Run.ingested_at)
+    if since is not None:
+        stmt = stmt.where(Run.ingested_at >= since)
+    return [tuple(row) for row in session.connection().execute(stmt)]  # type: ignore[misc]
+
+
+def report_count(session: Session, run_ids: list[str]) -> int:
+    """How many reports the runs ``run_ids`` hold."""
+    total = 0
+    for chunk in _chunks(run_ids):
+        total += (
+            session.scalar(select(func.count(Report.run_id)).where(Report.run_id.in_(chunk))) or 0
+        )
+    return total
 
 
 def stored_state(session: Session) -> tuple[int, int, str]:

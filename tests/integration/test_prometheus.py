@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -109,6 +110,8 @@ def prometheus(
         config.write_text(
             f"global:\n  scrape_interval: {SCRAPE_INTERVAL_S}s\n  evaluation_interval: {SCRAPE_INTERVAL_S}s\n"
             "scrape_configs:\n  - job_name: memest\n"
+            # The dashboard's panels read the detail families (README: /metrics).
+            "    params:\n      detail: ['true']\n"
             f"    static_configs:\n      - targets: ['127.0.0.1:{memest_port}']\n"
         )
         prom = _start(
@@ -135,7 +138,10 @@ def prometheus(
 
 
 def _query(base: str, expr: str) -> list[dict[str, Any]]:
-    answer = _get_json(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+    try:
+        answer = _get_json(f"{base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")
+    except urllib.error.HTTPError as exc:  # Prometheus's answer says what it refused
+        pytest.fail(f"{expr}: {exc.code} {exc.read().decode()}")
     assert answer["status"] == "success", (expr, answer)
     result: list[dict[str, Any]] = answer["data"]["result"]
     return result
@@ -203,10 +209,16 @@ def test_relative_panel_divides_by_the_baseline(prometheus: str) -> None:
     def key(m: dict[str, str], build: str) -> tuple[str, str, str, str]:
         return (m["model"], build, m["config"], m["mode"])
 
-    tokens = {
-        key(s["metric"], s["metric"]["build"]): float(s["value"][1])
-        for s in _query(prometheus, "memest_kv_tokens")
+    # Each set's tokens, its build, configuration and mode read from its memest_run_info line
+    # (matched on model and key in Python, not by the panel's join).
+    info = {
+        (s["metric"]["model"], s["metric"]["key"]): s["metric"]
+        for s in _query(prometheus, "memest_run_info")
     }
+    tokens = {}
+    for s in _query(prometheus, "memest_kv_tokens"):
+        labels = info[(s["metric"]["model"], s["metric"]["key"])]
+        tokens[key(labels, labels["build"])] = float(s["value"][1])
     baseline = variables["baseline"]
     builds = {k[1] for k in tokens}
     assert baseline == ("main" if "main" in builds else sorted(builds)[0])

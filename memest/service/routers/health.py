@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import threading
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
@@ -79,25 +79,40 @@ def _write_problem(folder: Path) -> str | None:
             "description": "Prometheus text exposition",
             "content": {
                 "text/plain": {
-                    "example": 'memest_graph_pool_bytes{model="nvidia/MiniMax-M3-NVFP4",'
-                    'build="PR",stage="target.full",owner="moe_workspace"} 6.039797760e+08\n'
+                    "example": 'memest_run_info{build="PR",config="0f3c9a1d2b4e6f70",'
+                    'key="5d41402a",mode="measure",model="nvidia/MiniMax-M3-NVFP4",'
+                    'sized_by="vllm"} 1\n'
+                    'memest_kv_tokens{key="5d41402a",model="nvidia/MiniMax-M3-NVFP4"} 3575296\n'
                 }
             },
         }
     },
 )
-def metrics(service_metrics: MetricsDep, request: Request) -> Response:
-    """Prometheus metrics: memest_graph_pool_bytes{model,build,stage,owner},
-    memest_graph_pool_total_bytes, memest_kv_tokens, memest_kv_cache_bytes, memest_non_kv_bytes,
-    memest_estimator_error_bytes{estimator} (newest run per model and build, from its accounting) and memest_ingest_reports_total{outcome}."""
+def metrics(
+    service_metrics: MetricsDep,
+    request: Request,
+    detail: Annotated[
+        bool,
+        Query(
+            description="Also the per-estimator, per-stage-and-owner, graph-pool total and non-KV "
+            "families and memest_owner_info (about 3x the text per series set)"
+        ),
+    ] = False,
+) -> Response:
+    """Prometheus metrics. Per series set (model, build, configuration, mode, who sized the KV
+    cache; the newest run of each): memest_run_info{model, key, build, config, mode, sized_by} 1
+    and memest_kv_tokens, memest_kv_cache_bytes, memest_budget_bytes, memest_usage_bytes labelled
+    {model, key}; with detail=true also memest_estimator_error_bytes{estimator},
+    memest_graph_pool_total_bytes, memest_non_kv_bytes, memest_graph_pool_bytes{stage, owner_id}
+    and memest_owner_info{owner_id, owner}. Always memest_ingest_reports_total{outcome}."""
     cache: MetricsCache = request.app.state.metrics_cache
-    text = generate_latest(service_metrics.registry) + cache.exposition()
+    counters = generate_latest(service_metrics.registry)
     if not _accepts_gzip(request.headers.get("accept-encoding", "")):
-        return Response(text, media_type=CONTENT_TYPE_LATEST)
-    # Prometheus asks for gzip: a fleet's 12 MB of text is about 0.3 MB compressed, for about
-    # 40 ms of compression per scrape.
+        return Response(cache.exposition(detail) + counters, media_type=CONTENT_TYPE_LATEST)
+    # Prometheus asks for gzip: the stored series are compressed once per change, only the
+    # counters on each scrape.
     return Response(
-        gzip.compress(text, mtime=0),
+        cache.gzipped(counters, detail),
         media_type=CONTENT_TYPE_LATEST,
         headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"},
     )

@@ -103,3 +103,37 @@ def live_server(sqlite_url: str) -> Iterator[str]:
     app = create_app(Settings(database_url=sqlite_url, write_token=TOKEN))  # type: ignore[arg-type]
     with serve(app, start_timeout_s=15) as url:
         yield url
+
+
+#: One sample of /metrics: its name and labels (sorted), with the series set's labels read back
+#: from memest_run_info in place of ``key``.
+Sample = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def joined_samples(text: str) -> dict[Sample, float]:
+    """Every value sample of a /metrics text, parsed by prometheus_client's parser, each
+    labelled as PromQL's ``* on(model, key) group_left(build, config, mode, sized_by)
+    memest_run_info`` labels it (without ``key``); a repeated series, or a key without its info
+    line, fails the test. The info families themselves are left out."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    info: dict[tuple[str, str], dict[str, str]] = {}
+    values = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "memest_run_info":
+                assert s.value == 1
+                key = (s.labels["model"], s.labels["key"])
+                assert key not in info, f"two memest_run_info lines for {key}"
+                info[key] = {k: v for k, v in s.labels.items() if k != "key"}
+            elif s.name != "memest_owner_info":
+                values.append(s)
+    samples: dict[Sample, float] = {}
+    for s in values:
+        labels = dict(s.labels)
+        if "key" in labels:
+            labels.update(info[(labels["model"], labels.pop("key"))])
+        name = (s.name, tuple(sorted(labels.items())))
+        assert name not in samples, f"/metrics repeats {name}"
+        samples[name] = s.value
+    return samples

@@ -18,11 +18,10 @@ from urllib.parse import quote
 
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
 
 from memest.cli import main
 from memest.identity import model_display_name
-from tests.integration.service.conftest import AUTH, MakeClient
+from tests.integration.service.conftest import AUTH, MakeClient, joined_samples
 
 REPORTS = sorted((Path(__file__).parents[2] / "data" / "reports").glob("*.json"))
 FIGURES = (
@@ -76,17 +75,6 @@ def _page_figures(page: str) -> dict[str, tuple[str, str]]:
         assert m is not None, element
         out[figure] = (html.unescape(m.group(1)), html.unescape(m.group(2)))
     return out
-
-
-def _metric_samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of /metrics by (name, labels); a repeated series fails the test."""
-    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            key = (s.name, tuple(sorted(s.labels.items())))
-            assert key not in samples, f"/metrics repeats {key}"
-            samples[key] = s.value
-    return samples
 
 
 def _shown(figure: str, value: int | None) -> str:
@@ -150,7 +138,7 @@ def test_every_surface_shows_the_same_figures(
         ("model", model),
         ("sized_by", sized_by),
     )
-    samples = _metric_samples(client.get("/metrics").text)
+    samples = joined_samples(client.get("/metrics?detail=true").text)
     for figure, name in SERIES.items():
         assert samples.get((name, labels)) == api[figure], figure
     errors = {
@@ -221,7 +209,7 @@ def test_one_series_per_configuration_of_a_model(make_client: MakeClient) -> Non
         assert client.post("/api/v1/reports", json=report, headers=AUTH).status_code == 201
     models = {model_display_name(r["model"]) for r in reports}
     # WHEN /metrics is scraped (twice: the series must not move between scrapes)
-    scrapes = [_metric_samples(client.get("/metrics").text) for _ in range(2)]
+    scrapes = [joined_samples(client.get("/metrics?detail=true").text) for _ in range(2)]
     assert scrapes[0] == scrapes[1]
     samples = scrapes[0]
     # THEN each configuration the history shows has one series, the newest run of it

@@ -322,25 +322,35 @@ def test_estimate_endpoint_explains_an_incomplete_report(client: TestClient) -> 
 def test_metrics_export_stored_series_and_ingest_counters(demo_client: TestClient) -> None:
     _post(demo_client, _report().model_dump_json())
     _post(demo_client, b"{}")
-    text = demo_client.get("/metrics").text
-    # Published reports do not say who sized the KV cache: mode measure, sized_by unknown.
-    published = r'mode="measure",model="{}",sized_by="unknown"'
+    text = demo_client.get("/metrics", params={"detail": "true"}).text
+    # Published reports do not say who sized the KV cache: mode measure, sized_by unknown; the
+    # set's labels are on its memest_run_info line, its values labelled model and key.
+    info = r'memest_run_info\{{build="{}",config="[0-9a-f]{{16}}",key="([0-9a-f]{{8}})",'
+    info += r'mode="measure",model="{}",sized_by="unknown"\}} 1\n'
+    ds = "deepseek-ai/DeepSeek-V4-Flash-DSpark"
+    ds_pr = re.findall(info.format("PR", re.escape(ds)), text)
+    assert len(ds_pr) == 1, ds_pr
     assert re.search(
-        r'memest_graph_pool_bytes\{build="PR",config="[0-9a-f]{16}",mode="measure",'
-        r'model="deepseek-ai/DeepSeek-V4-Flash-DSpark",owner="indexer logits, FP32 copy",'
-        r'owner_id="indexer_logits_fp32",sized_by="unknown",'
-        r'stage="target\.full"\} 8\.607114461e\+09',
+        rf'memest_graph_pool_bytes\{{key="{ds_pr[0]}",model="{ds}",'
+        r'owner_id="indexer_logits_fp32",stage="target\.full"\} 8607114461\n',
         text,
     )
-    assert re.search(
-        r'memest_kv_tokens\{build="main",config="[0-9a-f]{16}",'
-        + published.format("nvidia/MiniMax-M3-NVFP4")
-        + r"\} 3\.575296e\+06",
-        text,
+    assert (
+        'memest_owner_info{owner="indexer logits, FP32 copy",owner_id="indexer_logits_fp32"} 1\n'
+        in text
     )
-    assert re.search(
-        r'memest_estimator_error_bytes\{build="PR",config="[0-9a-f]{16}",estimator="vllm",', text
-    )
+    assert re.search(rf'memest_estimator_error_bytes\{{estimator="vllm",key="{ds_pr[0]}",', text)
+    minimax = "nvidia/MiniMax-M3-NVFP4"
+    minimax_main = re.findall(info.format("main", re.escape(minimax)), text)
+    assert any(
+        f'memest_kv_tokens{{key="{key}",model="{minimax}"}} 3575296\n' in text
+        for key in minimax_main
+    ), minimax_main
+    # Without detail: the fleet's families only.
+    fleet = demo_client.get("/metrics").text
+    assert "memest_kv_tokens{" in fleet and "memest_run_info{" in fleet
+    assert "memest_graph_pool_bytes" not in fleet and "memest_owner_info" not in fleet
+    assert demo_client.get("/metrics", params={"detail": "maybe"}).status_code == 422
     assert 'memest_ingest_reports_total{outcome="created"} 1.0' in text
     assert 'memest_ingest_reports_total{outcome="rejected"} 1.0' in text
     _post(demo_client, b"{}", headers={})
@@ -377,7 +387,9 @@ def test_grafana_dashboard_queries_exported_series(demo_client: TestClient) -> N
 
     path = resources.files("memest.service") / "grafana" / "memest-dashboard.json"
     dash = json.loads(path.read_text())
-    exported = set(re.findall(r"^# TYPE (\w+) (\w+)", demo_client.get("/metrics").text, re.M))
+    # The dashboard is for a Prometheus that scrapes with detail=true.
+    text = demo_client.get("/metrics", params={"detail": "true"}).text
+    exported = set(re.findall(r"^# TYPE (\w+) (\w+)", text, re.M))
     names = {n for n, _ in exported} | {f"{n}_total" for n, kind in exported if kind == "counter"}
     queried = set()
     for panel in dash["panels"]:

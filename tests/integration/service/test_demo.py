@@ -8,6 +8,7 @@ from urllib.parse import quote
 from fastapi.testclient import TestClient
 
 from memest.demo.h200 import H200_STARTS, h200_reports
+from tests.integration.service.conftest import joined_samples
 
 RAW = Path(__file__).parents[3] / "reports" / "vllm" / "raw"
 
@@ -36,13 +37,11 @@ def test_demo_run_pages_draw_the_whole_gpu_and_answer_the_what_if(
 def test_demo_metrics_split_one_configuration_by_mode(demo_client: TestClient) -> None:
     # call20 (enable: vLLM sized the KV cache) and call22 (apply: memest did) share a
     # configuration; vLLM allocated 52,735 and 52,253 blocks of 16 tokens: 843,760 and 836,048.
-    text = demo_client.get("/metrics").text
-    llama = [
-        line
-        for line in text.splitlines()
-        if line.startswith("memest_kv_tokens{") and 'model="llama8b"' in line
-    ]
-    measure = [ln for ln in llama if 'mode="measure",' in ln and 'sized_by="vllm"' in ln]
-    apply = [ln for ln in llama if 'mode="apply",' in ln and 'sized_by="memest"' in ln]
-    assert any(ln.endswith(" 843760.0") for ln in measure), llama
-    assert any(ln.endswith(" 836048.0") for ln in apply), llama
+    samples = joined_samples(demo_client.get("/metrics").text)
+    llama: dict[tuple[str, str], set[float]] = {}
+    for (name, pairs), value in samples.items():
+        labels = dict(pairs)
+        if name == "memest_kv_tokens" and labels["model"] == "llama8b":
+            llama.setdefault((labels["mode"], labels["sized_by"]), set()).add(value)
+    assert 843760 in llama[("measure", "vllm")], llama
+    assert 836048 in llama[("apply", "memest")], llama

@@ -4,6 +4,7 @@ report), the exposition rebuilt after an ingest or delete on any replica of one 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,8 +13,9 @@ from fastapi.testclient import TestClient
 from memest.demo import demo_report
 from memest.service.store import ReportCache
 from memest.units import MiB
-from tests.integration.service.conftest import AUTH, MakeClient
+from tests.integration.service.conftest import AUTH, MakeClient, Sample, joined_samples
 
+REPORTS = Path(__file__).resolve().parents[2] / "data" / "reports"
 HEADERS = {**AUTH, "Content-Type": "application/json"}
 
 
@@ -39,9 +41,9 @@ def _post(client: TestClient, data: dict[str, Any]) -> None:
 def _pool_series(client: TestClient, model: str) -> dict[str, float]:
     """memest_graph_pool_bytes of ``model``: owner -> value."""
     out = {}
-    for line in client.get("/metrics").text.splitlines():
+    for line in client.get("/metrics", params={"detail": "true"}).text.splitlines():
         if line.startswith("memest_graph_pool_bytes{") and f'model="{model}"' in line:
-            owner = line.split('owner="', 1)[1].split('"', 1)[0]
+            owner = line.split('owner_id="', 1)[1].split('"', 1)[0]
             out[owner] = float(line.rsplit(" ", 1)[1])
     return out
 
@@ -85,8 +87,19 @@ def test_replicas_on_one_database_export_each_others_writes(
 
 
 def _full_build(client: TestClient) -> str:
+    """The stored series as a cache built afresh from every stored run writes them (nothing
+    kept from earlier scrapes): the reference for the kept text."""
+    from memest.service.metrics_cache import MetricsCache
+
+    app: Any = client.app
+    fresh = MetricsCache(app.state.sessionmaker, app.state.report_cache.get)
+    return fresh.exposition(detail=True).decode()
+
+
+def _builder_samples(client: TestClient) -> dict[Sample, float]:
     """The stored series as the builder yields them when it parses every exported run's lead
-    report at scrape time (no stored samples, no cache): the reference for the cached text."""
+    report at scrape time (no stored samples, no cache), labelled as joined_samples reads the
+    exposition (the owner in words is memest_owner_info's): the reference for what it holds."""
     from prometheus_client import generate_latest
 
     from memest.service import store
@@ -99,15 +112,18 @@ def _full_build(client: TestClient) -> str:
         with app.state.sessionmaker() as session:
             return store.latest_per_config(session, parse)
 
-    reference = ServiceMetrics(latest)
-    text = generate_latest(reference.registry).decode()
-    # Past the builder's own ingest counters (not stored series): from the first stored family.
-    return text[text.index("# HELP memest_graph_pool_bytes ") :]
+    text = generate_latest(ServiceMetrics(latest).registry).decode()
+    samples = joined_samples(text)
+    return {
+        (name, tuple(kv for kv in labels if kv[0] != "owner")): value
+        for (name, labels), value in samples.items()
+        if not name.startswith("memest_ingest")
+    }
 
 
 def _stored_part(client: TestClient) -> str:
-    text = client.get("/metrics").text
-    return text[text.index("# HELP memest_graph_pool_bytes ") :]
+    text = client.get("/metrics", params={"detail": "true"}).text
+    return text[: text.index("# HELP memest_ingest")]
 
 
 def test_the_kept_exposition_reads_as_a_full_build_after_each_change(
@@ -142,7 +158,9 @@ def test_the_kept_exposition_reads_as_a_full_build_after_each_change(
         else:
             assert writer.delete(f"/api/v1/runs/{what}", headers=AUTH).status_code == 200
         for reader in (one, two):
-            assert _stored_part(reader) == _full_build(reader), f"after step {i}: {action}"
+            kept = _stored_part(reader)
+            assert kept == _full_build(reader), f"after step {i}: {action}"
+            assert joined_samples(kept) == _builder_samples(reader), f"after step {i}: {action}"
 
 
 def test_a_scrape_after_one_ingest_renders_only_that_run(
@@ -165,7 +183,7 @@ def test_a_scrape_after_one_ingest_renders_only_that_run(
     assert _pool_series(client, "fleet/m5") == {"o2": 2 * MiB, "o1": 1 * MiB}
     # One run's samples: 2 pool owners, the pool total, KV tokens, KV bytes, non-KV bytes and the
     # estimator errors the demo report's accounting holds (counted from the builder below).
-    one_run = [ln for ln in _full_build(client).splitlines() if 'model="fleet/m5"' in ln]
+    one_run = [k for k in _builder_samples(client) if ("model", "fleet/m5") in k[1]]
     assert rendered == [len(one_run)]
     assert len(one_run) > 2
 
@@ -234,3 +252,25 @@ def test_metrics_are_gzipped_for_a_scraper_that_asks(client: TestClient) -> None
         assert gzip.decompress(raw) == plain.content
     refused = client.get("/metrics", headers={"Accept-Encoding": "gzip;q=0"})
     assert "content-encoding" not in refused.headers
+
+
+def test_a_plain_scrape_holds_five_short_series_per_set(client: TestClient) -> None:
+    # A real apply start, whose accounting holds every figure (budget, usage, KV bytes, tokens).
+    real = json.loads((REPORTS / "call6.B_llama8b_s32_t2048.apply.report.rank0.json").read_text())
+    for run, created in (("f1", "2026-01-01T00:00:00Z"), ("f2", "2030-01-01T00:00:00Z")):
+        ids = {"run_id": run, "report_id": f"{run}-r0", "created_at": created}
+        _post(client, {**real, **ids, "model": "fleet/f", "source": "synthetic"})
+    lines = [ln for ln in client.get("/metrics").text.splitlines() if 'model="fleet/f"' in ln]
+    # Two runs of one set: the newest exported, as its info line and the four fleet families.
+    names = sorted(ln.split("{", 1)[0] for ln in lines)
+    assert names == sorted(
+        ["memest_run_info", "memest_kv_tokens", "memest_kv_cache_bytes"]
+        + ["memest_budget_bytes", "memest_usage_bytes"]
+    )
+    (info,) = [ln for ln in lines if ln.startswith("memest_run_info{")]
+    key = info.split('key="', 1)[1].split('"', 1)[0]
+    for line in lines:
+        if line is not info:
+            # Only model and key; the value a whole number written as one.
+            assert line.split("{", 1)[1].startswith(f'key="{key}",model="fleet/f"}} ')
+            assert line.rsplit(" ", 1)[1].lstrip("-").isdigit(), line

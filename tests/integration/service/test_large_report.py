@@ -49,7 +49,7 @@ def test_every_route_reads_a_report_of_4000_stages_and_4000_triggers(client: Tes
         "/api/v1/runs/large",
         "/api/v1/runs/large/breakdown",
         "/api/v1/runs/large/ranks/0",
-        "/metrics",
+        "/metrics?detail=true",
         f"/models/{model}",
         f"/models/{model}?run=large",
         "/",
@@ -86,7 +86,7 @@ def test_every_route_reads_a_report_of_4000_stages_and_4000_triggers(client: Tes
     # /metrics: STAGES_PER_RUN stages per run, the last one "other" holding the rest's bytes.
     pool = [
         ln
-        for ln in answers["/metrics"].text.splitlines()
+        for ln in answers["/metrics?detail=true"].text.splitlines()
         if ln.startswith("memest_graph_pool_bytes{")
     ]
     assert len({ln.split('stage="', 1)[1].split('"', 1)[0] for ln in pool}) == STAGES_PER_RUN
@@ -94,5 +94,5 @@ def test_every_route_reads_a_report_of_4000_stages_and_4000_triggers(client: Tes
     assert sum(in_other) == (STAGES - (STAGES_PER_RUN - 1)) * 4 * MiB
     assert any(
         'owner_id="owner3"' in ln and 'stage="s3"' in ln
-        for ln in answers["/metrics"].text.splitlines()
+        for ln in answers["/metrics?detail=true"].text.splitlines()
     )

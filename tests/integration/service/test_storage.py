@@ -167,7 +167,7 @@ def test_migration_0002_fills_each_runs_fingerprint_from_its_lead_report(db_url:
         page = c.get(f"/history/{model}").text
         assert all(fp in page for fp in shown.values())
         metrics = c.get("/metrics").text
-        configs = re.findall(r'^memest_graph_pool_total_bytes\{.*config="([^"]*)"', metrics, re.M)
+        configs = re.findall(r'^memest_run_info\{.*config="([^"]*)"', metrics, re.M)
         assert sorted(configs) == sorted(shown.values())
 
 
