@@ -146,6 +146,8 @@ def draft_block_graphed_up_to(speculator: Any) -> int:
     """
     manager = getattr(speculator, "query_cudagraph_manager", None)
     per_req = getattr(speculator, "num_query_per_req", None)
+    if manager is None:
+        manager = prospective_query_manager(speculator)
     candidates = getattr(manager, "_candidates", None)
     max_reqs = getattr(manager, "max_num_reqs", None)
     if not (manager is not None and per_req and candidates and max_reqs):
@@ -171,6 +173,47 @@ def draft_block_graphed_up_to(speculator: Any) -> int:
         if match is None or match.cg_mode != CUDAGraphMode.FULL:
             return 0
     return int(max_reqs)
+
+
+def prospective_query_manager(speculator: Any) -> Any:
+    """The query graph manager a DFlash-family speculator will build, or None.
+
+    vLLM 0.33.0 builds it in ``initialize_kv_cache`` (``init_cudagraph_manager``, after
+    ``set_attn``), so at the warm pass, which runs before, it does not exist yet. This builds the
+    same ``DFlashCudaGraphManager`` as ``init_cudagraph_manager`` would: FULL_DECODE_ONLY when
+    the configured mode's decode graphs are FULL and every draft attention layer's metadata
+    builder supports uniform batches (``get_attn_cg_support``'s test, from the builder classes,
+    since the builders do not exist yet), with the configured capture sizes (vLLM may still
+    trim them against the target's attention support: the table is read, never used).
+    """
+    init = getattr(speculator, "init_cudagraph_manager", None)
+    per_req = getattr(speculator, "num_query_per_req", None)
+    names = getattr(speculator, "draft_attn_layer_names", None)
+    if init is None or not per_req or not names:
+        return None
+    try:  # vLLM 0.33.0's names; another version keeps the block in the pass
+        from vllm.config.compilation import CUDAGraphMode
+        from vllm.v1.attention.backend import AttentionCGSupport
+        from vllm.v1.worker.gpu.spec_decode.dflash.cudagraph import DFlashCudaGraphManager
+        from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
+    except ImportError:
+        return None
+    if not isinstance(speculator, DFlashSpeculator):
+        return None
+    config = speculator.vllm_config
+    if config.compilation_config.cudagraph_mode.decode_mode() != CUDAGraphMode.FULL:
+        return None
+    attn_config = speculator.attn_vllm_config
+    layers = config.compilation_config.static_forward_context
+    for name in names:
+        layer = layers[name]
+        builder = layer.get_attn_backend().get_builder_cls()
+        support = builder.get_cudagraph_support(attn_config, layer.get_kv_cache_spec(attn_config))
+        if support.value < AttentionCGSupport.UNIFORM_BATCH.value:
+            return None
+    return DFlashCudaGraphManager(
+        config, speculator.device, CUDAGraphMode.FULL_DECODE_ONLY, decode_query_len=int(per_req)
+    )
 
 
 @contextlib.contextmanager

@@ -113,3 +113,98 @@ def test_without_a_query_graph_manager_nothing_changes() -> None:
     with _without_graphed_draft_block(types.SimpleNamespace(speculator=eagle_like)) as covered:
         assert covered == 0
         assert eagle_like._generate_draft() == "drafted"
+
+
+class _Layer:
+    """A draft attention layer as the warm pass sees it: vLLM's real backend class."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def get_attn_backend(self) -> Any:
+        return self.backend
+
+    def get_kv_cache_spec(self, vllm_config: Any) -> None:
+        return None
+
+
+def _dspark_before_kv_init(monkeypatch: pytest.MonkeyPatch, backend: Any, mode: str) -> Any:
+    """A DSpark speculator as it stands when the warm pass runs: loaded, with no query graph
+    manager yet (vLLM builds it in initialize_kv_cache)."""
+    vllm_or_skip()
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.worker.gpu import cudagraph_utils
+    from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
+
+    # The manager's __init__ reads the PP group and the platform's graph pool handle.
+    monkeypatch.setattr(
+        cudagraph_utils,
+        "get_pp_group",
+        lambda: types.SimpleNamespace(is_first_rank=True, is_last_rank=True),
+    )
+    monkeypatch.setattr(
+        cudagraph_utils.current_platform, "get_global_graph_pool", lambda: None, raising=False
+    )
+    spec = object.__new__(DFlashSpeculator)
+    spec.vllm_config = types.SimpleNamespace(
+        compilation_config=types.SimpleNamespace(
+            cudagraph_mode=CUDAGraphMode[mode],
+            cudagraph_capture_sizes=list(CAPTURE_SIZES),
+            max_cudagraph_capture_size=512,
+            static_forward_context={"drafter.layers.0.attn": _Layer(backend)},
+        ),
+        scheduler_config=types.SimpleNamespace(max_num_seqs=64),
+        parallel_config=types.SimpleNamespace(tensor_parallel_size=1, data_parallel_size=1),
+        speculative_config=None,
+        cache_config=types.SimpleNamespace(use_kda_recoverssm=False),
+        attention_config=None,
+    )
+    spec.device = "cpu"
+    spec.num_query_per_req = 7
+    spec.draft_attn_layer_names = {"drafter.layers.0.attn"}
+    spec.query_cudagraph_manager = None
+    monkeypatch.setattr(DFlashSpeculator, "attn_vllm_config", property(lambda s: s.vllm_config))
+    return spec
+
+
+def test_before_kv_init_the_manager_vllm_will_build_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Call 33: the real DSpark start ran its warm pass with no query graph manager yet, so the
+    block stayed in the pass (467,664,896 B, as in call 30)."""
+    vllm_or_skip()
+    from memest_instrumentation.vllm.warm_pass import draft_block_graphed_up_to
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+    spec = _dspark_before_kv_init(monkeypatch, FlashAttentionBackend, "FULL_AND_PIECEWISE")
+    assert draft_block_graphed_up_to(spec) == 64
+    assert spec.query_cudagraph_manager is None  # read, never installed
+
+
+@pytest.mark.parametrize("mode", ["PIECEWISE", "NONE"])
+def test_before_kv_init_a_mode_without_full_decode_keeps_the_block(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    vllm_or_skip()
+    from memest_instrumentation.vllm.warm_pass import draft_block_graphed_up_to
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
+
+    spec = _dspark_before_kv_init(monkeypatch, FlashAttentionBackend, mode)
+    assert draft_block_graphed_up_to(spec) == 0
+
+
+def test_before_kv_init_a_draft_backend_without_uniform_graphs_keeps_the_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    vllm_or_skip()
+    from memest_instrumentation.vllm.warm_pass import draft_block_graphed_up_to
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    class _NeverBuilder:
+        @classmethod
+        def get_cudagraph_support(cls, vllm_config: Any, spec: Any) -> Any:
+            return AttentionCGSupport.NEVER
+
+    backend = types.SimpleNamespace(get_builder_cls=lambda: _NeverBuilder)
+    spec = _dspark_before_kv_init(monkeypatch, backend, "FULL_AND_PIECEWISE")
+    assert draft_block_graphed_up_to(spec) == 0
