@@ -7,6 +7,12 @@ DeepGEMM's MQA-logits kernel. Its element is FP32 on SM90 and BF16 on SM100, whe
 "deep_select"). In a FULL decode graph the rows are the padded decode tokens, batch x next_n
 (next_n = 1 + speculative tokens), and the positions are max_model_len: the paged kernel's
 output is [B * next_n, max_model_len] whatever the contexts (vllm/utils/deep_gemm.py).
+
+A prefill's logits are [query tokens, gathered keys] per chunk, and vLLM's indexer metadata builder
+(v1/attention/backends/mla/indexer.py ``_split_indexer_prefill_chunks``) cuts the step into chunks
+of at most VLLM_SPARSE_INDEXER_MAX_LOGITS_MB (512 MiB) of FP32 logits. The profile run does not
+score: ``sparse_attn_indexer`` reserves that bound instead, one uint8 tensor of
+VLLM_SPARSE_INDEXER_MAX_LOGITS_MB MiB, freed when the layer's call returns.
 """
 
 from __future__ import annotations
@@ -52,3 +58,44 @@ def decode_indexer_logits(
     """A FULL decode graph of num_requests requests: [B x (1 + K), max_model_len]."""
     rows = num_requests * (1 + num_speculative_tokens)
     return indexer_logits(rows, max_model_len, kernel_element_bytes)
+
+
+#: vLLM 0.33.0's default VLLM_SPARSE_INDEXER_MAX_LOGITS_MB (vllm/envs.py).
+MAX_LOGITS_MB = 512
+#: Bytes of the indexer kernel's logits element: FP32 on SM90, BF16 on SM100 (DeepGEMM).
+SM90_ELEMENT_BYTES = FP32_BYTES
+SM100_ELEMENT_BYTES = 2
+
+
+def kernel_element_bytes(sm100: bool) -> int:
+    """The MQA-logits kernel's element bytes on a GPU kind (module docstring)."""
+    return SM100_ELEMENT_BYTES if sm100 else SM90_ELEMENT_BYTES
+
+
+def profile_logits_bytes(max_logits_mb: int = MAX_LOGITS_MB) -> int:
+    """What the profile run's indexer reserves for a prefill's logits: the chunker's bound."""
+    if max_logits_mb < 0:
+        raise ConfigError("VLLM_SPARSE_INDEXER_MAX_LOGITS_MB", max_logits_mb, "must be >= 0")
+    return max_logits_mb * 1024 * 1024
+
+
+#: vLLM 0.33.0's radix top-k workspace the profile run reserves (indexer_topk.py).
+RADIX_TOPK_WORKSPACE_BYTES = 1024 * 1024
+#: Bytes per element of sparse MLA's prefill workspace rows (BF16).
+WORKSPACE_ELEMENT_BYTES = 2
+#: The max_model_len up to which vLLM 0.33.0 resolves sparse_mla_prefill_workspace_factor to 5
+#: (2 above it; vllm/config/vllm.py).
+WORKSPACE_FACTOR_LEN = 256 * 1024
+
+
+def prefill_workspace_bytes(max_model_len: int, kv_head_size: int, index_head_dim: int) -> int:
+    """The prefill workspace the profile run leaves in vLLM's workspace manager (one buffer,
+    sized to the largest of its callers' requests): sparse MLA's factor x max_model_len rows of
+    the latent (FlashMLASparse: kv_head_size BF16 values), or the indexer's gather of
+    max_model_len x (1152 // 132) x factor keys (head_dim FP8 values and a 4-byte scale each)
+    plus the radix top-k workspace (sparse_attn_indexer's profile branch)."""
+    factor = 5 if max_model_len <= WORKSPACE_FACTOR_LEN else 2
+    mla = max_model_len * factor * kv_head_size * WORKSPACE_ELEMENT_BYTES
+    keys = max_model_len * (576 * 2 // 132) * factor
+    indexer = keys * (index_head_dim + 4) + RADIX_TOPK_WORKSPACE_BYTES
+    return max(mla, indexer)

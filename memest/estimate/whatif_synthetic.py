@@ -27,7 +27,7 @@ from memest.errors import ConfigError
 from memest.estimate.activation import drafter_activation_bytes
 from memest.estimate.model_shape import ModelShape, model_shape
 from memest.estimate.runner_buffers import ModelDims
-from memest.estimate.synthetic_trace import pool_bytes
+from memest.estimate.synthetic_trace import IndexerDecode, pool_bytes
 from memest.schema import CapturePlan, OwnerPrediction, RunConfig
 
 #: Drafter methods whose graphs the synthetic trace writes as measured (EAGLE3, H200 starts).
@@ -69,7 +69,17 @@ def _draft_steps(config: RunConfig) -> int:
 def _synthetic(plan: CapturePlan, config: RunConfig, s: Shapes) -> dict[tuple[str, str], int]:
     assert s.target is not None
     drafter = s.drafter if config.speculative_method else None
-    replayed = pool_bytes(plan, s.target, drafter, draft_steps=_draft_steps(config))
+    # a DSA target's decode logits at this grid's max_model_len (the SM90 kernel's FP32)
+    mml = config.max_model_len
+    indexer = IndexerDecode(mml) if s.target.sparse and mml else None
+    replayed = pool_bytes(
+        plan,
+        s.target,
+        drafter,
+        draft_steps=_draft_steps(config),
+        indexer=indexer,
+        method=config.speculative_method,
+    )
     return dict(replayed.replay.bytes_by_owner)
 
 

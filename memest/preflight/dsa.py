@@ -1,0 +1,91 @@
+"""What a DeepSeek sparse attention (DSA) model adds to the pre-flight, from vLLM 0.33.0's code.
+
+A config with ``index_topk`` (DeepseekV32ForCausalLM) runs sparse MLA with an indexer in every
+layer. Beside the MLA terms the pre-flight already has:
+
+- KV cache: each layer's indexer key cache, index_head_dim FP8 values and a float32 scale per 128
+  of them per token (memest.estimate.kv), in blocks of 64 tokens (memest.preflight.backends);
+- weights: the indexer's wq_b, wk_weights_proj and k_norm (memest.preflight.shape);
+- graph pools: every FULL graph's decode logits, tokens x max_model_len per layer, FP32 on SM90,
+  BF16 plus vLLM's FP32 copy on SM100 (memest.estimate.synthetic_trace with
+  memest.estimate.indexer's law);
+- activation: the profile run's stand-in for a prefill's logits, VLLM_SPARSE_INDEXER_MAX_LOGITS_MB
+  (the bound vLLM's prefill chunker keeps every chunk's FP32 logits within);
+- profiling residue: the prefill workspace the profile run leaves in vLLM's workspace manager.
+"""
+
+from __future__ import annotations
+
+from memest.errors import ConfigError
+from memest.estimate.indexer import FP32_BYTES, prefill_workspace_bytes, profile_logits_bytes
+from memest.estimate.model_shape import ModelShape
+from memest.estimate.synthetic_trace import GraphPoolPrediction, IndexerDecode
+
+INDEXER_OWNERS = "indexer_logits"
+
+
+def check_kv_dtype(kv_cache_dtype: str | None) -> None:
+    """A DSA model's latent cache in the model's dtype only: vLLM 0.33.0 stores an FP8 one as
+    fp8_ds_mla (656 B per token: values, scales and a BF16 rope part), not modelled here.
+
+    Raises:
+        ConfigError: any other --kv-cache-dtype.
+    """
+    if kv_cache_dtype not in (None, "auto", "bfloat16"):
+        raise ConfigError(
+            "kv_cache_dtype",
+            kv_cache_dtype,
+            "a sparse-MLA (DSA) model's FP8 cache is vLLM's fp8_ds_mla layout, which memest "
+            "does not size; use auto or bfloat16",
+        )
+
+
+def indexer_pool_bytes(pools: GraphPoolPrediction) -> int:
+    """The DSA indexer logits' share of the replayed graph pools (owners indexer_logits_*)."""
+    return sum(
+        b
+        for (_, owner), b in pools.replay.bytes_by_owner.items()
+        if owner.startswith(INDEXER_OWNERS)
+    )
+
+
+def pool_law(indexer: IndexerDecode | None, pools: GraphPoolPrediction) -> str:
+    """The graph-pool law's words for the indexer's share ("" without an indexer)."""
+    if indexer is None:
+        return ""
+    element = "FP32" if indexer.kernel_element_bytes == FP32_BYTES else "BF16 + the FP32 copy"
+    return (
+        f"; of it the DSA indexer's decode logits {indexer_pool_bytes(pools)} B (every FULL "
+        f"graph's tokens x max_model_len {indexer.positions} x {element}, per layer)"
+    )
+
+
+def activation_bytes(shape: ModelShape) -> int:
+    """The profile run's indexer logits stand-in (0 without an indexer)."""
+    return profile_logits_bytes() if shape.sparse else 0
+
+
+def residue_bytes(shape: ModelShape, max_model_len: int) -> int:
+    """The prefill workspace the profile run leaves (0 without an indexer)."""
+    if not shape.sparse:
+        return 0
+    return prefill_workspace_bytes(max_model_len, shape.kv, shape.index_head_dim)
+
+
+ACTIVATION_LAW = (
+    " + the DSA indexer's prefill logits bound (VLLM_SPARSE_INDEXER_MAX_LOGITS_MB, "
+    f"{profile_logits_bytes()} B)"
+)
+RESIDUE_LAW = " + sparse MLA's prefill workspace (factor x max_model_len rows)"
+
+
+def note(shape: ModelShape, pool_share: int) -> str:
+    """What the pre-flight derived for a DSA model and what its range holds."""
+    return (
+        f"DSA (index_topk {shape.index_topk}, {shape.index_n_heads} indexer heads of "
+        f"{shape.index_head_dim}): the indexer's key cache, weights, decode logits in every FULL "
+        f"graph ({pool_share} B of the graph pool) and the profile run's prefill logits bound are "
+        "derived from vLLM 0.33.0's code, not measured; the graph-pool range holds the indexer's "
+        "share once more (SM100's DeepSelect top-k drops the FP32 copy; chunked decode logits "
+        "are a later vLLM's)"
+    )
