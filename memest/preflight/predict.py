@@ -436,9 +436,10 @@ def _unmeasured(s: Setup, cal: Calibration) -> tuple[dict[str, float], list[str]
             widen[term] = max(widen.get(term, 0.0), rel)
     method = s.config.speculative_method
     if method and method not in cal.measured_drafters:
+        sampling = ", its draft logits per step as vLLM allocates them" * (method == "dspark")
         notes.append(
-            f"drafter {method} has no measured start: modelled as EAGLE3's one-layer program "
-            "with the wider prior uncertainty"
+            f"drafter {method} has no measured start: modelled as EAGLE3's one-layer program"
+            f"{sampling} with the wider prior uncertainty"
         )
         for term, rel in w.items():
             widen[term] = max(widen.get(term, 0.0), rel)

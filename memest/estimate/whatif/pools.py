@@ -74,7 +74,7 @@ def positions_ratio(configs: tuple[RunConfig, RunConfig]) -> float:
     return after / before if before and after else 1.0
 
 
-def _with_positions(trace: PoolTrace, ratio: float) -> PoolTrace:
+def with_positions(trace: PoolTrace, ratio: float) -> PoolTrace:
     """``trace`` with every indexer-logits request resized by ``ratio`` (max_model_len)."""
     if ratio == 1.0:
         return trace
@@ -225,7 +225,7 @@ def _replayed(
             notes.append(
                 f"{source} grew {trace.stage_bytes(stage)} B for {stage}, the report {b} B"
             )
-    to, again = replay(_with_positions(trace, positions), g2), replay(trace, g)
+    to, again = replay(with_positions(trace, positions), g2), replay(trace, g)
     for stage in trace.stages:
         if again.stage_bytes(stage) != trace.stage_bytes(stage):
             # The replay is trusted because it reproduces G; say so when it does not.
