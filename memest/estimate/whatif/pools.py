@@ -42,6 +42,7 @@ from memest.estimate.whatif.graph_objects import (
 )
 from memest.estimate.whatif.grid import Grids, grids
 from memest.estimate.whatif_synthetic import Shapes, shapes, synthetic_rows, unrecorded_stages
+from memest.plan.overlay import is_sm100
 from memest.schema import CapturePlan, OwnerPrediction, RunConfig, RunnerRow, RunReport
 from memest.schema.estimate import ScalingLaw
 from memest.snapshot.format import Snapshot
@@ -292,7 +293,7 @@ def pool_predictions(
     predictions, notes = measured_pools(report, pair, snapshot, snapshot_source)
     if snapshot is not None or dims is None:
         return predictions, notes
-    s = shapes(dims, report.config.tensor_parallel_size)
+    s = shapes(dims, report.config.tensor_parallel_size, sm100=is_sm100(report.gpu))
     return _with_synthetic_captured(predictions, pair.plans, pair.configs, s, [])[0], []
 
 
@@ -418,7 +419,7 @@ def predict_pools(
 ) -> tuple[Pools, list[str]]:
     """G''s pool rows (replay or laws, then the synthetic trace) and graph objects, with notes."""
     rows, notes = measured_pools(report, pair, snapshot, snapshot_source)
-    s = shapes(dims, report.config.tensor_parallel_size)
+    s = shapes(dims, report.config.tensor_parallel_size, sm100=is_sm100(report.gpu))
     rows, synthetic = synthetic_pools(rows, pair.plans, pair.configs, s, notes, snapshot)
     objects = graph_objects(report, graph_object_bytes(report), *pair.plans, dims)
     return Pools(rows, objects, synthetic), notes

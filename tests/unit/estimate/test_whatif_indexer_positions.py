@@ -93,3 +93,30 @@ def test_the_replay_resizes_only_the_indexer_requests() -> None:
     ]
     assert resized.ops[2:] == [1, 2]
     assert with_positions(trace, 1.0) is trace
+
+
+def test_the_synthetic_trace_of_a_dsa_target_follows_max_model_len() -> None:
+    """Without a snapshot a what-if writes a DSA target's stages with the synthetic trace: its
+    FULL graphs' indexer logits at the grid's max_model_len. lab/models/dsv32_4l at 64 sequences:
+    the widest FULL graph's FP32 logits are 64 x 163,840 x 4 = 40 MiB, a segment of their own
+    (test_dsa.py); at 4,096 positions (1 MiB) they fit the blocks the PIECEWISE graphs left."""
+    import json
+    from pathlib import Path
+
+    from memest.estimate.runner_buffers import ModelDims
+    from memest.estimate.whatif_synthetic import _synthetic, shapes
+    from memest.plan.overlay import overlay_plan
+    from memest.schema import RunConfig
+
+    root = Path(__file__).resolve().parents[3]
+    cfg = json.loads((root / "lab/models/dsv32_4l/config.json").read_text())
+    dims = ModelDims(hidden_size=7168, vocab_size=129280, config=cfg)
+    base = RunConfig(
+        model="dsv32", max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=4096
+    )
+    for sm100, owner in ((False, "indexer_logits_fp32_kernel"), (True, "indexer_logits_fp32")):
+        s = shapes(dims, 1, sm100=sm100)
+        for mml, want in ((4096, 0), (163840, 40 * MiB)):
+            plan, config = overlay_plan(base, {"max_model_len": mml}, "h200")
+            got = _synthetic(plan, config, s)
+            assert got.get(("target.full", owner), 0) == want
