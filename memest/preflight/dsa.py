@@ -17,9 +17,16 @@ layer. Beside the MLA terms the pre-flight already has:
 from __future__ import annotations
 
 from memest.errors import ConfigError
-from memest.estimate.indexer import FP32_BYTES, prefill_workspace_bytes, profile_logits_bytes
+from memest.estimate.indexer import (
+    FP32_BYTES,
+    IndexerLogits,
+    indexer_logits,
+    prefill_workspace_bytes,
+    profile_logits_bytes,
+)
 from memest.estimate.model_shape import ModelShape
 from memest.estimate.synthetic_trace import GraphPoolPrediction, IndexerDecode
+from memest.schema import CapturePlan
 
 INDEXER_OWNERS = "indexer_logits"
 
@@ -49,14 +56,42 @@ def indexer_pool_bytes(pools: GraphPoolPrediction) -> int:
     )
 
 
-def pool_law(indexer: IndexerDecode | None, pools: GraphPoolPrediction) -> str:
+def full_graph_logits(plan: CapturePlan, indexer: IndexerDecode) -> list[IndexerLogits]:
+    """One layer's decode logits in each FULL target graph of ``plan``, widest first."""
+    out = []
+    for row in plan.runners:
+        if row.runner.startswith("target") and row.graph_mode == "FULL":
+            for size in sorted(row.sizes, reverse=True):
+                tokens = size * row.q if row.unit == "requests" else size
+                out.append(indexer_logits(tokens, indexer.positions, indexer.kernel_element_bytes))
+    return out
+
+
+def requested_bytes(plan: CapturePlan, shape: ModelShape, indexer: IndexerDecode) -> int:
+    """What every FULL graph's indexer calls request, summed over the graphs and the layers
+    (each call's logits are freed before the next: the pool holds far less)."""
+    return shape.num_layers * sum(x.total_bytes for x in full_graph_logits(plan, indexer))
+
+
+def pool_range(plan: CapturePlan, indexer: IndexerDecode, pools: GraphPoolPrediction) -> int:
+    """The graph-pool term's range for the indexer: its replayed share, or at least one widest
+    graph's logits (which a segment of their own would hold)."""
+    widest = max((x.total_bytes for x in full_graph_logits(plan, indexer)), default=0)
+    return max(indexer_pool_bytes(pools), widest)
+
+
+def pool_law(
+    plan: CapturePlan, shape: ModelShape, indexer: IndexerDecode | None, pools: GraphPoolPrediction
+) -> str:
     """The graph-pool law's words for the indexer's share ("" without an indexer)."""
     if indexer is None:
         return ""
     element = "FP32" if indexer.kernel_element_bytes == FP32_BYTES else "BF16 + the FP32 copy"
+    graphs = len(full_graph_logits(plan, indexer))
     return (
-        f"; of it the DSA indexer's decode logits {indexer_pool_bytes(pools)} B (every FULL "
-        f"graph's tokens x max_model_len {indexer.positions} x {element}, per layer)"
+        f"; of it the DSA indexer's decode logits {indexer_pool_bytes(pools)} B (tokens x "
+        f"max_model_len {indexer.positions} x {element}: {requested_bytes(plan, shape, indexer)}"
+        f" B requested over {graphs} FULL graphs x {shape.num_layers} layers, freed per layer)"
     )
 
 
@@ -85,7 +120,7 @@ def note(shape: ModelShape, pool_share: int) -> str:
         f"DSA (index_topk {shape.index_topk}, {shape.index_n_heads} indexer heads of "
         f"{shape.index_head_dim}): the indexer's key cache, weights, decode logits in every FULL "
         f"graph ({pool_share} B of the graph pool) and the profile run's prefill logits bound are "
-        "derived from vLLM 0.33.0's code, not measured; the graph-pool range holds the indexer's "
-        "share once more (SM100's DeepSelect top-k drops the FP32 copy; chunked decode logits "
-        "are a later vLLM's)"
+        "derived from vLLM 0.33.0's code, not measured; the graph-pool range holds that share or "
+        "at least one widest graph's logits (SM100's DeepSelect top-k drops the FP32 copy; "
+        "chunked decode logits are a later vLLM's)"
     )

@@ -355,7 +355,7 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
         "graph_pool_bytes": (
             sum(pools.by_stage.values()),
             f"synthetic request trace of {s.plan.total_graphs} graphs, allocator replay"
-            + dsa.pool_law(s.indexer, pools),
+            + dsa.pool_law(s.plan, s.target, s.indexer, pools),
         ),
         "runner_buffer_bytes": (
             rest + buf.get("runner_buffer_bytes", 0),
@@ -482,7 +482,7 @@ def _family_ranges(s: Setup, cal: Calibration) -> dict[str, int]:
     if mla:
         out["mla_context_bytes"] = mla
     if s.indexer is not None:
-        out["graph_pool_bytes"] = dsa.indexer_pool_bytes(s.pools())
+        out["graph_pool_bytes"] = dsa.pool_range(s.plan, s.indexer, s.pools())
     return out
 
 

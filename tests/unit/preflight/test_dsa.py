@@ -107,7 +107,12 @@ def test_preflight_of_the_lab_start() -> None:
     terms = {t.name: t for t in result.term_details}
     assert "DSA indexer's prefill logits bound" in terms["profile_peak_activation_bytes"].law
     assert "536870912 B" in terms["profile_peak_activation_bytes"].law
-    assert "DSA indexer's decode logits" in terms["graph_pool_bytes"].law
+    # the sum over the FULL sizes (test_the_indexer_requests_of_every_full_graph), and the
+    # replayed share: 0 B at 4,096 positions (test_the_indexer_pool_share)
+    assert (
+        "the DSA indexer's decode logits 0 B (tokens x max_model_len 4096 x FP32: 19333120 B "
+        "requested over 11 FULL graphs x 4 layers" in terms["graph_pool_bytes"].law
+    )
     assert any(n.startswith("DSA (index_topk 2048") for n in result.notes)
     assert not result.measured_family
 
@@ -156,12 +161,20 @@ def test_sm100_writes_the_bf16_and_fp32_pair() -> None:
 
 
 def test_the_uncertainty_widens_for_the_unmeasured_family() -> None:
+    """No DSA start in the calibration: the prior widening, and the graph pool's range holds one
+    widest graph's logits beside it (64 x 4,096 x 4 = 1 MiB; at 163,840 positions the replayed
+    40 MiB share)."""
+    without = {k: v for k, v in DSV32.items() if not k.startswith("index_")}
+    dense_mla = preflight(_request(model_config_json=without))
     result = preflight(_request())
     pool = next(t for t in result.term_details if t.name == "graph_pool_bytes")
+    before = next(t for t in dense_mla.term_details if t.name == "graph_pool_bytes")
     activation = next(t for t in result.term_details if t.name == "profile_peak_activation_bytes")
-    # no DSA start in the calibration: the prior widening applies to both
-    assert pool.uncertainty_bytes > 0 and activation.uncertainty_bytes > activation.bytes // 10
+    assert activation.uncertainty_bytes > activation.bytes // 10
     assert any("has no measured start" in n for n in result.notes)
+    # same pool (the logits fit freed blocks), one widest graph's logits more range
+    assert pool.bytes == before.bytes
+    assert pool.uncertainty_bytes - before.uncertainty_bytes == 64 * 4096 * 4
 
 
 def test_fp8_kv_of_a_dsa_model_is_refused() -> None:
