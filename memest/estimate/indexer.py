@@ -81,21 +81,35 @@ def profile_logits_bytes(max_logits_mb: int = MAX_LOGITS_MB) -> int:
 
 #: vLLM 0.33.0's radix top-k workspace the profile run reserves (indexer_topk.py).
 RADIX_TOPK_WORKSPACE_BYTES = 1024 * 1024
-#: Bytes per element of sparse MLA's prefill workspace rows (BF16).
-WORKSPACE_ELEMENT_BYTES = 2
 #: The max_model_len up to which vLLM 0.33.0 resolves sparse_mla_prefill_workspace_factor to 5
 #: (2 above it; vllm/config/vllm.py).
 WORKSPACE_FACTOR_LEN = 256 * 1024
+#: vLLM's WorkspaceManager.get_simultaneous aligns each view to this many bytes.
+WORKSPACE_ALIGN = 256
+#: Bytes per key of the indexer's gathered K workspace: FP8 values beside a 4-byte scale.
+GATHER_SCALE_BYTES = 4
 
 
-def prefill_workspace_bytes(max_model_len: int, kv_head_size: int, index_head_dim: int) -> int:
-    """The prefill workspace the profile run leaves in vLLM's workspace manager (one buffer,
-    sized to the largest of its callers' requests): sparse MLA's factor x max_model_len rows of
-    the latent (FlashMLASparse: kv_head_size BF16 values), or the indexer's gather of
-    max_model_len x (1152 // 132) x factor keys (head_dim FP8 values and a 4-byte scale each)
-    plus the radix top-k workspace (sparse_attn_indexer's profile branch)."""
+def _aligned(n: int) -> int:
+    return -(-n // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+
+def prefill_workspace_bytes(max_model_len: int, index_head_dim: int) -> int:
+    """What the profile run's indexer asks vLLM's workspace manager for (sparse_attn_indexer's
+    profile branch): the K gather of get_max_prefill_buffer_size keys, max_model_len x
+    (576 x 2 // 132) x sparse_mla_prefill_workspace_factor, each head_dim FP8 values and a
+    4-byte scale, plus the radix top-k workspace. The manager keeps one buffer, the largest of
+    its callers' requests."""
     factor = 5 if max_model_len <= WORKSPACE_FACTOR_LEN else 2
-    mla = max_model_len * factor * kv_head_size * WORKSPACE_ELEMENT_BYTES
     keys = max_model_len * (576 * 2 // 132) * factor
-    indexer = keys * (index_head_dim + 4) + RADIX_TOPK_WORKSPACE_BYTES
-    return max(mla, indexer)
+    return (
+        _aligned(keys * index_head_dim)
+        + _aligned(keys * GATHER_SCALE_BYTES)
+        + _aligned(RADIX_TOPK_WORKSPACE_BYTES)
+    )
+
+
+def topk_indices_bytes(max_num_batched_tokens: int, index_topk: int) -> int:
+    """The DSA model's top-k index buffer (nvidia/model.py: [max_num_batched_tokens, index_topk]
+    int32, allocated with the model)."""
+    return max_num_batched_tokens * index_topk * 4

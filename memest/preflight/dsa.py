@@ -11,10 +11,15 @@ layer. Beside the MLA terms the pre-flight already has:
   memest.estimate.indexer's law);
 - activation: the profile run's stand-in for a prefill's logits, VLLM_SPARSE_INDEXER_MAX_LOGITS_MB
   (the bound vLLM's prefill chunker keeps every chunk's FP32 logits within);
-- profiling residue: the prefill workspace the profile run leaves in vLLM's workspace manager.
+- profiling residue: the workspace the profile run leaves in vLLM's workspace manager (the
+  indexer's K gather, FLASHMLA_SPARSE's q_concat), beyond the fused-MoE workspace it shares;
+- weights: also the [max_num_batched_tokens, index_topk] int32 top-k buffer the model allocates
+  (memest.estimate.runner_buffers).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from memest.errors import ConfigError
 from memest.estimate.indexer import (
@@ -100,18 +105,41 @@ def activation_bytes(shape: ModelShape) -> int:
     return profile_logits_bytes() if shape.sparse else 0
 
 
-def residue_bytes(shape: ModelShape, max_model_len: int) -> int:
-    """The prefill workspace the profile run leaves (0 without an indexer)."""
+#: FlashMLASparseImpl's prefill head padding (bf16 cache: q_concat's heads rounded up to it).
+FLASHMLA_SPARSE_HEAD_PADDING = 64
+WORKSPACE_ELEMENT_BYTES = 2  # q_concat is BF16
+
+
+def workspace_bytes(shape: ModelShape, mbt: int, max_model_len: int, backend: str) -> int:
+    """vLLM's workspace-manager buffer of a DSA model: the largest request of its callers, the
+    indexer's profile gather (memest.estimate.indexer) and, for FLASHMLA_SPARSE with a BF16
+    cache, q_concat ([max_num_batched_tokens, heads rounded up to 64, 576] BF16,
+    flashmla_sparse.py). FLASH_ATTN_MLA_SPARSE asks for none."""
     if not shape.sparse:
         return 0
-    return prefill_workspace_bytes(max_model_len, shape.kv, shape.index_head_dim)
+    sizes = [prefill_workspace_bytes(max_model_len, shape.index_head_dim)]
+    if backend == "FLASHMLA_SPARSE":
+        pad = FLASHMLA_SPARSE_HEAD_PADDING
+        heads = -(-shape.heads // pad) * pad
+        sizes.append(mbt * heads * shape.kv * WORKSPACE_ELEMENT_BYTES)
+    return max(sizes)
+
+
+def residue_bytes(
+    shape: ModelShape, mbt: int, max_model_len: int, backend: str, buffers: Mapping[str, int]
+) -> int:
+    """What the workspace adds to the profiling residue beyond the fused-MoE workspace (in
+    ``buffers``, memest.estimate.runner_buffers'), which shares the manager's one buffer (0
+    without an indexer)."""
+    fused_moe = buffers.get("fused_moe_workspace", 0)
+    return max(workspace_bytes(shape, mbt, max_model_len, backend) - fused_moe, 0)
 
 
 ACTIVATION_LAW = (
     " + the DSA indexer's prefill logits bound (VLLM_SPARSE_INDEXER_MAX_LOGITS_MB, "
     f"{profile_logits_bytes()} B)"
 )
-RESIDUE_LAW = " + sparse MLA's prefill workspace (factor x max_model_len rows)"
+RESIDUE_LAW = " + the DSA workspace beyond it (the indexer's K gather; FLASHMLA_SPARSE's q_concat)"
 
 
 def note(shape: ModelShape, pool_share: int) -> str:

@@ -319,7 +319,8 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
     ) + profile_standin_bytes(s.target, s.mla_workspace_tokens)
     activation += dsa.activation_bytes(s.target)
     residue = c.residue_bytes + c.residue_factor * s.mbt * s.target.hidden * s.target.dtype_bytes
-    residue += dsa.residue_bytes(s.target, s.config.max_model_len or 1)
+    mml, moe = s.config.max_model_len or 1, runner_buffer_bytes(*s._runner())
+    residue += dsa.residue_bytes(s.target, s.mbt, mml, s.attention_backend, moe)
     weights = parameter_bytes(s.target) + c.weights_rest_bytes
     if d is not None:
         residue += c.residue_drafter_bytes

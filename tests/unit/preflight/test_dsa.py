@@ -180,3 +180,28 @@ def test_the_uncertainty_widens_for_the_unmeasured_family() -> None:
 def test_fp8_kv_of_a_dsa_model_is_refused() -> None:
     with pytest.raises(ConfigError, match="fp8_ds_mla"):
         setup(_request(kv_cache_dtype="fp8"))
+
+
+def test_grid_sized_buffers_and_the_workspace() -> None:
+    """The model's top-k index buffer, [2,048 batched tokens, top-2,048] int32 = 16 MiB, with the
+    weights; vLLM's workspace manager holds one buffer, the largest request of its callers:
+    the profile run's indexer gather of 4,096 x (1,152 // 132 = 8) x factor 5 = 163,840 keys
+    (128 FP8 values = 20,971,520 B, a 4-byte scale each = 655,360 B) plus the radix top-k's
+    1 MiB = 22,675,456 B; FLASHMLA_SPARSE's q_concat is larger, 2,048 tokens x 128 heads (a
+    multiple of 64) x 576 x 2 B = 301,989,888 B. FLASH_ATTN_MLA_SPARSE asks for none."""
+    without = {k: v for k, v in DSV32.items() if not k.startswith("index_")}
+
+    def residue(**extra: Any) -> int:
+        terms = {t.name: t.bytes for t in preflight(_request(**extra)).term_details}
+        return terms["profiling_residue_bytes"]
+
+    def weights(**extra: Any) -> int:
+        terms = {t.name: t.bytes for t in preflight(_request(**extra)).term_details}
+        return terms["weights_bytes"]
+
+    gather = 163840 * 128 + 163840 * 4 + 1024 * 1024
+    assert gather == 22_675_456
+    assert residue() - residue(model_config_json=without) == gather
+    assert residue(attention_backend="FLASHMLA_SPARSE") - residue() == 301_989_888 - gather
+    indexer_weights = LAYERS * (1536 * 64 * 128 * 2 + 7168 * 192 * 2 + 2 * 128 * 4)
+    assert weights() - weights(model_config_json=without) == indexer_weights + 2048 * 2048 * 4
