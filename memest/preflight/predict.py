@@ -106,10 +106,10 @@ class Setup:
     @property
     def mla_workspace_tokens(self) -> int:
         """Tokens of MLA's chunked-prefill workspace (memest.estimate.mla_context)."""
-        assert self.config.max_model_len is not None and self.config.max_num_seqs is not None
-        return chunked_prefill_workspace_tokens(
-            self.config.max_model_len, self.config.max_num_seqs, self.block_size
-        )
+        c = self.config
+        assert c.max_model_len is not None and c.max_num_seqs is not None
+        mml, seqs, topk = c.max_model_len, c.max_num_seqs, self.target.index_topk
+        return chunked_prefill_workspace_tokens(mml, seqs, self.block_size, topk)
 
     @property
     def draft_steps(self) -> int:

@@ -205,3 +205,11 @@ def test_grid_sized_buffers_and_the_workspace() -> None:
     assert residue(attention_backend="FLASHMLA_SPARSE") - residue() == 301_989_888 - gather
     indexer_weights = LAYERS * (1536 * 64 * 128 * 2 + 7168 * 192 * 2 + 2 * 128 * 4)
     assert weights() - weights(model_config_json=without) == indexer_weights + 2048 * 2048 * 4
+
+
+def test_sparse_mla_context_workspace_is_capped_by_top_k() -> None:
+    """sparse_mla_attention.py: min(max(8 x max_model_len, 4 x max_num_seqs x block),
+    64 Ki, max_num_seqs x index_topk) tokens. The lab grid: min(max(32,768, 16,384), 65,536,
+    131,072) = 32,768; at 8 sequences: min(max(32,768, 2,048), 65,536, 16,384) = 16,384."""
+    assert setup(_request()).mla_workspace_tokens == 32768
+    assert setup(_request(max_num_seqs=8)).mla_workspace_tokens == 16384
