@@ -139,7 +139,10 @@ ACTIVATION_LAW = (
     " + the DSA indexer's prefill logits bound (VLLM_SPARSE_INDEXER_MAX_LOGITS_MB, "
     f"{profile_logits_bytes()} B)"
 )
-RESIDUE_LAW = " + the DSA workspace beyond it (the indexer's K gather; FLASHMLA_SPARSE's q_concat)"
+RESIDUE_LAW = (
+    " + the DSA workspace (the indexer's K gather; FLASHMLA_SPARSE's q_concat) beyond any "
+    "fused-MoE workspace"
+)
 
 
 def note(shape: ModelShape, pool_share: int) -> str:
