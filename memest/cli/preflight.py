@@ -18,7 +18,9 @@ with its uncertainty; vLLM 0.33.0's grid-sized buffers are computed as the what-
 budget, KV bytes, tokens and max concurrency (--kv-cache-dtype fp8: one byte per K and V
 element). The KV block
 size is vLLM 0.33.0's for the attention backend (16 on an H200 unless --attention-backend FLASHMLA
-(64) or FLASHINFER_MLA (32), or --block-size, says otherwise). Coefficients come
+(64) or FLASHINFER_MLA (32), or --block-size, says otherwise; 64 for a DSA model's sparse MLA,
+whose indexer adds its key cache, weights, decode logits in FULL graphs and prefill logits
+bound). Coefficients come
 from measured starts on that GPU kind (reports/preflight/). An architecture, drafter or TP size
 no start measured gets a wider range and a note; at TP > 1 the outside term holds what NCCL and
 vLLM's all-reduce buffers take per rank (memest.estimate.parallel; --env passes the NCCL_* and
@@ -101,7 +103,9 @@ class _Preflight:
             "--attention-backend",
             metavar="NAME",
             help="vLLM's flag: FLASH_ATTN, FLASHINFER, TRITON_ATTN, FLASH_ATTN_MLA, FLASHMLA, "
-            "FLASHINFER_MLA, TRITON_MLA (default: vLLM's first for the GPU and attention kind)",
+            "FLASHINFER_MLA, TRITON_MLA; sparse MLA (DSA): FLASH_ATTN_MLA_SPARSE, "
+            "FLASHMLA_SPARSE, FLASHINFER_MLA_SPARSE_SM90 (default: vLLM's first for the GPU and "
+            "attention kind)",
         )
         parser.add_argument(
             "--attention-config",

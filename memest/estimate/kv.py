@@ -28,6 +28,45 @@ KV_CACHE_DTYPE_BYTES: dict[str, int | None] = {
 }
 
 
+#: vLLM 0.33.0's DSA indexer key cache (DeepseekV32Indexer: DeepseekV32IndexerCache of uint8):
+#: FP8 values, one float32 scale per INDEXER_QUANT_BLOCK of them, whatever --kv-cache-dtype.
+INDEXER_VALUE_BYTES = 1
+INDEXER_QUANT_BLOCK = 128
+INDEXER_SCALE_BYTES = 4
+
+
+def indexer_scale_bytes(index_head_dim: int) -> int:
+    """Scale bytes per token of one layer's indexer key cache (head_dim // 128 x 4 B)."""
+    return index_head_dim // INDEXER_QUANT_BLOCK * INDEXER_SCALE_BYTES
+
+
+def indexer_token_bytes(index_head_dim: int, value_bytes: int, scale_bytes: int) -> int:
+    """Bytes one token takes in one layer's indexer key cache: values and their scales."""
+    return index_head_dim * value_bytes + scale_bytes
+
+
+def indexer_kv_extra(shape: ModelShape) -> dict[str, int]:
+    """KVCacheSpec.extra's indexer keys for a DSA model (empty without an indexer)."""
+    if not shape.sparse:
+        return {}
+    return {
+        "indexer_head_dim": shape.index_head_dim,
+        "indexer_dtype_bytes": INDEXER_VALUE_BYTES,
+        "indexer_scale_bytes": indexer_scale_bytes(shape.index_head_dim),
+        "indexer_num_layers": shape.num_layers,
+    }
+
+
+def layer_indexer_kv_bytes(shape: ModelShape) -> int:
+    """Bytes one token takes in one layer's indexer key cache (0 without an indexer): 132 for
+    DeepSeek-V3.2's 128-value head."""
+    if not shape.sparse:
+        return 0
+    return indexer_token_bytes(
+        shape.index_head_dim, INDEXER_VALUE_BYTES, indexer_scale_bytes(shape.index_head_dim)
+    )
+
+
 def kv_cache_dtype_bytes(
     kv_cache_dtype: str | None, model_dtype_bytes: int, *, field: str = "kv_cache_dtype"
 ) -> int:
@@ -81,9 +120,11 @@ def kv_bytes_per_token(spec: KVCacheSpec) -> int:
     per_token = per_layer * spec.num_layers
     if "indexer_head_dim" in extra:
         idx_layers = _int_extra(extra, "indexer_num_layers", spec.num_layers)
-        idx_bytes = _int_extra(extra, "indexer_head_dim") * _int_extra(
-            extra, "indexer_dtype_bytes", 1
-        ) + _int_extra(extra, "indexer_scale_bytes", 0)
+        idx_bytes = indexer_token_bytes(
+            _int_extra(extra, "indexer_head_dim"),
+            _int_extra(extra, "indexer_dtype_bytes", INDEXER_VALUE_BYTES),
+            _int_extra(extra, "indexer_scale_bytes", 0),
+        )
         per_token += idx_layers * idx_bytes
     if per_token <= 0:
         raise ConfigError(

@@ -55,16 +55,23 @@ WORKSPACE_CAP_TOKENS = 64 * 1024
 LSE_BYTES = 4
 
 
-def chunked_prefill_workspace_tokens(max_model_len: int, max_num_seqs: int, block_size: int) -> int:
+def chunked_prefill_workspace_tokens(
+    max_model_len: int, max_num_seqs: int, block_size: int, index_topk: int = 0
+) -> int:
     """Tokens of context MLA up-projects at once (one chunk).
 
     align_mla_chunked_context_workspace_size rounds the rule's tokens up to a whole KV block
     (without decode context parallelism), and the context chunks are cut on block boundaries.
+    Sparse MLA (a DSA model's ``index_topk``; sparse_mla_attention.py
+    determine_chunked_prefill_workspace_size) also caps them at max_num_seqs x index_topk and,
+    without decode context parallelism, does not round.
     """
     wanted = max(
         WORKSPACE_MAX_MODEL_LENS * max_model_len,
         WORKSPACE_PAGES_PER_SEQ * max_num_seqs * block_size,
     )
+    if index_topk:
+        return max(min(wanted, WORKSPACE_CAP_TOKENS, max_num_seqs * index_topk), block_size)
     tokens = max(min(wanted, WORKSPACE_CAP_TOKENS), block_size)
     return -(-tokens // block_size) * block_size
 

@@ -115,6 +115,10 @@ class ModelShape:
     qk_norm: bool = False  # per-head q and k RMSNorm weights (QK_NORM_ARCHITECTURES)
     dflash_aux_layers: int = 0  # DFlash/DSpark: target hidden states the drafter's fc takes
     markov_rank: int = 0  # DSpark's Markov head: vocab x rank, twice
+    # DeepSeek sparse attention (DSA, DeepseekV32ForCausalLM): the indexer of every layer
+    index_n_heads: int = 0  # indexer heads (replicated: vLLM builds its linears without TP)
+    index_head_dim: int = 0  # indexer head dim (its FP8 key cache: this + 4 B per 128 values)
+    index_topk: int = 0  # KV positions the indexer selects per query token; 0: no indexer
     fp8: Fp8Weights | None = None  # FP8 linear layers (fp8_weights); None: the model's dtype
 
     def is_moe_layer(self, index: int) -> bool:
@@ -131,6 +135,11 @@ class ModelShape:
                 self.q_lora_rank + self.kv_lora_rank + self.qk_rope_head_dim
             )
         return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+    @property
+    def sparse(self) -> bool:
+        """Whether the model has DSA's indexer (``index_topk`` in its config): sparse MLA."""
+        return self.index_topk > 0
 
     @property
     def kv(self) -> int:
@@ -191,6 +200,18 @@ def _moe_fields(cfg: Mapping[str, Any], tp: int, layers: int) -> dict[str, Any]:
         "shared_intermediate": _split(shared, tp, "shared experts' intermediate size"),
         "moe_layers": len(_moe_layer_ids(cfg, layers)),
         "moe_layer_ids": _moe_layer_ids(cfg, layers),
+    }
+
+
+def _indexer_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """DSA's indexer (vLLM 0.33.0's DeepseekV32Indexer: index_n_heads, index_head_dim,
+    index_topk); only MLA models carry one."""
+    if cfg.get("index_topk") is None or not cfg.get("kv_lora_rank"):
+        return {}
+    return {
+        "index_n_heads": _int(cfg, "index_n_heads"),
+        "index_head_dim": _int(cfg, "index_head_dim"),
+        "index_topk": _int(cfg, "index_topk"),
     }
 
 
@@ -388,6 +409,7 @@ def model_shape(
         fp8=fp8_weights(cfg, quantization),
         **moe,
         **_mla_fields(cfg),
+        **_indexer_fields(cfg),
     )
 
 

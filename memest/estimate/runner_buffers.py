@@ -23,6 +23,8 @@ block tables (gpu/block_table.py)       2 x S x ceil(L/block) x 4 + T x 8  runne
                                                                            (kv_cache_alloc)
 fused-MoE workspace (fused_moe/modular_ T x top_k x (max(N/2,K)+max(N,K))  profiling residue
 kernel.py, v1/worker/workspace.py)      x dtype (memest.estimate.fused_moe) (the profile run)
+DSA top-k indices (deepseek_v32/nvidia/ T x index_topk x 4                 weights (load_model)
+model.py topk_indices_buffer)
 ======================================  ================================  ========================
 
 V is the vocabulary, SMs the GPU's multiprocessor count (132 on an H200). Every size is rounded
@@ -41,6 +43,7 @@ from typing import Any
 
 from memest.errors import ConfigError
 from memest.estimate.fused_moe import fused_moe_workspace_bytes
+from memest.estimate.indexer import topk_indices_bytes
 from memest.estimate.model_shape import ModelShape, model_shape
 from memest.schema import RunConfig, RunReport
 
@@ -70,6 +73,7 @@ BUFFER_TERMS: dict[str, str] = {
     "topk_topp_buffer": "profiling_residue_bytes",
     "block_tables": "runner_buffer_bytes",
     "fused_moe_workspace": "profiling_residue_bytes",
+    "dsa_topk_indices": "weights_bytes",
 }
 
 #: config.json keys that name routed experts (a MoE model: memest.estimate.model_shape).
@@ -323,7 +327,19 @@ def runner_buffer_bytes(dims: ModelDims, grid: RunnerGrid) -> dict[str, int]:
     moe = _moe_shape(dims, grid)
     if moe is not None:  # the profile run's forward of T tokens sizes it (the widest)
         out["fused_moe_workspace"] = fused_moe_workspace_bytes(moe, t)
+    topk = _index_topk(dims)
+    if topk:
+        out["dsa_topk_indices"] = _blocks(topk_indices_bytes(t, topk))
     return out
+
+
+def _index_topk(dims: ModelDims) -> int:
+    """A DSA model's index_topk (0: no indexer, or no shape or config to tell)."""
+    if dims.shape is not None:
+        return dims.shape.index_topk
+    cfg = dims.config or {}
+    topk = cfg.get("index_topk")
+    return topk if isinstance(topk, int) and cfg.get("kv_lora_rank") else 0
 
 
 def term_bytes(dims: ModelDims, grid: RunnerGrid) -> dict[str, int]:

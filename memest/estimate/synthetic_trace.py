@@ -11,7 +11,16 @@ request a multiple of the graph's tokens:
   projection and two more hidden-wide tensors, then the next layer's QKV and KV; each layer frees
   what the layer before it kept;
 - an EAGLE3 drafter step is the same layer once, on a 2 x hidden input, and its FULL graphs add the
-  draft logits (requests x vocabulary) and the sampled ids.
+  draft logits (requests x vocabulary) and the sampled ids;
+- a DSA model's FULL graphs add, in every layer, the indexer's logits of the graph's tokens over
+  max_model_len positions (memest.estimate.indexer: FP32 on SM90; BF16 and vLLM's FP32 copy on
+  SM100), freed before the layer's attention;
+- a DSpark drafter's FULL block graph (R requests x K query slots) adds what vLLM 0.33.0's
+  ``DSparkSpeculator._sample_sequential`` allocates, as measured (reports/vllm/dspark.md): the
+  gathered head hidden states (R x K x hidden), the base logits over all K positions
+  (R x K x V), then per draft step the Markov embedding (R x markov_rank), the Markov bias and the
+  step's logits (R x V each) and the sampled ids; each step's tensors are freed when the next
+  step's replace them, so two of each are alive at once.
 
 :func:`synthetic_trace` writes that program for a model's shape and every size of the capture plan
 and :func:`pool_bytes` runs it through memest.estimate.poolreplay's allocator replay. The pre-flight
@@ -24,6 +33,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memest.analysis.owners import (
+    INDEXER_LOGITS_BF16,
+    INDEXER_LOGITS_FP32_COPY,
+    INDEXER_LOGITS_FP32_KERNEL,
+)
+from memest.estimate.indexer import FP32_BYTES, indexer_logits
 from memest.estimate.model_shape import ModelShape
 from memest.estimate.poolreplay import Graph, PoolRequest, PoolTrace, ReplayResult, replay
 from memest.schema import CapturePlan, RunnerRow
@@ -57,14 +72,42 @@ def aux_layers(shape: ModelShape) -> tuple[int, ...]:
     return tuple(sorted({2, n // 2, n - 3} & set(range(n))))
 
 
+@dataclass(frozen=True, slots=True)
+class IndexerDecode:
+    """What sizes a DSA model's indexer logits in a FULL graph: the positions scored
+    (max_model_len) and the kernel's element bytes (memest.estimate.indexer)."""
+
+    positions: int
+    kernel_element_bytes: int = FP32_BYTES
+
+
+def _indexer_call(w: _Writer, idx: IndexerDecode | None) -> None:
+    """One layer's indexer logits in a FULL graph: allocated, then freed after its top-k."""
+    if idx is None:
+        return
+    logits = indexer_logits(w.tokens, idx.positions, idx.kernel_element_bytes)
+    if not logits.fp32_copy_bytes:
+        w.free(w.alloc(logits.kernel_bytes, per=1, owner=INDEXER_LOGITS_FP32_KERNEL))
+        return
+    kernel = w.alloc(logits.kernel_bytes, per=1, owner=INDEXER_LOGITS_BF16)
+    copy = w.alloc(logits.fp32_copy_bytes, per=1, owner=INDEXER_LOGITS_FP32_COPY)
+    w.free(kernel, copy)
+
+
 def _target_graph(
-    shape: ModelShape, stage: str, size: int, tokens: int, aux: tuple[int, ...] = ()
+    shape: ModelShape,
+    stage: str,
+    size: int,
+    tokens: int,
+    aux: tuple[int, ...] = (),
+    indexer: IndexerDecode | None = None,
 ) -> Graph:
     b = shape.dtype_bytes
     h, qkv, kv = b * shape.hidden, b * shape.qkv, b * shape.kv
     gate_up, act = (b * w for w in shape.mlp_widths)
     w = _Writer(Graph(stage, size), tokens)
     x0, x1, q, k = w.alloc(h), w.alloc(h), w.alloc(qkv), w.alloc(kv)
+    _indexer_call(w, indexer)
     attn = w.alloc(h)
     w.free(k, q, x1)
     kept = (x0, attn)
@@ -85,6 +128,7 @@ def _target_graph(
         e, f = w.alloc(h), w.alloc(h)
         w.free(a)
         q, k = w.alloc(qkv), w.alloc(kv)
+        _indexer_call(w, indexer)
         w.free(*kept, k, q, f)
         kept = (d, e)
     return w.graph
@@ -113,11 +157,53 @@ def _draft_layer(w: _Writer, shape: ModelShape) -> tuple[int, ...]:
     return (c, d, e, f)
 
 
-def _draft_graph(shape: ModelShape, row: RunnerRow, size: int, tokens: int, vocab: int) -> Graph:
+#: Bytes of a sampled or anchor token id (int64).
+ID_BYTES = 8
+
+
+def _dspark_sampling(w: _Writer, shape: ModelShape, requests: int, steps: int) -> None:
+    """DSparkSpeculator._sample_sequential (vLLM 0.33.0) in one FULL block graph: see the module
+    docstring; owners as memest.analysis.owners names them."""
+    b, vocab = shape.dtype_bytes, shape.vocab
+    hidden = w.alloc(b * shape.hidden, per=requests * steps, owner="draft_sample_hidden")
+    base = w.alloc(b * vocab, per=requests * steps, owner="draft_logits")
+    prev = w.alloc(ID_BYTES, per=requests, owner="draft_sampler")
+    live: dict[str, int] = {"draft_sampler": prev}
+    for _ in range(steps):
+        # each name is rebound after its call returns: the new tensor is taken while the
+        # previous step's is still alive, which is freed right after
+        for owner, width in (
+            ("draft_markov_embed", b * shape.markov_rank),
+            ("draft_logits.markov_bias", b * vocab),
+            ("draft_logits.step", b * vocab),
+            ("draft_sampler", ID_BYTES),
+        ):
+            handle = w.alloc(width, per=requests, owner=owner)
+            if owner in live:
+                w.free(live[owner])
+            live[owner] = handle
+    w.free(hidden, base, *live.values())
+
+
+def _draft_graph(
+    shape: ModelShape,
+    row: RunnerRow,
+    size: int,
+    tokens: int,
+    vocab: int,
+    method: str | None = None,
+) -> Graph:
     w = _Writer(Graph(row.runner, size), tokens, stream=stream_of(row.runner))
     requests = size if row.unit == "requests" else max(tokens // max(row.q, 1), 1)
     live = _draft_layer(w, shape)
-    if row.graph_mode != "PIECEWISE":
+    if (
+        method == "dspark"
+        and row.graph_mode != "PIECEWISE"
+        and row.runner.startswith("draft.block")
+    ):
+        _dspark_sampling(w, shape, requests, max(row.q, 1))
+        w.free(*live)
+    elif row.graph_mode != "PIECEWISE":
         logits = w.alloc(shape.dtype_bytes * vocab, per=requests, owner="gemm_workspace")
         ids = w.alloc(8, per=requests, owner="draft_logits")
         w.free(logits, *live, ids)
@@ -149,11 +235,15 @@ def synthetic_trace(
     drafter: ModelShape | None = None,
     *,
     draft_steps: int = 1,
+    indexer: IndexerDecode | None = None,
+    method: str | None = None,
 ) -> PoolTrace:
     """The capture pool's graphs per stage, written from the shapes for every size of ``plan``.
 
     ``draft_steps`` is how many one-token draft layers a ``draft.steps`` graph runs (K - 1 for
-    EAGLE3's later steps).
+    EAGLE3's later steps). ``indexer``: a DSA target's decode logits, written in every target
+    FULL graph (None: none, or a target without an indexer). ``method``: the drafter's
+    (``dspark`` writes its block routine's sampling as measured).
     """
     stages: dict[str, list[Graph]] = {}
     for row in plan.runners:
@@ -164,13 +254,13 @@ def synthetic_trace(
             tokens = size * row.q if row.unit == "requests" else size
             if row.runner.startswith("target"):
                 aux = aux_layers(target) if drafter is not None else ()
-                graphs.append(_target_graph(target, row.runner, size, tokens, aux))
+                idx = indexer if target.sparse and row.graph_mode == "FULL" else None
+                graphs.append(_target_graph(target, row.runner, size, tokens, aux, idx))
             elif drafter is not None:
                 g = Graph(row.runner, size)
                 for _ in range(draft_steps if row.runner.startswith("draft.steps") else 1):
-                    g.ops.extend(
-                        _renumbered(_draft_graph(drafter, row, size, tokens, target.vocab), g)
-                    )
+                    graph = _draft_graph(drafter, row, size, tokens, target.vocab, method)
+                    g.ops.extend(_renumbered(graph, g))
                 graphs.append(g)
         if graphs:
             stages[row.runner] = graphs
@@ -195,9 +285,14 @@ def pool_bytes(
     drafter: ModelShape | None = None,
     *,
     draft_steps: int = 1,
+    indexer: IndexerDecode | None = None,
+    method: str | None = None,
 ) -> GraphPoolPrediction:
-    """Pool growth per capture stage: the synthetic trace replayed through the allocator model."""
-    trace = synthetic_trace(plan, target, drafter, draft_steps=draft_steps)
+    """Pool growth per capture stage: the synthetic trace replayed through the allocator model
+    (``indexer`` and ``method`` as :func:`synthetic_trace` takes them)."""
+    trace = synthetic_trace(
+        plan, target, drafter, draft_steps=draft_steps, indexer=indexer, method=method
+    )
     result = replay(trace, plan)
     by_stage = {row.runner: result.stage_bytes(row.runner) for row in plan.runners if row.sizes}
     return GraphPoolPrediction(by_stage, result, draft_steps)

@@ -25,9 +25,10 @@ from typing import Any
 
 from memest.errors import ConfigError
 from memest.estimate.activation import drafter_activation_bytes
+from memest.estimate.indexer import FP32_BYTES, kernel_element_bytes
 from memest.estimate.model_shape import ModelShape, model_shape
 from memest.estimate.runner_buffers import ModelDims
-from memest.estimate.synthetic_trace import pool_bytes
+from memest.estimate.synthetic_trace import IndexerDecode, pool_bytes
 from memest.schema import CapturePlan, OwnerPrediction, RunConfig
 
 #: Drafter methods whose graphs the synthetic trace writes as measured (EAGLE3, H200 starts).
@@ -40,6 +41,7 @@ class Shapes:
 
     target: ModelShape | None
     drafter: ModelShape | None
+    indexer_element_bytes: int = FP32_BYTES  # a DSA target's logits kernel: BF16 on SM100
 
 
 def _shape(cfg: Mapping[str, Any] | None, tp: int, dtype: str | None = None) -> ModelShape | None:
@@ -52,14 +54,15 @@ def _shape(cfg: Mapping[str, Any] | None, tp: int, dtype: str | None = None) -> 
         return None  # a dimension the shape needs is missing: the caller notes what is not modelled
 
 
-def shapes(dims: ModelDims | None, tensor_parallel_size: int = 1) -> Shapes:
-    """Per-rank shapes from the dimensions a what-if has (recorded, or given config.json files)."""
+def shapes(dims: ModelDims | None, tensor_parallel_size: int = 1, *, sm100: bool = False) -> Shapes:
+    """Per-rank shapes from the dimensions a what-if has (recorded, or given config.json files);
+    ``sm100``: the start's GPU is compute capability 10.x (a DSA target's BF16 logits)."""
     if dims is None:
         return Shapes(None, None)
     target = _shape(dims.config, tensor_parallel_size)
     dtype = dims.config.get("torch_dtype") if dims.config is not None else None
     drafter = _shape(dims.drafter_config, tensor_parallel_size, dtype)
-    return Shapes(target, drafter)
+    return Shapes(target, drafter, kernel_element_bytes(sm100))
 
 
 def _draft_steps(config: RunConfig) -> int:
@@ -69,7 +72,17 @@ def _draft_steps(config: RunConfig) -> int:
 def _synthetic(plan: CapturePlan, config: RunConfig, s: Shapes) -> dict[tuple[str, str], int]:
     assert s.target is not None
     drafter = s.drafter if config.speculative_method else None
-    replayed = pool_bytes(plan, s.target, drafter, draft_steps=_draft_steps(config))
+    # a DSA target's decode logits at this grid's max_model_len
+    mml = config.max_model_len
+    indexer = IndexerDecode(mml, s.indexer_element_bytes) if s.target.sparse and mml else None
+    replayed = pool_bytes(
+        plan,
+        s.target,
+        drafter,
+        draft_steps=_draft_steps(config),
+        indexer=indexer,
+        method=config.speculative_method,
+    )
     return dict(replayed.replay.bytes_by_owner)
 
 

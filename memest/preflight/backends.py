@@ -25,6 +25,24 @@ CUTLASS_MLA     128                     128        (Blackwell only)
 
 So on an H200 every default start has 16-token blocks; ``--attention-backend FLASHMLA`` makes
 them 64 and ``FLASHINFER_MLA`` 32.
+
+Sparse MLA (DeepSeek sparse attention: a config with ``index_topk``) takes only the sparse
+backends; vLLM 0.33.0's lists (``_get_backend_priorities``; the dense MLA backends refuse
+``use_sparse``) and their kernel block sizes (every one a multiple of 64 but FlashInfer's TRTLLM
+sparse kernel, a multiple of 32):
+
+=============================  ========  ===============================================
+backend                        blocks    picked by default
+=============================  ========  ===============================================
+FLASH_ATTN_MLA_SPARSE          x 64      Hopper (needs FlashAttention 3's MLA kernels)
+FLASHMLA_SPARSE                x 64      Hopper after it; Blackwell above 16 heads
+FLASHINFER_MLA_SPARSE_SM90     x 64      Hopper, last (first for a 512-wide NoPE head)
+FLASH_ATTN_MLA_SPARSE_FA4      x 64      Blackwell, 16 heads or fewer
+FLASHINFER_MLA_SPARSE          x 32      Blackwell, second
+=============================  ========  ===============================================
+
+So a DSA start has 64-token blocks on an H200 whichever of its backends runs (16 is no multiple
+of 64: ``get_preferred_block_size`` takes the smallest, 64).
 """
 
 from __future__ import annotations
@@ -45,6 +63,11 @@ KERNEL_BLOCKS: dict[str, tuple[int, ...]] = {
     "FLASHINFER_MLA": (32, 64),
     "TRITON_MLA": (16,),
     "CUTLASS_MLA": (128,),
+    "FLASH_ATTN_MLA_SPARSE": (64,),
+    "FLASHMLA_SPARSE": (64,),
+    "FLASHINFER_MLA_SPARSE_SM90": (64,),
+    "FLASH_ATTN_MLA_SPARSE_FA4": (64,),
+    "FLASHINFER_MLA_SPARSE": (32,),
 }
 
 
@@ -69,16 +92,36 @@ PRIORITIES: dict[tuple[bool, bool], tuple[str, ...]] = {
 }
 
 
+#: vLLM 0.33.0's FlashAttention-4 sparse MLA leads on SM100 at this many heads per rank or fewer.
+FA4_SPARSE_MAX_HEADS = 16
+
+
+def sparse_priorities(*, sm100: bool, heads: int) -> tuple[str, ...]:
+    """vLLM 0.33.0's sparse MLA backends in priority order (bf16 KV cache, head size 576)."""
+    if not sm100:
+        return ("FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM90")
+    if heads <= FA4_SPARSE_MAX_HEADS:
+        return ("FLASH_ATTN_MLA_SPARSE_FA4", "FLASHINFER_MLA_SPARSE", "FLASHMLA_SPARSE")
+    return ("FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE")
+
+
 def kv_block_size(
-    *, mla: bool, sm100: bool, backend: str | None = None, block_size: int | None = None
+    *,
+    mla: bool,
+    sm100: bool,
+    backend: str | None = None,
+    block_size: int | None = None,
+    sparse: bool = False,
+    heads: int = 128,
 ) -> tuple[int, str]:
-    """(block size, backend) of a start: vLLM 0.33.0's rule (module docstring).
+    """(block size, backend) of a start: vLLM 0.33.0's rule (module docstring). ``sparse``: a
+    DSA model (sparse MLA backends only); ``heads``: its attention heads per rank.
 
     Raises:
         ConfigError: an unknown backend, one of the wrong attention kind, or a block size no
             backend (or not the named one) accepts.
     """
-    candidates = PRIORITIES[(sm100, mla)]
+    candidates = sparse_priorities(sm100=sm100, heads=heads) if sparse else PRIORITIES[(sm100, mla)]
     if backend is not None:
         name = backend.upper()
         if name not in KERNEL_BLOCKS:
@@ -86,7 +129,7 @@ def kv_block_size(
                 "attention_backend", backend, f"expected one of {sorted(KERNEL_BLOCKS)}"
             )
         if name not in candidates:
-            kind = "MLA" if mla else "MHA/GQA"
+            kind = "sparse MLA (DSA)" if sparse else "MLA" if mla else "MHA/GQA"
             raise ConfigError(
                 "attention_backend", backend, f"is not a {kind} backend of this GPU; {candidates}"
             )

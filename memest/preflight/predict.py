@@ -40,10 +40,13 @@ from typing import Any
 
 from memest.errors import ConfigError, first_error
 from memest.estimate.activation import activation_bytes
+from memest.estimate.indexer import kernel_element_bytes
 from memest.estimate.kv import (
+    indexer_kv_extra,
     kv_cache_dtype_bytes,
     kv_page_bytes,
     kv_tokens,
+    layer_indexer_kv_bytes,
     layer_kv_bytes,
     require_fit,
     require_max_model_len,
@@ -64,9 +67,10 @@ from memest.estimate.runner_buffers import (
     runner_buffer_bytes,
     term_bytes,
 )
-from memest.estimate.synthetic_trace import pool_bytes
+from memest.estimate.synthetic_trace import GraphPoolPrediction, IndexerDecode, pool_bytes
 from memest.plan import SERVE_DEFAULTS, gpu_preset
 from memest.plan.overlay import overlay_plan
+from memest.preflight import dsa
 from memest.preflight.backends import kv_block_size
 from memest.preflight.calibration import Calibration, load_calibration
 from memest.preflight.shape import parameter_bytes
@@ -92,6 +96,7 @@ class Setup:
     notes: tuple[str, ...] = ()
     mla_v_padded: bool = False  # MLA prefill pads v (FlashAttention 2)
     parallel: ParallelBytes = ParallelBytes({}, 0, 0, 0)  # what TP adds (estimate/parallel.py)
+    indexer: IndexerDecode | None = None  # a DSA model's decode logits in FULL graphs
 
     @property
     def mbt(self) -> int:
@@ -101,14 +106,25 @@ class Setup:
     @property
     def mla_workspace_tokens(self) -> int:
         """Tokens of MLA's chunked-prefill workspace (memest.estimate.mla_context)."""
-        assert self.config.max_model_len is not None and self.config.max_num_seqs is not None
-        return chunked_prefill_workspace_tokens(
-            self.config.max_model_len, self.config.max_num_seqs, self.block_size
-        )
+        c = self.config
+        assert c.max_model_len is not None and c.max_num_seqs is not None
+        mml, seqs, topk = c.max_model_len, c.max_num_seqs, self.target.index_topk
+        return chunked_prefill_workspace_tokens(mml, seqs, self.block_size, topk)
 
     @property
     def draft_steps(self) -> int:
         return max(self.config.num_speculative_tokens - 1, 1)
+
+    def pools(self) -> GraphPoolPrediction:
+        """The graph pools of the synthetic request trace (memest.estimate.synthetic_trace)."""
+        return pool_bytes(
+            self.plan,
+            self.target,
+            self.drafter,
+            draft_steps=self.draft_steps,
+            indexer=self.indexer,
+            method=self.config.speculative_method,
+        )
 
     def _runner(self) -> tuple[ModelDims, RunnerGrid]:
         t, d = self.target, self.drafter
@@ -188,7 +204,14 @@ def setup(req: PreflightRequest) -> Setup:
         sm100=sm100,
         backend=req.attention_backend,
         block_size=req.block_size,
+        sparse=target.sparse,
+        heads=target.heads,
     )
+    indexer = None
+    if target.sparse:
+        dsa.check_kv_dtype(req.kv_cache_dtype)
+        assert config.max_model_len is not None
+        indexer = IndexerDecode(config.max_model_len, kernel_element_bytes(sm100))
     notes = (
         ()
         if "max_position_embeddings" in cfg
@@ -200,7 +223,17 @@ def setup(req: PreflightRequest) -> Setup:
     padded = _flash_attn_version(req) == FA_PADS_MLA_V
     parallel = _parallel(req, target, sm100)
     return Setup(
-        target, drafter, config, plan, req.gpu.lower(), block, backend, notes, padded, parallel
+        target,
+        drafter,
+        config,
+        plan,
+        req.gpu.lower(),
+        block,
+        backend,
+        notes,
+        padded,
+        parallel,
+        indexer,
     )
 
 
@@ -253,12 +286,15 @@ def kv_spec(s: Setup) -> KVCacheSpec:
     --kv-cache-dtype (the drafter's layers share the target's blocks and dtype)."""
     shapes = [s.target] + ([s.drafter] if s.drafter is not None else [])
     kv_dtype = s.config.kv_cache_dtype
-    per_token = sum(layer_kv_bytes(m, kv_dtype) * m.num_layers for m in shapes)
+    per_token = sum(
+        (layer_kv_bytes(m, kv_dtype) + layer_indexer_kv_bytes(m)) * m.num_layers for m in shapes
+    )
     layers = sum(m.num_layers for m in shapes)
     t = s.target
     extra: dict[str, Any] = {}
     if t.family == "mla":
         extra = {"kv_lora_rank": t.kv_lora_rank, "qk_rope_head_dim": t.qk_rope_head_dim}
+        extra.update(indexer_kv_extra(t))
     return KVCacheSpec(
         kind="mla" if t.family == "mla" else "full_attention",
         num_layers=layers,
@@ -277,11 +313,14 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
     c = cal.coefficients
     d = s.drafter
     buf = s.buffers()
-    pools = pool_bytes(s.plan, s.target, d, draft_steps=s.draft_steps)
+    pools = s.pools()
     activation = activation_bytes(
         s.mbt, activation_shape(s.target), c.activation_factor, d, c.activation_drafter_factor
     ) + profile_standin_bytes(s.target, s.mla_workspace_tokens)
+    activation += dsa.activation_bytes(s.target)
     residue = c.residue_bytes + c.residue_factor * s.mbt * s.target.hidden * s.target.dtype_bytes
+    mml, moe = s.config.max_model_len or 1, runner_buffer_bytes(*s._runner())
+    residue += dsa.residue_bytes(s.target, s.mbt, mml, s.attention_backend, moe)
     weights = parameter_bytes(s.target) + c.weights_rest_bytes
     if d is not None:
         residue += c.residue_drafter_bytes
@@ -304,7 +343,8 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
         "profile_peak_activation_bytes": (
             activation,
             f"{c.activation_factor:.3f} x max_num_batched_tokens x layer token bytes"
-            + (" + the profile run's MLA context stand-in" if s.target.family == "mla" else ""),
+            + (" + the profile run's MLA context stand-in" if s.target.family == "mla" else "")
+            + (dsa.ACTIVATION_LAW if s.target.sparse else ""),
         ),
         "mla_context_bytes": _mla_context(s),
         "outside_torch_bytes": (
@@ -315,7 +355,8 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
         ),
         "graph_pool_bytes": (
             sum(pools.by_stage.values()),
-            f"synthetic request trace of {s.plan.total_graphs} graphs, allocator replay",
+            f"synthetic request trace of {s.plan.total_graphs} graphs, allocator replay"
+            + dsa.pool_law(s.plan, s.target, s.indexer, pools),
         ),
         "runner_buffer_bytes": (
             rest + buf.get("runner_buffer_bytes", 0),
@@ -325,7 +366,8 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
         "profiling_residue_bytes": (
             round(residue) + buf.get("profiling_residue_bytes", 0),
             f"{s.buffer_names('profiling_residue_bytes')} + fitted constant + "
-            f"{c.residue_factor:.3f} x max_num_batched_tokens x hidden x dtype bytes",
+            f"{c.residue_factor:.3f} x max_num_batched_tokens x hidden x dtype bytes"
+            + (dsa.RESIDUE_LAW if s.target.sparse else ""),
         ),
     }
 
@@ -395,9 +437,10 @@ def _unmeasured(s: Setup, cal: Calibration) -> tuple[dict[str, float], list[str]
             widen[term] = max(widen.get(term, 0.0), rel)
     method = s.config.speculative_method
     if method and method not in cal.measured_drafters:
+        sampling = ", its draft logits per step as vLLM allocates them" * (method == "dspark")
         notes.append(
-            f"drafter {method} has no measured start: modelled as EAGLE3's one-layer program "
-            "with the wider prior uncertainty"
+            f"drafter {method} has no measured start: modelled as EAGLE3's one-layer program"
+            f"{sampling} with the wider prior uncertainty"
         )
         for term, rel in w.items():
             widen[term] = max(widen.get(term, 0.0), rel)
@@ -431,7 +474,7 @@ def _uncertainties(
 
 
 def _family_ranges(s: Setup, cal: Calibration) -> dict[str, int]:
-    """Ranges derived from vLLM's code for MoE and MLA, beyond the calibration's."""
+    """Ranges derived from vLLM's code for MoE, MLA and DSA, beyond the calibration's."""
     out: dict[str, int] = {}
     routed = _routed_cache_activation(s, cal)
     if routed:
@@ -439,11 +482,13 @@ def _family_ranges(s: Setup, cal: Calibration) -> dict[str, int]:
     mla = _mla_context_range(s)
     if mla:
         out["mla_context_bytes"] = mla
+    if s.indexer is not None:
+        out["graph_pool_bytes"] = dsa.pool_range(s.plan, s.indexer, s.pools())
     return out
 
 
 def _family_notes(s: Setup, ranges: Mapping[str, int]) -> list[str]:
-    notes = []
+    notes = [dsa.note(s.target, ranges["graph_pool_bytes"])] if s.indexer is not None else []
     if "profile_peak_activation_bytes" in ranges:
         notes.append(
             "MoE: the routed experts' caches live in the fused-MoE workspace (profiling residue), "

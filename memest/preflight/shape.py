@@ -104,6 +104,12 @@ def _attention_linears(s: ModelShape) -> list[Linear]:
         kv_b = Linear(
             "self_attn.kv_b_proj", (s.heads * (s.qk_nope_head_dim + s.v_head_dim),), s.kv_lora_rank
         )
+        if s.sparse:  # DSA's indexer query projection (ReplicatedLinear, the model's quant_config)
+            rows.append(
+                Linear(
+                    "self_attn.indexer.wq_b", (s.index_n_heads * s.index_head_dim,), s.q_lora_rank
+                )
+            )
         return [*rows, kv_b, Linear("self_attn.o_proj", (h,), s.heads * s.v_head_dim)]
     kv = s.kv_heads * s.head_dim
     return [
@@ -200,6 +206,21 @@ def _linear_bytes(s: ModelShape, prefix: str, linears: list[Linear]) -> int:
     return total
 
 
+#: Bytes per element of the DSA indexer's k_norm (vLLM 0.33.0: LayerNorm(head_dim, FP32)).
+INDEXER_NORM_BYTES = 4
+
+
+def _indexer_bytes(s: ModelShape) -> int:
+    """One layer's DSA indexer beside wq_b (vLLM 0.33.0's DeepseekV32Indexer): the fused key
+    and head-weight projection wk_weights_proj (hidden -> head_dim + heads, built with
+    quant_config None, so in the model's dtype whatever the checkpoint) and k_norm, a
+    LayerNorm's weight and bias in FP32. Replicated under TP (disable_tp)."""
+    if not s.sparse:
+        return 0
+    wk_weights_proj = s.hidden * (s.index_head_dim + s.index_n_heads) * s.dtype_bytes
+    return wk_weights_proj + 2 * s.index_head_dim * INDEXER_NORM_BYTES
+
+
 def _norm_params(s: ModelShape) -> int:
     """Per-layer elements outside linear layers: two RMSNorms, q/k norms, MLA's latent norms."""
     extra = 2 * s.head_dim if s.qk_norm else 0
@@ -224,7 +245,7 @@ def _dflash_elems(s: ModelShape, target_vocab: int | None) -> int:
 
 def parameter_bytes(s: ModelShape, target_vocab: int | None = None) -> int:
     """Bytes of one rank's weights: embeddings, layers, norms, lm_head (once when tied), the
-    rotary cos/sin cache, and an EAGLE3 drafter's fc (3 x hidden -> hidden); a DFlash/DSpark
+    rotary cos/sin cache, a DSA model's indexer per layer, and an EAGLE3 drafter's fc (3 x hidden -> hidden); a DFlash/DSpark
     drafter's fc and heads, with ``target_vocab`` deciding what it shares. FP8 models
     (``s.fp8``): linear layers at one byte per weight plus scales, except ignored layers; the
     rest in the model's dtype, with each attention layer's scalar q/k/v/prob scales."""
@@ -250,4 +271,5 @@ def parameter_bytes(s: ModelShape, target_vocab: int | None = None) -> int:
         elems += vocab * h * (1 if s.tied else 2)
     rope_dim = s.qk_rope_head_dim if s.family == "mla" else s.head_dim
     elems += s.max_position * rope_dim
-    return elems * s.dtype_bytes + linear + _attention_scale_bytes(s)
+    indexer = s.num_layers * _indexer_bytes(s)
+    return elems * s.dtype_bytes + linear + indexer + _attention_scale_bytes(s)

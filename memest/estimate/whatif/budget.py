@@ -28,6 +28,7 @@ from memest.estimate.whatif.models import TermRow, WhatIfCalibration
 from memest.estimate.whatif.pools import Pools, predict_pools
 from memest.estimate.whatif.terms import move_terms
 from memest.estimate.whatif_synthetic import Shapes, shapes
+from memest.plan.overlay import is_sm100
 from memest.schema import CapturePlan, FullInitTerms, KVCacheSpec, RunConfig, RunReport, WhatIf
 from memest.snapshot.format import Snapshot
 
@@ -194,7 +195,7 @@ def what_if(
     pair = grids(report, grid)
     terms = full_init_terms(report, margin_bytes=margin_bytes)
     pools, notes = predict_pools(report, pair, dims, snapshot, snapshot_source)
-    s = shapes(dims, report.config.tensor_parallel_size)
+    s = shapes(dims, report.config.tensor_parallel_size, sm100=is_sm100(report.gpu))
     terms_from, terms_to, laws = move_terms(
         report,
         terms,

@@ -5,7 +5,7 @@ Each (stage, owner) pool growth scales with the one quantity of the capture plan
 =========================  ======================================================================
 owner                      scales with
 =========================  ======================================================================
-indexer_logits_*           widest FULL rows (requests x q) x context (context: unchanged)
+indexer_logits_*           widest FULL rows (requests x q) x positions scored (max_model_len)
 aux_hidden_states          sum of PIECEWISE captured tokens (one retained output per size)
 draft_logits               widest draft rows x vocabulary (vocabulary: unchanged)
 graph_objects              graphs x the decoder layers each holds (outside the pool: CUDA
@@ -18,6 +18,9 @@ Pool growth is made of allocator segments, so a byte ratio can miss by a segment
 (-35 % for compiled pieces from a 256-token grid to a 64-token one on vLLM 0.33.0). Given the G
 snapshot, the pool rows come from memest.estimate.poolreplay instead (law "allocator_replay"):
 G's requests, resized graph by graph for G', through a model of the caching allocator.
+The indexer's logits are [FULL rows, max_model_len] (memest.estimate.indexer), so a change of
+max_model_len (a grid field: ``{"max_model_len": 8192}``) scales them too, in the linear law and in
+the replay (each indexer request of G's graphs resized by the max_model_len ratio).
 Stages G did not capture (an added drafter's; its later steps when K changes) have no requests
 in G's report: given the model's shape they come from the synthetic per-graph trace (law
 "synthetic_trace", memest.estimate.whatif_synthetic).
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memest.errors import ReportFormatError
-from memest.estimate.poolreplay import pool_trace, replay
+from memest.estimate.poolreplay import Graph, PoolRequest, PoolTrace, pool_trace, replay
 from memest.estimate.runner_buffers import ModelDims
 from memest.estimate.whatif.graph_objects import (
     GRAPH_OBJECTS,
@@ -39,6 +42,7 @@ from memest.estimate.whatif.graph_objects import (
 )
 from memest.estimate.whatif.grid import Grids, grids
 from memest.estimate.whatif_synthetic import Shapes, shapes, synthetic_rows, unrecorded_stages
+from memest.plan.overlay import is_sm100
 from memest.schema import CapturePlan, OwnerPrediction, RunConfig, RunnerRow, RunReport
 from memest.schema.estimate import ScalingLaw
 from memest.snapshot.format import Snapshot
@@ -59,6 +63,40 @@ def law_for(owner: str) -> ScalingLaw:
     if owner in _CONSTANT_OWNERS:
         return "constant"
     return "widest_tokens"
+
+
+INDEXER_OWNERS = "indexer_logits"
+
+
+def positions_ratio(configs: tuple[RunConfig, RunConfig]) -> float:
+    """max_model_len at G' over G: what scales the indexer's positions scored (1 when either
+    is unknown)."""
+    before, after = (c.max_model_len for c in configs)
+    return after / before if before and after else 1.0
+
+
+def with_positions(trace: PoolTrace, ratio: float) -> PoolTrace:
+    """``trace`` with every indexer-logits request resized by ``ratio`` (max_model_len)."""
+    if ratio == 1.0:
+        return trace
+    stages: dict[str, list[Graph]] = {}
+    for stage, graphs in trace.stages.items():
+        stages[stage] = [
+            Graph(
+                g.stage,
+                g.size,
+                [
+                    PoolRequest(
+                        op.handle, max(round(op.size * ratio), 1), op.stream, op.owner, op.index
+                    )
+                    if isinstance(op, PoolRequest) and op.owner.startswith(INDEXER_OWNERS)
+                    else op
+                    for op in g.ops
+                ],
+            )
+            for g in graphs
+        ]
+    return PoolTrace(trace.source, stages, trace.measured, trace.measured_segments)
 
 
 def _quantity(row: RunnerRow, law: ScalingLaw) -> int:
@@ -100,8 +138,15 @@ def _owner_rows(report: RunReport) -> list[tuple[str, str, int]]:
 
 
 def _predict(
-    stage: str, owner: str, measured: int, g: CapturePlan, g2: CapturePlan, retained: int = 0
+    stage: str,
+    owner: str,
+    measured: int,
+    g: CapturePlan,
+    g2: CapturePlan,
+    retained: int = 0,
+    positions: float = 1.0,
 ) -> OwnerPrediction:
+    """One row by its linear law; ``positions``: max_model_len at G' over G (indexer rows)."""
     law = law_for(owner)
 
     def made(factor: float, predicted_bytes: int, note: str = "") -> OwnerPrediction:
@@ -131,6 +176,9 @@ def _predict(
         return made(1.0, measured, "the law's quantity is 0 under G: kept")
     factor = after / before
     base, note = measured, ""
+    if law == "widest_full_rows_x_context" and positions != 1.0:
+        factor *= positions
+        note = f"rows x{after / before:.3f}, max_model_len x{positions:.3f}"
     if law == "sum_piecewise_tokens" and retained > measured:
         # Under G part of the retained outputs landed in space freed by transient buffers; that
         # slack is bounded by the widest transient, not by the sum, so scale what stays live.
@@ -154,8 +202,10 @@ def _replayed(
     g: CapturePlan,
     g2: CapturePlan,
     source: str,
+    positions: float = 1.0,
 ) -> tuple[list[OwnerPrediction], list[str]]:
-    """Pool rows by allocator replay of the G snapshot.
+    """Pool rows by allocator replay of the G snapshot (indexer requests resized by
+    ``positions``, max_model_len at G' over G).
 
     The measured rows come from the snapshot too, charged with today's owner rules, so measured
     and predicted name the same owners even when the report was written with older rules; the
@@ -176,7 +226,7 @@ def _replayed(
             notes.append(
                 f"{source} grew {trace.stage_bytes(stage)} B for {stage}, the report {b} B"
             )
-    to, again = replay(trace, g2), replay(trace, g)
+    to, again = replay(with_positions(trace, positions), g2), replay(trace, g)
     for stage in trace.stages:
         if again.stage_bytes(stage) != trace.stage_bytes(stage):
             # The replay is trusted because it reproduces G; say so when it does not.
@@ -189,7 +239,7 @@ def _replayed(
     for stage, owner in keys:
         measured = trace.measured.get((stage, owner), 0)
         if stage not in trace.stages:  # growth outside any graph of G: nothing to replay
-            out.append(_predict(stage, owner, measured, g, g2, 0))
+            out.append(_predict(stage, owner, measured, g, g2, 0, positions))
             continue
         predicted = to.bytes_by_owner.get((stage, owner), 0)
         out.append(
@@ -214,10 +264,11 @@ def measured_pools(
     """G's pool rows moved to G' by allocator replay (with a snapshot) or the linear laws."""
     g, g2 = pair.plans
     rows = _owner_rows(report)
+    ratio = positions_ratio(pair.configs)
     if snapshot is not None:
-        return _replayed(rows, snapshot, g, g2, snapshot_source)
+        return _replayed(rows, snapshot, g, g2, snapshot_source, ratio)
     kept = _retained(report)
-    return [_predict(s, o, b, g, g2, kept.get((s, o), 0)) for s, o, b in rows], []
+    return [_predict(s, o, b, g, g2, kept.get((s, o), 0), ratio) for s, o, b in rows], []
 
 
 def pool_predictions(
@@ -242,7 +293,7 @@ def pool_predictions(
     predictions, notes = measured_pools(report, pair, snapshot, snapshot_source)
     if snapshot is not None or dims is None:
         return predictions, notes
-    s = shapes(dims, report.config.tensor_parallel_size)
+    s = shapes(dims, report.config.tensor_parallel_size, sm100=is_sm100(report.gpu))
     return _with_synthetic_captured(predictions, pair.plans, pair.configs, s, [])[0], []
 
 
@@ -368,7 +419,7 @@ def predict_pools(
 ) -> tuple[Pools, list[str]]:
     """G''s pool rows (replay or laws, then the synthetic trace) and graph objects, with notes."""
     rows, notes = measured_pools(report, pair, snapshot, snapshot_source)
-    s = shapes(dims, report.config.tensor_parallel_size)
+    s = shapes(dims, report.config.tensor_parallel_size, sm100=is_sm100(report.gpu))
     rows, synthetic = synthetic_pools(rows, pair.plans, pair.configs, s, notes, snapshot)
     objects = graph_objects(report, graph_object_bytes(report), *pair.plans, dims)
     return Pools(rows, objects, synthetic), notes
