@@ -88,7 +88,7 @@ def question(name: str) -> PreflightRequest:
         "tensor_parallel_size": 1,
         "max_num_seqs": cfg["max_num_seqs"],
         "max_num_batched_tokens": cfg["mbt"],
-        "max_model_len": LAB_MAX_MODEL_LEN,
+        "max_model_len": cfg.get("max_model_len", LAB_MAX_MODEL_LEN),
         "gpu_memory_utilization": cfg["util"],
         "speculative_config": spec,
         "compilation_config": cfg.get("compilation"),

@@ -214,6 +214,23 @@ CONFIGS: dict[str, dict[str, Any]] = {
         # FLASH_ATTN: served by the FA2 stand-in as for the dense MLA starts.
         "mla_prefill_backend": "FLASH_ATTN",
     },
+    # The SM100 pair at 65,536 positions: each FULL decode graph's logits are then up to
+    # 64 x 65,536 x 2 B (8 MiB) plus vLLM's FP32 copy (16 MiB) per layer call, large enough to
+    # open their own pool segments, as the seed's 10 GiB did at its grid. (The stand-in scores
+    # one 64-token block per step, so the model's own 163,840 would capture 40x as many kernels.)
+    "S_dsv32_4l_s64_t2048_m64k_bf16": {
+        "model": str(LAB_MODELS / "dsv32_4l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "max_model_len": 65536,
+        "util": 0.85,
+        "standins": True,
+        "dsa_standins": "bf16",
+        "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
+        "attention_backend": "FLASHMLA_SPARSE",
+        "sparse_mla_standin": True,
+        "mla_prefill_backend": "FLASH_ATTN",
+    },
     # DeepSeek-scale MLA and MoE breadth (issue 26), each with the FlashAttention prefill where
     # MLA and the step over cached context (32,768-row chunks at max_model_len 4,096).
     # DeepSeek-V3's attention (128 heads, q_lora_rank 1,536, kv_lora_rank 512) and layer mix: 3
@@ -489,6 +506,13 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("P_qwen3_8b12l_dspark7_s64_t2048", "alone"),
         ("S_dsv32_4l_s64_t2048_bf16", "apply-hist"),
     ],
+    # Issue 29's second DSA call: the SM100 pair at 65,536 positions (owners and their size
+    # law), vLLM alone beside it, then the DSpark apply start the warm-pass fix changes.
+    "dsa2": [
+        ("S_dsv32_4l_s64_t2048_m64k_bf16", "apply-hist"),
+        ("S_dsv32_4l_s64_t2048_m64k_bf16", "alone"),
+        ("P_qwen3_8b12l_dspark7_s64_t2048", "apply"),
+    ],
     # The DSpark start's memest apply alone: the warm profile pass without the drafter's block
     # routine its FULL graphs cover (the -0.119 GiB of call 30).
     "dspark_apply": [("P_qwen3_8b12l_dspark7_s64_t2048", "apply")],
@@ -604,7 +628,7 @@ def _first_full_step(llm: Any, cfg: dict[str, Any], used_end: int) -> dict[str, 
     from vllm import SamplingParams
 
     n = int(cfg["mbt"]) - 1
-    per_prompt = MAX_MODEL_LEN - 1
+    per_prompt = int(cfg.get("max_model_len", MAX_MODEL_LEN)) - 1
     lengths = [min(per_prompt, n - i) for i in range(0, n, per_prompt)]
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
@@ -656,8 +680,9 @@ def _context_step(
     import torch
 
     block, new_tokens = 16, 16
-    prefix_len = min(MAX_MODEL_LEN - 64, int(cfg["mbt"]) - new_tokens) // block * block
-    workspace = min(max(8 * MAX_MODEL_LEN, 4 * int(cfg["max_num_seqs"]) * block), 64 * 1024)
+    max_model_len = int(cfg.get("max_model_len", MAX_MODEL_LEN))
+    prefix_len = min(max_model_len - 64, int(cfg["mbt"]) - new_tokens) // block * block
+    workspace = min(max(8 * max_model_len, 4 * int(cfg["max_num_seqs"]) * block), 64 * 1024)
     requests = min(-(-workspace // prefix_len), int(cfg["max_num_seqs"]))
     requests = min(requests, (int(cfg["mbt"]) - 1) // new_tokens)
     prefix = [(11 * i) % 30000 + 10 for i in range(prefix_len)]
@@ -782,7 +807,7 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         gpu_memory_utilization=cfg["util"],
         enforce_eager=False,
         attention_backend=cfg.get("attention_backend", "TRITON_ATTN"),
-        max_model_len=MAX_MODEL_LEN,
+        max_model_len=cfg.get("max_model_len", MAX_MODEL_LEN),
         max_num_seqs=cfg["max_num_seqs"],
         max_num_batched_tokens=cfg["mbt"],
         seed=0,
