@@ -231,6 +231,25 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "sparse_mla_standin": True,
         "mla_prefill_backend": "FLASH_ATTN",
     },
+    # The DSA start with a context step whose requests' query lengths differ (the first 16 new
+    # tokens, the rest 15): FlashMLA-sparse's metadata builder requires uniform decodes, so a
+    # request whose query length differs from the first one's is a prefill (vLLM's
+    # split_decodes_and_prefills), and one whose sequence fits the top-2,048 prefills by dense
+    # MHA over its cached context (_compute_prefill_context). With uniform queries of at most
+    # 256 tokens (128 heads on SM90) every request is a decode: the sparse MQA attend.
+    "S_dsv32_4l_s64_t2048_ctxmix": {
+        "model": str(LAB_MODELS / "dsv32_4l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": 0.85,
+        "standins": True,
+        "dsa_standins": "fp32",
+        "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
+        "attention_backend": "FLASHMLA_SPARSE",
+        "sparse_mla_standin": True,
+        "mla_prefill_backend": "FLASH_ATTN",
+        "context_mixed_queries": True,
+    },
     # DeepSeek-scale MLA and MoE breadth (issue 26), each with the FlashAttention prefill where
     # MLA and the step over cached context (32,768-row chunks at max_model_len 4,096).
     # DeepSeek-V3's attention (128 heads, q_lora_rank 1,536, kv_lora_rank 512) and layer mix: 3
@@ -497,6 +516,12 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("P_qwen3_8b12l_dspark7_s64_t2048", "alone"),
         ("P_qwen3_8b12l_dspark7_s64_t2048", "plan"),
     ],
+    # The DSA start's step over cached context both ways: uniform queries (decodes, the sparse
+    # attend) and queries that differ (prefills, dense MHA over the cached context).
+    "dsa_ctx": [
+        ("S_dsv32_4l_s64_t2048_ctxmix", "alone-stephist"),
+        ("S_dsv32_4l_s64_t2048", "alone-stephist"),
+    ],
     # Both of issue 29's shapes in one device call: memest apply with the allocator history
     # kept (the owners and the size law) and vLLM alone, then the SM100 logits pair.
     "dsa_dspark": [
@@ -687,6 +712,11 @@ def _context_step(
     requests = min(requests, (int(cfg["mbt"]) - 1) // new_tokens)
     prefix = [(11 * i) % 30000 + 10 for i in range(prefix_len)]
     sp = _greedy_one_token()
+
+    def mixed(r: int) -> int:
+        """One token fewer for every request but the first: query lengths that differ."""
+        return int(bool(cfg.get("context_mixed_queries")) and r > 0)
+
     try:
         llm.generate([{"prompt_token_ids": [*prefix, 5]}], sp)  # the prefix into the cache
         torch.cuda.synchronize()
@@ -697,7 +727,7 @@ def _context_step(
             {
                 "prompt_token_ids": [
                     *prefix,
-                    *[(r * new_tokens + j) % 997 + 20 for j in range(new_tokens)],
+                    *[(r * new_tokens + j) % 997 + 20 for j in range(new_tokens - mixed(r))],
                 ]
             }
             for r in range(requests)
@@ -717,7 +747,7 @@ def _context_step(
     return {
         "context_step_requests": requests,
         "context_step_context_tokens": requests * prefix_len,
-        "context_step_new_tokens": requests * new_tokens,
+        "context_step_new_tokens": requests * new_tokens - sum(mixed(r) for r in range(requests)),
         "context_step_reserved_growth_bytes": growth,
         "context_step_outside_growth_bytes": outside,
         "context_step_usage_bytes": used_end + growth + outside,

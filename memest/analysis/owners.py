@@ -82,6 +82,9 @@ class OwnerRule:
 INDEXER_LOGITS_BF16 = "indexer_logits_bf16"
 INDEXER_LOGITS_FP32_COPY = "indexer_logits_fp32"
 INDEXER_LOGITS_FP32_KERNEL = "indexer_logits_fp32_kernel"
+#: The DSA indexer's FP8 query and per-head weights (fused_q), and the top-k indices it selects.
+INDEXER_Q = "indexer_q"
+INDEXER_TOPK = "indexer_topk"
 
 
 def indexer_kernel_output_is_fp32(
@@ -156,6 +159,30 @@ _VLLM_0_33_RULES: tuple[OwnerRule, ...] = (
     OwnerRule("mla_prefill", "*", "*/attention/backends/mla/prefill/*"),
     OwnerRule("mla_decode", "forward_impl", "*/layers/attention/mla_attention.py"),
     OwnerRule("mla_decode", "forward_mqa", "*/attention/backends/mla/*"),
+    # DeepSeek-V3.2 (DSA, models/deepseek_v32): DeepseekV32Attention.forward's output buffer
+    # (line 318), the normed latent kv and roped k_pe the fused norm/rope kernel writes (373,
+    # 374), the absorbed latent query q_nope . W_UK^T the sparse MQA attend reads (424), the
+    # dense-MHA prefill's query cat(q_nope, q_pe) (566); the fused kernels' outputs: the normed q
+    # latent (fused_norm_rope), the indexer's FP8 query and its per-head weights (fused_q, 1052 /
+    # 1053) and the MQA query's roped q_pe (fused_q); the top-k over the indexer's logits (the
+    # CUDA ops write vLLM's persistent top-k index buffer; the lab's stand-ins make the indices
+    # in temporaries); the fused q/kv A-projection (deepseek_v2.py); the first layer's fused
+    # embedding gather (line 131) and its input RMSNorm (132)
+    OwnerRule("attn_output", "forward", "*/models/deepseek_v32/attention.py", line=318),
+    OwnerRule("qk_norm_rope", "forward", "*/models/deepseek_v32/attention.py", line=373),
+    OwnerRule("qk_norm_rope", "forward", "*/models/deepseek_v32/attention.py", line=374),
+    OwnerRule("mla_decode", "forward", "*/models/deepseek_v32/attention.py", line=424),
+    OwnerRule(
+        "mla_prefill", "_sparse_indexer_and_attn", "*/models/deepseek_v32/attention.py", line=566
+    ),
+    OwnerRule("qk_norm_rope", "fused_norm_rope", "*/deepseek_v32/common/kernels.py"),
+    OwnerRule(INDEXER_Q, "fused_q", "*/deepseek_v32/common/kernels.py", line=1052),
+    OwnerRule(INDEXER_Q, "fused_q", "*/deepseek_v32/common/kernels.py", line=1053),
+    OwnerRule("mla_decode", "fused_q", "*/deepseek_v32/common/kernels.py"),
+    OwnerRule(INDEXER_TOPK, "top_k_per_row_*"),
+    OwnerRule("qkv_proj", "_min_latency_fused_qkv_a_proj_impl", "*/models/deepseek_v2.py"),
+    OwnerRule("embedding", "fused_embed_norm", "*/layers/fused_embed_norm.py", line=131),
+    OwnerRule("norm", "fused_embed_norm", "*/layers/fused_embed_norm.py", line=132),
     OwnerRule("moe_workspace", "_allocate_buffers", "*fused_moe/*"),
     OwnerRule("moe_workspace", "*", "*/fused_moe/*"),
     # An eager linear layer's F.linear (layers/utils.py): its output is the caller's (the

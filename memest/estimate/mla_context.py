@@ -35,6 +35,37 @@ exceeds the freed padded v, W x (nope + rope) (FA2: r > 3/4 W for DeepSeek's dim
 with FA3 (nothing of the previous chunk is free), unless an older free block fits it. The term
 holds one full chunk, the measured case; ``second_chunk_bytes`` is what a step whose context
 fills two chunks reserves beyond it (the pre-flight states it as uncertainty).
+
+DeepSeek sparse attention (DSA: an indexer picks ``index_topk`` positions per query; vLLM
+0.33.0's sparse MLA backends, FLASHMLA_SPARSE on SM90) prefills two ways
+(model_executor/layers/attention/sparse_mla_attention.py, models/deepseek_v32/attention.py):
+
+- dense MHA when the longest prefill sequence of the step fits the top-k
+  (``_use_dense_mha_prefill``: prefill_max_seq_len <= index_topk): ``MLACommonBaseImpl.forward_mha``,
+  the same step up-projection and cached-context chunks as above. Every prefill then holds at
+  most index_topk - 1 cached tokens (one new token at least) and a step at most
+  min(max_num_seqs, max_num_batched_tokens) prefills, so a chunk holds at most that many times
+  index_topk - 1 rows, and at most the sparse builder's workspace
+  (``SparseMLACommonMetadataBuilder.determine_chunked_prefill_workspace_size``: the dense rule,
+  also capped at max_num_seqs x index_topk, not block-aligned without DCP; whole contexts pack
+  up to it in ``plan_mla_context_chunks``). Which requests are prefills: FlashMLA-sparse
+  requires uniform decodes (``split_decodes_and_prefills``), so a batch of requests with one
+  query length of at most its reorder threshold (256 tokens at 128 heads on SM90) is all
+  decodes, the sparse attend below; a request whose query length differs from the first one's
+  is a prefill however short, so a full chunk is reachable with max_num_seqs requests over
+  cached prefixes of up to index_topk - 1 tokens.
+- otherwise the sparse attend over the top-k positions (``forward_mqa`` ->
+  ``FlashMLASparseImpl._forward_bf16_kv``): nothing is up-projected; it reads the KV cache's rows
+  in place (BF16 cache; an FP8 cache is up-converted into a workspace reserved at init) and
+  allocates per query row the physical top-k ([rows, index_topk] int32 and a count per row,
+  ``triton_convert_req_index_to_global_index``), the kernel's output [rows, heads padded to 64,
+  kv_lora_rank] and its max-logits and LSE [rows, padded heads] float32. The indexer's prefill
+  logits stay within VLLM_SPARSE_INDEXER_MAX_LOGITS_MB per chunk, which the profile run
+  reserves itself (memest.estimate.indexer sizes them).
+
+The DSA term is the larger of the two (``dsa_context_bytes``). vLLM's profile run allocates no
+context stand-in for DSA layers (``DeepseekV32Attention._sparse_indexer_and_attn`` returns before
+``MLAAttention.forward_impl`` without attention metadata), so nothing is subtracted.
 """
 
 from __future__ import annotations
@@ -53,6 +84,10 @@ WORKSPACE_PAGES_PER_SEQ = 4
 WORKSPACE_CAP_TOKENS = 64 * 1024
 #: The softmax LSE FlashAttention returns for a chunk or for new tokens over context: float32.
 LSE_BYTES = 4
+#: vLLM 0.33.0 FlashMLASparseImpl.prefill_padding: the sparse kernel's heads, a multiple of 64.
+SPARSE_HEAD_PADDING = 64
+#: The sparse attend's physical top-k indices and per-row counts: int32.
+INDEX_BYTES = 4
 
 
 def chunked_prefill_workspace_tokens(
@@ -229,12 +264,81 @@ def mla_context_bytes(
     return replay.step_bytes + replay.context_bytes - held
 
 
+def sparse_workspace_tokens(
+    max_model_len: int, max_num_seqs: int, block_size: int, index_topk: int
+) -> int:
+    """Rows of a sparse MLA backend's chunked-prefill workspace (no decode context parallelism).
+
+    ``SparseMLACommonMetadataBuilder.determine_chunked_prefill_workspace_size``: the dense rule,
+    also capped at max_num_seqs x index_topk, at least one block, not rounded.
+    """
+    wanted = max(
+        WORKSPACE_MAX_MODEL_LENS * max_model_len,
+        WORKSPACE_PAGES_PER_SEQ * max_num_seqs * block_size,
+    )
+    return max(min(wanted, WORKSPACE_CAP_TOKENS, max_num_seqs * index_topk), block_size)
+
+
+def sparse_context_chunk_rows(
+    workspace_tokens: int, max_num_seqs: int, max_num_batched_tokens: int, index_topk: int
+) -> int:
+    """Most cached-context rows one dense-MHA chunk up-projects under a sparse MLA backend:
+    min(max_num_seqs, max_num_batched_tokens) prefills of at most index_topk - 1 cached tokens
+    each, at most the workspace."""
+    prefills = min(max_num_seqs, max_num_batched_tokens)
+    return max(min(workspace_tokens, prefills * (index_topk - 1)), 0)
+
+
+def sparse_attend_tensors(shape: ModelShape, tokens: int, index_topk: int) -> dict[str, int]:
+    """Bytes of what FlashMLA-sparse's attend over the top-k allocates for ``tokens`` query rows
+    (``_forward_bf16_kv``, per rank; 0 rows or no MLA: nothing)."""
+    if shape.family != "mla" or tokens <= 0:
+        return {}
+    heads = -(-shape.heads // SPARSE_HEAD_PADDING) * SPARSE_HEAD_PADDING
+    return {
+        "topk": tokens * index_topk * INDEX_BYTES,
+        "topk_length": tokens * INDEX_BYTES,
+        "out": tokens * heads * shape.kv_lora_rank * shape.dtype_bytes,
+        "max_logits": tokens * heads * LSE_BYTES,
+        "lse": tokens * heads * LSE_BYTES,
+    }
+
+
+def sparse_attend_bytes(shape: ModelShape, tokens: int, index_topk: int) -> int:
+    """What the sparse attend's tensors reserve from an empty pool (allocsim), live together."""
+    tensors = sparse_attend_tensors(shape, tokens, index_topk)
+    requests: list[Request] = [("alloc", n, b) for n, b in tensors.items()]
+    sim, handles = PoolSim(), dict[str, int]()
+    _feed(sim, requests + [("free", n, 0) for n in tensors], handles)
+    return sim.result().reserved_bytes
+
+
+def dsa_context_bytes(
+    shape: ModelShape, chunk_rows: int, step_tokens: int, index_topk: int, *, v_padded: bool
+) -> int:
+    """Reservation a DSA model's prefill needs beyond the activation headroom (0 without MLA).
+
+    The larger of the dense-MHA prefill (the step's up-projection, then one chunk of
+    ``chunk_rows`` cached-context rows, ``replay_context_step``) and the sparse attend over the
+    top-k of a full step of ``step_tokens`` rows; no profile stand-in is subtracted (DSA layers
+    allocate none).
+    """
+    if shape.family != "mla":
+        return 0
+    chunks = [chunk_rows] if chunk_rows > 0 else []
+    dense = replay_context_step(shape, step_tokens, chunks, v_padded=v_padded)
+    sparse = sparse_attend_bytes(shape, step_tokens, index_topk)
+    return max(dense.step_bytes + dense.context_bytes, sparse)
+
+
 def run_mla_context_bytes(config: RunConfig, block_size: int) -> int:
     """The term for one start from its configuration (0 without MLA or a dimension it needs).
 
     The model's recorded dimensions give the shape per rank; the prefill backend's padding of v
     is the recorded one, else assumed (FlashAttention 2 pads: the larger reservation). The
     headroom holds the profile run's stand-in unless memest's warm pass recorded running without.
+    A model with a recorded ``index_topk`` (DSA) takes ``dsa_context_bytes``; a report written
+    before that dimension was recorded keeps the dense term.
     """
     dims = config.model_dims
     if dims is None or not dims.kv_lora_rank or not config.max_model_len:
@@ -246,14 +350,17 @@ def run_mla_context_bytes(config: RunConfig, block_size: int) -> int:
         )
     except ConfigError:
         return 0
-    tokens = chunked_prefill_workspace_tokens(
-        config.max_model_len, config.max_num_seqs or 1, block_size
-    )
+    seqs, step = config.max_num_seqs or 1, config.max_num_batched_tokens or 0
     padded = True if config.mla_prefill_v_padded is None else config.mla_prefill_v_padded
+    if dims.index_topk:
+        workspace = sparse_workspace_tokens(config.max_model_len, seqs, block_size, dims.index_topk)
+        rows = sparse_context_chunk_rows(workspace, seqs, step, dims.index_topk)
+        return dsa_context_bytes(shape, rows, step, dims.index_topk, v_padded=padded)
+    tokens = chunked_prefill_workspace_tokens(config.max_model_len, seqs, block_size)
     return mla_context_bytes(
         shape,
         tokens,
-        config.max_num_batched_tokens or 0,
+        step,
         v_padded=padded,
         standin_in_headroom=not config.mla_warm_pass_without_standin,
     )

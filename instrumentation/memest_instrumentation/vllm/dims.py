@@ -35,6 +35,7 @@ _OPTIONAL_INTS = (
     "qk_nope_head_dim",
     "qk_rope_head_dim",
     "v_head_dim",
+    "index_topk",
 )
 
 

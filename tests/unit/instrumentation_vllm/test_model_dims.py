@@ -243,3 +243,15 @@ def test_kv_cache_dtype_and_quantization_are_recorded() -> None:
     config = state().config
     assert config is not None
     assert config.kv_cache_dtype == "fp8_e4m3" and config.quantization == "fp8"
+
+
+def test_a_dsa_models_top_k_is_recorded() -> None:
+    from memest_instrumentation.vllm import dims
+
+    config = json.loads((ROOT / "lab/models/dsv32_4l/config.json").read_text())
+    model_config = types.SimpleNamespace(
+        hf_text_config=types.SimpleNamespace(**config), dtype="torch.bfloat16"
+    )
+    shape = dims.model_shape(model_config)
+    assert shape is not None
+    assert (shape.index_topk, shape.kv_lora_rank, shape.dtype) == (2048, 512, "bfloat16")
