@@ -86,8 +86,11 @@ class ModelShape(MemestModel):
     qk_nope_head_dim: int | None = Field(default=None, ge=1)
     qk_rope_head_dim: int | None = Field(default=None, ge=0)
     v_head_dim: int | None = Field(default=None, ge=1)
-    # DeepSeek sparse attention (DeepSeek-V3.2): the key positions the indexer selects per query
+    # DeepSeek sparse attention (DeepSeek-V3.2): the key positions the indexer selects per query,
+    # and the indexer's heads and head size
     index_topk: int | None = Field(default=None, ge=1)
+    index_n_heads: int | None = Field(default=None, ge=1)
+    index_head_dim: int | None = Field(default=None, ge=1)
 
 
 class RunConfig(MemestModel):

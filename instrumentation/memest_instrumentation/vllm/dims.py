@@ -36,6 +36,8 @@ _OPTIONAL_INTS = (
     "qk_rope_head_dim",
     "v_head_dim",
     "index_topk",
+    "index_n_heads",
+    "index_head_dim",
 )
 
 

@@ -32,7 +32,9 @@ MiB = 1 << 20
 def _config(**changes: object) -> RunConfig:
     config = RunReport.model_validate_json(REPORT.read_text()).config
     assert config.model_dims is not None
-    dims = config.model_dims.model_copy(update={"index_topk": 2048})
+    # call 33's report predates recording the indexer's fields: lab/models/dsv32_4l's values
+    indexer = {"index_topk": 2048, "index_n_heads": 64, "index_head_dim": 128}
+    dims = config.model_dims.model_copy(update=indexer)
     return config.model_copy(update={"model_dims": dims, **changes})
 
 
