@@ -264,21 +264,6 @@ def mla_context_bytes(
     return replay.step_bytes + replay.context_bytes - held
 
 
-def sparse_workspace_tokens(
-    max_model_len: int, max_num_seqs: int, block_size: int, index_topk: int
-) -> int:
-    """Rows of a sparse MLA backend's chunked-prefill workspace (no decode context parallelism).
-
-    ``SparseMLACommonMetadataBuilder.determine_chunked_prefill_workspace_size``: the dense rule,
-    also capped at max_num_seqs x index_topk, at least one block, not rounded.
-    """
-    wanted = max(
-        WORKSPACE_MAX_MODEL_LENS * max_model_len,
-        WORKSPACE_PAGES_PER_SEQ * max_num_seqs * block_size,
-    )
-    return max(min(wanted, WORKSPACE_CAP_TOKENS, max_num_seqs * index_topk), block_size)
-
-
 def sparse_context_chunk_rows(
     workspace_tokens: int, max_num_seqs: int, max_num_batched_tokens: int, index_topk: int
 ) -> int:
@@ -331,14 +316,39 @@ def dsa_context_bytes(
     return max(dense.step_bytes + dense.context_bytes, sparse)
 
 
+def context_term_bytes(
+    shape: ModelShape,
+    max_model_len: int,
+    max_num_seqs: int,
+    block_size: int,
+    step_tokens: int,
+    *,
+    v_padded: bool,
+    standin_in_headroom: bool = True,
+) -> int:
+    """The prefill-over-context term of one grid: ``dsa_context_bytes`` for a DSA model (its
+    ``index_topk``), else ``mla_context_bytes``; 0 without MLA. The one entry the plugin's
+    estimate and the pre-flight share."""
+    if shape.family != "mla":
+        return 0
+    topk = shape.index_topk
+    workspace = chunked_prefill_workspace_tokens(max_model_len, max_num_seqs, block_size, topk)
+    if topk:
+        rows = sparse_context_chunk_rows(workspace, max_num_seqs, step_tokens, topk)
+        return dsa_context_bytes(shape, rows, step_tokens, topk, v_padded=v_padded)
+    return mla_context_bytes(
+        shape, workspace, step_tokens, v_padded=v_padded, standin_in_headroom=standin_in_headroom
+    )
+
+
 def run_mla_context_bytes(config: RunConfig, block_size: int) -> int:
     """The term for one start from its configuration (0 without MLA or a dimension it needs).
 
     The model's recorded dimensions give the shape per rank; the prefill backend's padding of v
     is the recorded one, else assumed (FlashAttention 2 pads: the larger reservation). The
     headroom holds the profile run's stand-in unless memest's warm pass recorded running without.
-    A model with a recorded ``index_topk`` (DSA) takes ``dsa_context_bytes``; a report written
-    before that dimension was recorded keeps the dense term.
+    A model with recorded indexer dimensions (DSA) takes ``dsa_context_bytes``; a report written
+    before those were recorded keeps the dense term.
     """
     dims = config.model_dims
     if dims is None or not dims.kv_lora_rank or not config.max_model_len:
@@ -350,17 +360,13 @@ def run_mla_context_bytes(config: RunConfig, block_size: int) -> int:
         )
     except ConfigError:
         return 0
-    seqs, step = config.max_num_seqs or 1, config.max_num_batched_tokens or 0
     padded = True if config.mla_prefill_v_padded is None else config.mla_prefill_v_padded
-    if dims.index_topk:
-        workspace = sparse_workspace_tokens(config.max_model_len, seqs, block_size, dims.index_topk)
-        rows = sparse_context_chunk_rows(workspace, seqs, step, dims.index_topk)
-        return dsa_context_bytes(shape, rows, step, dims.index_topk, v_padded=padded)
-    tokens = chunked_prefill_workspace_tokens(config.max_model_len, seqs, block_size)
-    return mla_context_bytes(
+    return context_term_bytes(
         shape,
-        tokens,
-        step,
+        config.max_model_len,
+        config.max_num_seqs or 1,
+        block_size,
+        config.max_num_batched_tokens or 0,
         v_padded=padded,
         standin_in_headroom=not config.mla_warm_pass_without_standin,
     )

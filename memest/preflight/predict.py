@@ -51,12 +51,7 @@ from memest.estimate.kv import (
     require_fit,
     require_max_model_len,
 )
-from memest.estimate.mla_context import (
-    chunked_prefill_workspace_tokens,
-    mla_context_bytes,
-    profile_standin_bytes,
-    second_chunk_bytes,
-)
+from memest.estimate.mla_context import profile_standin_bytes
 from memest.estimate.model_shape import VLLM_DEFAULT_MAX_MODEL_LEN, ModelShape, model_shape
 from memest.estimate.parallel import ParallelBytes, ParallelLayout, check_env, parallel_bytes
 from memest.estimate.phases import budget_bytes, full_init_kv_budget, non_kv_bytes
@@ -73,6 +68,7 @@ from memest.plan.overlay import overlay_plan
 from memest.preflight import dsa
 from memest.preflight.backends import kv_block_size
 from memest.preflight.calibration import Calibration, load_calibration
+from memest.preflight.context import context_law, context_range, workspace_tokens
 from memest.preflight.shape import parameter_bytes
 from memest.schema import CapturePlan, FullInitTerms, KVCacheSpec, RunConfig
 from memest.schema.preflight import PreflightRequest, PreflightResult, PreflightTerm
@@ -108,8 +104,7 @@ class Setup:
         """Tokens of MLA's chunked-prefill workspace (memest.estimate.mla_context)."""
         c = self.config
         assert c.max_model_len is not None and c.max_num_seqs is not None
-        mml, seqs, topk = c.max_model_len, c.max_num_seqs, self.target.index_topk
-        return chunked_prefill_workspace_tokens(mml, seqs, self.block_size, topk)
+        return workspace_tokens(self.target, c, self.block_size)
 
     @property
     def draft_steps(self) -> int:
@@ -316,7 +311,9 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
     pools = s.pools()
     activation = activation_bytes(
         s.mbt, activation_shape(s.target), c.activation_factor, d, c.activation_drafter_factor
-    ) + profile_standin_bytes(s.target, s.mla_workspace_tokens)
+    )
+    if not s.target.index_topk:  # DSA layers allocate no stand-in in the profile run
+        activation += profile_standin_bytes(s.target, s.mla_workspace_tokens)
     activation += dsa.activation_bytes(s.target)
     residue = c.residue_bytes + c.residue_factor * s.mbt * s.target.hidden * s.target.dtype_bytes
     mml, moe = s.config.max_model_len or 1, runner_buffer_bytes(*s._runner())
@@ -343,10 +340,14 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
         "profile_peak_activation_bytes": (
             activation,
             f"{c.activation_factor:.3f} x max_num_batched_tokens x layer token bytes"
-            + (" + the profile run's MLA context stand-in" if s.target.family == "mla" else "")
+            + (
+                " + the profile run's MLA context stand-in"
+                if s.target.family == "mla" and not s.target.index_topk
+                else ""
+            )
             + (dsa.ACTIVATION_LAW if s.target.sparse else ""),
         ),
-        "mla_context_bytes": _mla_context(s),
+        "mla_context_bytes": context_law(s.target, s.config, s.block_size, v_padded=s.mla_v_padded),
         "outside_torch_bytes": (
             round(outside),
             f"context + {c.outside_per_graph_layer_bytes:.0f} B x graphs x layers "
@@ -392,32 +393,6 @@ def _routed_cache_activation(s: Setup, cal: Calibration) -> int:
     full = activation_bytes(s.mbt, s.target, cal.coefficients.activation_factor)
     return full - activation_bytes(
         s.mbt, activation_shape(s.target), cal.coefficients.activation_factor
-    )
-
-
-def _mla_context_range(s: Setup) -> int:
-    """The MLA term's range: FA2's padded v where FA3 is assumed, and a second full chunk."""
-    if s.target.family != "mla":
-        return 0
-    tokens = s.mla_workspace_tokens
-    padded = 0
-    if not s.mla_v_padded:
-        padded = mla_context_bytes(s.target, tokens, s.mbt, v_padded=True) - mla_context_bytes(
-            s.target, tokens, s.mbt, v_padded=False
-        )
-    return padded + second_chunk_bytes(s.target, tokens, s.mbt, v_padded=True)
-
-
-def _mla_context(s: Setup) -> tuple[int, str]:
-    """MLA's prefill up-projection: a full step's and one workspace chunk's, less the stand-in."""
-    if s.target.family != "mla":
-        return 0, "no MLA"
-    tokens = s.mla_workspace_tokens
-    what = "kv_nope, k and v padded for FlashAttention 2" if s.mla_v_padded else "kv_nope and k"
-    return (
-        mla_context_bytes(s.target, tokens, s.mbt, v_padded=s.mla_v_padded),
-        f"{what} of {s.mbt} new tokens and of one {tokens}-token chunked-prefill workspace chunk "
-        "(heads x dims x dtype), less the profile run's stand-in",
     )
 
 
@@ -479,7 +454,7 @@ def _family_ranges(s: Setup, cal: Calibration) -> dict[str, int]:
     routed = _routed_cache_activation(s, cal)
     if routed:
         out["profile_peak_activation_bytes"] = routed
-    mla = _mla_context_range(s)
+    mla = context_range(s.target, s.config, s.block_size, v_padded=s.mla_v_padded)
     if mla:
         out["mla_context_bytes"] = mla
     if s.indexer is not None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from memest.estimate.mla_context import (
+    chunked_prefill_workspace_tokens,
     dsa_context_bytes,
     run_mla_context_bytes,
     sparse_attend_bytes,
     sparse_attend_tensors,
     sparse_context_chunk_rows,
-    sparse_workspace_tokens,
 )
 from memest.estimate.model_shape import ModelShape, model_shape
 from memest.schema import RunConfig, RunReport
@@ -46,11 +46,11 @@ def _shape(tp: int = 1) -> ModelShape:
 
 def test_the_sparse_workspace_is_the_dense_rule_capped_at_seqs_times_topk() -> None:
     # min(max(8 x 4,096, 4 x 64 x 64), 65,536, 64 x 2,048)
-    assert sparse_workspace_tokens(4096, 64, BLOCK, 2048) == 32768
+    assert chunked_prefill_workspace_tokens(4096, 64, BLOCK, 2048) == 32768
     # min(max(32,768, 2,048), 65,536, 8 x 2,048): the top-k cap binds
-    assert sparse_workspace_tokens(4096, 8, BLOCK, 2048) == 16384
+    assert chunked_prefill_workspace_tokens(4096, 8, BLOCK, 2048) == 16384
     # min(max(8,192, 16,384), 65,536, 131,072)
-    assert sparse_workspace_tokens(1024, 64, BLOCK, 2048) == 16384
+    assert chunked_prefill_workspace_tokens(1024, 64, BLOCK, 2048) == 16384
 
 
 def test_a_dense_chunk_holds_at_most_prefills_times_topk_less_one_rows() -> None:
