@@ -555,6 +555,12 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     # (bigmla_v3, bigmla_k, bigmla_x), or all three in one longer session (bigmla).
     **BIGMLA,
     "bigmla": [start for starts in BIGMLA.values() for start in starts],
+    # DeepSeek-V3's mix: memest apply writes the plan, then the plan start with the allocator
+    # history from init and of its first steps (which streams its warm-up and serving run on).
+    "bigmla_v3plan": [
+        ("V3_dsv3mla5l_s64_t2048_fa", "apply"),
+        ("V3_dsv3mla5l_s64_t2048_fa", "plandiag-stephist"),
+    ],
     # The reported stall (cold apply start, EAGLE3 K=5): the earlier tree, then this one.
     "9": [
         ("E_llama8b_eagle3k5_s96_t4096_u088", "apply-cold-old"),

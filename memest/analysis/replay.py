@@ -34,6 +34,7 @@ from memest.analysis.owners import (
     indexer_kernel_output_is_fp32,
 )
 from memest.analysis.phase_split import phase_splits
+from memest.analysis.retained import retained_rows
 from memest.errors import InvariantError, SnapshotFormatError, first_error
 from memest.schema.breakdown import (
     Breakdown,
@@ -338,7 +339,8 @@ def analyze(
     stages, position = _stage_rows(snap, replay)
     triggers = _trigger_rows(replay, position)
     total_private_growth = _check_identity(stages, triggers, replay.tally)
-    retained = _retained_rows(replay, position, ev, tag_col)
+    allocs = {k for k, kind in enumerate(kinds) if kind == _ALLOC}
+    retained = retained_rows(replay, position, (ev, tag_col, allocs), NO_STAGE)
     live_peaks = _live_peaks(replay)
     _label_indexer_dtype(triggers, live_peaks, retained, compute_capability)
     warnings = _warnings(snap, tags, n_events, replay.tally)
@@ -477,34 +479,6 @@ def _live_peaks(replay: _Replay) -> list[LivePeak]:
         )
         for (ctx, own), value in peaks
         if value > 0
-    ]
-
-
-def _retained_rows(
-    replay: _Replay, position: dict[int, int], ev: dict[str, Any], tag_col: Sequence[int]
-) -> list[RetainedRow]:
-    """Allocations made under a stage and still live at the last event, by capture size."""
-    tables = replay.tables
-    ret: dict[tuple[int, int, int | None], list[int]] = {}
-    for i in replay.tally.live.values():
-        ltag = tag_col[i]
-        ctx, own = tables.tag_ctx[ltag], replay.owners.of(ev["stack"][i])
-        if tables.ctx_list[ctx][1] == NO_STAGE:
-            continue
-        rrow = ret.setdefault((ctx, own, tables.tag_size[ltag]), [0, 0])
-        rrow[0] += ev["size"][i]
-        rrow[1] += 1
-    order = sorted(ret.items(), key=lambda kv: (position.get(kv[0][0], 0), kv[0][1], kv[0][2] or 0))
-    return [
-        RetainedRow.model_construct(
-            phase=tables.ctx_list[ctx][0],
-            stage=tables.ctx_list[ctx][1],
-            owner=replay.owners.names[own],
-            capture_size=cs,
-            bytes=v[0],
-            count=v[1],
-        )
-        for (ctx, own, cs), v in order
     ]
 
 

@@ -97,15 +97,31 @@ def write_startup_plan(directory: Path, document: dict[str, Any]) -> Path:
 
 
 def graph_profiling_kept(report: RunReport) -> int:
-    """Bytes allocated during graph-memory profiling and still live at the end of init.
+    """Bytes graph-memory profiling left allocated at the end of init that a plan start, which
+    skips that pass, does not allocate: its plan adds them back.
 
-    A plan start skips that pass, so its plan adds them back. From the allocator history's
-    retained view when it was recorded (Inductor output buffers of the profiling capture, for
-    instance); else the allocated growth over the profiling pass.
+    From the allocator history's retained view when it was recorded, by the stream each block
+    was made on (``RetainedRow.stream``, vLLM 0.33.0's code):
+
+    - on the pass's own stream (``graph_capture()`` creates one per call; the first GEMM on it
+      keeps cuBLAS's per-stream workspace, Inductor output buffers may stay too): skipped;
+    - on a stream that outlives the pass (``aux_stream()``, where the MoE shared experts run
+      for up to ``VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`` tokens): a plan start allocates
+      it on that stream's first use, in its warm-up or capture; not skipped;
+    - with such a stream, the pass's own stream's first GEMM workspace is not skipped either:
+      the shared experts record their event on ``vllm.utils.torch_utils.current_stream()``,
+      whose first call outside any stream context (a plan start's warm-up, where graph
+      profiling would have set it) creates a dedicated stream for the thread, whose first
+      GEMM keeps the same per-stream workspace the side stream kept.
+
+    Without a history: the allocated growth over the profiling pass.
     """
     bd = report.breakdown
     if bd is not None and bd.event_count and any(s.phase == "graph_profiling" for s in bd.stages):
-        return sum(r.bytes for r in bd.retained if r.phase == "graph_profiling")
+        rows = [r for r in bd.retained if r.phase == "graph_profiling"]
+        side = sum(r.bytes for r in rows if r.stream == "side")
+        own = sum(r.bytes for r in rows if r.stream != "side")
+        return max(own - side, 0)
     gp = [p for p in report.phases if p.name == "graph_profiling.total"]
     if not gp:
         return 0

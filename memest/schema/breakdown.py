@@ -91,6 +91,14 @@ class RetainedRow(MemestModel):
     bytes: NonNegativeBytes
     count: int = Field(default=0, ge=0)
     phase: str = Field(default="capture")
+    stream: Literal["pass", "side", "default"] | None = Field(
+        default=None,
+        description=(
+            "The CUDA stream its allocations were made on: 'default' (stream 0), 'pass' (a "
+            "stream only this phase allocated on, such as a graph-capture stream), 'side' (a "
+            "stream later phases allocate on too, such as vLLM's process-wide aux stream)"
+        ),
+    )
 
 
 class UnattributedRow(MemestModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,9 +32,9 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-def _record(call: str, config: str, mode: str) -> dict:
+def _record(call: str, config: str, mode: str) -> dict[str, Any]:
     for line in (RAW / f"results.{call}.jsonl").read_text().splitlines():
-        rec = json.loads(line)
+        rec: dict[str, Any] = json.loads(line)
         if rec["config"] == config and rec["mode"] == mode:
             return rec
     raise AssertionError(f"{call} has no {config}/{mode}")
@@ -191,9 +192,11 @@ def test_the_what_if_resizes_the_term_with_the_workspace() -> None:
         (RAW / "call21.L_dsv2lite8l_s64_t2048_fa.apply.report.rank0.json").read_text()
     )
     wide = what_if(report, {"max_num_seqs": 1024})
+    assert wide.terms_to is not None and wide.terms_from is not None
     assert wide.terms_to.mla_context_bytes - wide.terms_from.mla_context_bytes == 640 * MiB
     assert "mla_context_bytes" in wide.term_laws
     same = what_if(report, {"max_num_seqs": 32})
+    assert same.terms_to is not None and same.terms_from is not None
     assert same.terms_to.mla_context_bytes == same.terms_from.mla_context_bytes
 
 
@@ -331,3 +334,61 @@ def test_the_derived_sequence_reserves_what_deepseek_v3s_context_step_did() -> N
     )
     large = [s for s in replay.context_segments if s > 2 * MiB]
     assert recorded == large == [2 * GiB, 1536 * MiB, 1536 * MiB]
+
+
+def _step_and_context_segments(history: str) -> tuple[list[int], list[int]]:
+    """A recorded context step's segments: those the serving steps before it opened (the first
+    full-size step's) and those MLA's ``_compute_prefill_context`` opened."""
+    from memest.snapshot import load_snapshot
+
+    snap = load_snapshot(RAW / history)
+    ev, frames, stacks = snap["events"], snap["frames"], snap["stacks"]
+    step: list[int] = []
+    context: list[int] = []
+    for i in range(len(ev["action"])):
+        if snap["actions"][ev["action"][i]] != "segment_alloc" or ev["stack"][i] < 0:
+            continue
+        names = {frames[f][2] for f in stacks[ev["stack"][i]]}
+        (context if "_compute_prefill_context" in names else step).append(ev["size"][i])
+    return step, context
+
+
+def test_the_derived_sequence_reserves_what_the_64_head_shapes_context_step_did() -> None:
+    """Call 37's K shape (64 heads, kv_lora_rank 256, dense MLP), memest apply, FA2: 17 requests
+    over 34,544 cached rows, chunks of 32,768 and 1,776 rows. By hand, the first chunk:
+    kv_b_proj's output [32,768 x 64 x (128 nope + 128 v)] x 2 B = 1 GiB; k [32,768 x 64 x 192]
+    x 2 B = 768 MiB; FA2's v padded to 192, 768 MiB; the second chunk fits their blocks. The
+    recorded step opened exactly those three, segment by segment, plus two 2 MiB small segments
+    (the lab's stand-ins for gather_and_maybe_dequant_cache and merge_attn_states). What the
+    context step reserved beyond the end of init is the first full-size step's segments and
+    these: 440 MiB + 2,560 MiB + 2 x 2 MiB = 3,149,922,304 B, as the harness measured it."""
+    step, context = _step_and_context_segments(
+        "call37-logs/K_mla64h8l_s64_t2048_fa.apply-hist-stephist.context_step.pickle.gz"
+    )
+    replay = replay_context_step(
+        model_shape(MLA64), 2048, [32768, 1776], v_padded=True, query_tokens=272
+    )
+    large = [s for s in replay.context_segments if s > 2 * MiB]
+    assert [s for s in context if s > 2 * MiB] == large == [GiB, 768 * MiB, 768 * MiB]
+    assert [s for s in context if s <= 2 * MiB] == [2 * MiB, 2 * MiB]
+    rec = _record("call37", "K_mla64h8l_s64_t2048_fa", "apply-hist-stephist")
+    assert sum(step) == rec["step_reserved_growth_bytes"] == 440 * MiB
+    assert sum(step) + sum(context) == rec["context_step_reserved_growth_bytes"]
+    assert rec["context_step_reserved_growth_bytes"] == 3_149_922_304
+
+
+def test_the_derived_sequence_reserves_what_deepseek_v3s_moe_start_context_step_did() -> None:
+    """Call 36: DeepSeek-V3's attention with its MoE layers (3 dense, 2 MoE): the chunks'
+    segments are call 31's, 2 GiB + 2 x 1.5 GiB, and no small one (the pool's small blocks
+    served the stand-ins); the context step reserved the first step's 926 MiB and those."""
+    step, context = _step_and_context_segments(
+        "call36-logs/V3_dsv3mla5l_s64_t2048_fa.apply-hist-stephist.context_step.pickle.gz"
+    )
+    replay = replay_context_step(
+        model_shape(DSV3), 2048, [32768, 1776], v_padded=True, query_tokens=272
+    )
+    large = [s for s in replay.context_segments if s > 2 * MiB]
+    assert context == large == [2 * GiB, 1536 * MiB, 1536 * MiB]
+    rec = _record("call36", "V3_dsv3mla5l_s64_t2048_fa", "apply-hist-stephist")
+    assert sum(step) == rec["step_reserved_growth_bytes"] == 926 * MiB
+    assert sum(step) + sum(context) == rec["context_step_reserved_growth_bytes"]

@@ -31,6 +31,7 @@ def test_apply_budgets_the_warm_pass_not_the_compiling_one(
     st = state()
     assert worker.calls.count("profile_run") == 2
     terms = st.apply_terms.terms
+    assert terms is not None
     assert terms.profile_peak_activation_bytes == dev.sizes["activation"]
     # the first pass's transients come one after the other: its peak is the larger one
     assert any(f"peaked {900 * MiB} B above" in n for n in st.notes), st.notes
@@ -107,6 +108,34 @@ def test_graph_profiling_kept_reads_the_retained_view_when_history_was_recorded(
         ],
     )
     assert graph_profiling_kept(report) == 32 * MiB
+
+
+def test_graph_profiling_kept_leaves_what_a_plan_start_allocates_on_a_surviving_stream() -> None:
+    """A side stream's leftover (allocated again by a plan start) is not credited, and it takes
+    one more workspace off the pass stream's (the plan start's dedicated main stream): 48 MiB
+    on the pass stream, 16 MiB on the side stream -> 32 MiB; without stream roles (an older
+    report) every graph-profiling row counts."""
+    stages = [StageGrowth(stage="target.piecewise", phase="graph_profiling", pool_growth_bytes=0)]
+
+    def row(nbytes: int, stream: str | None) -> RetainedRow:
+        return RetainedRow.model_validate(
+            {
+                "stage": "target.piecewise",
+                "owner": "cublas_workspace",
+                "bytes": nbytes,
+                "phase": "graph_profiling",
+                "stream": stream,
+            }
+        )
+
+    report = _report(
+        event_count=10, stages=stages, retained=[row(48 * MiB, "pass"), row(16 * MiB, "side")]
+    )
+    assert graph_profiling_kept(report) == 32 * MiB
+    only_side = _report(event_count=10, stages=stages, retained=[row(16 * MiB, "side")])
+    assert graph_profiling_kept(only_side) == 0
+    older = _report(event_count=10, stages=stages, retained=[row(48 * MiB, None)])
+    assert graph_profiling_kept(older) == 48 * MiB
 
 
 def test_graph_profiling_kept_falls_back_to_the_allocated_growth_of_the_pass() -> None:
