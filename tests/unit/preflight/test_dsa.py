@@ -213,3 +213,13 @@ def test_sparse_mla_context_workspace_is_capped_by_top_k() -> None:
     131,072) = 32,768; at 8 sequences: min(max(32,768, 2,048), 65,536, 16,384) = 16,384."""
     assert setup(_request()).mla_workspace_tokens == 32768
     assert setup(_request(max_num_seqs=8)).mla_workspace_tokens == 16384
+
+
+def test_the_context_terms_range_holds_the_whole_dense_chunk() -> None:
+    # The H200 DSA starts never reserved the dense chunk over cached context, so a DSA model's
+    # range reaches down to 0. The chunk alone, by hand: 32,768 rows x 128 heads x BF16 of
+    # kv_nope (128 + 128) = 2 GiB and k (128 + 64) = 1.5 GiB (FA3 assumed: v not padded).
+    terms = {t.name: t for t in preflight(_request()).term_details}
+    context = terms["mla_context_bytes"]
+    assert context.bytes >= 2 * 1024**3 + 1536 * MiB
+    assert context.uncertainty_bytes >= context.bytes
