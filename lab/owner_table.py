@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 from memest.analysis import OwnerRules, analyze  # noqa: E402
 from memest.analysis.fxgraph import GRAPH_FILE, match_piece, parse_split_graph  # noqa: E402
 from memest.analysis.inductor import attach_nodes, generated_key, listed_names  # noqa: E402
+from memest.estimate.indexer import decode_indexer_logits  # noqa: E402
 from memest.reporters.owners import owner_label  # noqa: E402
 from memest.schema import Breakdown, CompiledCode, RunReport  # noqa: E402
 from memest.snapshot import load_snapshot, scrub_path  # noqa: E402
@@ -110,6 +111,19 @@ def per_request_bytes(cfg: dict[str, Any]) -> dict[str, int]:
         "draft_logits.step": vocab * BF16,
         "draft_logits.markov_bias": vocab * BF16,
         "draft_markov_embed": int(cfg["markov_rank"]) * BF16,
+    }
+
+
+def indexer_row_bytes(report: RunReport) -> dict[str, int]:
+    """Bytes per decode row of the DSA indexer's logits in a FULL graph (one row per request
+    and query token): max_model_len positions, memest.estimate.indexer's law."""
+    mml, k = report.config.max_model_len or 0, report.config.num_speculative_tokens or 0
+    bf16, fp32 = decode_indexer_logits(1, k, mml, BF16), decode_indexer_logits(1, k, mml, 4)
+    per_row = 1 + k
+    return {
+        "indexer_logits_bf16": bf16.kernel_bytes // per_row,
+        "indexer_logits_fp32": bf16.fp32_copy_bytes // per_row,
+        "indexer_logits_fp32_kernel": fp32.kernel_bytes // per_row,
     }
 
 
@@ -239,6 +253,8 @@ def formula_rows(
         if p.phase != "capture" or p.peak_bytes < (1 << 20):
             continue
         per_tok = laws.get(p.stage.split(".", 1)[0], {}).get(p.owner)
+        if p.stage == "target.full" and cfg.get("index_topk"):
+            per_tok = indexer_row_bytes(report).get(p.owner, per_tok)
         tokens = widest.get(p.stage)
         formula, basis = None, ""
         per_req, nreq = step_laws.get(p.owner), requests.get(p.stage)
