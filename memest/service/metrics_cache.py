@@ -253,6 +253,7 @@ class MetricsCache:
         self._wanted: set[bool] = set()
         self._worker: threading.Thread | None = None
         self._stop = threading.Event()
+        self._published = threading.Event()
         self._refresher: threading.Thread | None = None
         self._state: tuple[int, int, str] | None = None
         self._help = _families_help()
@@ -304,6 +305,10 @@ class MetricsCache:
         self._stop.clear()
         self._refresher = threading.Thread(target=self._refresh, name="memest-metrics", daemon=True)
         self._refresher.start()
+
+    def wait_built(self, timeout: float | None = None) -> bool:
+        """Whether a build has been published (waiting up to ``timeout`` seconds for one)."""
+        return self._published.wait(timeout)
 
     def stop(self) -> None:
         """End the background refresh (waits for a build in progress)."""
@@ -393,6 +398,7 @@ class MetricsCache:
                     snapshot.packed[detail] = packed
             with self._lock:
                 self._snapshot = snapshot
+            self._published.set()
             return snapshot
 
     def _variant(self, snapshot: _Snapshot, detail: bool) -> _Packed:
