@@ -381,7 +381,7 @@ class MetricsCache:
                 read_at = time.monotonic()
                 state = store.stored_state(session)
                 if snapshot is not None and snapshot.state == state:
-                    snapshot = _Snapshot(state, read_at, snapshot.runs, snapshot.packed)
+                    snapshot = _Snapshot(state, read_at, snapshot.runs, dict(snapshot.packed))
                 else:
                     if not self._grow(session, state):
                         self._rebuild(session)
