@@ -156,16 +156,21 @@ def _render(samples: list[Sample]) -> _RunLines:
     families: dict[str, str] = {}
     owners: dict[str, str] = {}
     key: dict[str, str] = {}
+    only_key = ""  # the labels of a sample labelled by its set alone, written once per run
     if labels is not None:
         key = {"model": labels[0], KEY_LABEL: series_key(labels)}
         families[RUN_INFO] = _line(
             RUN_INFO, {**dict(zip(STORED_LABELS, labels, strict=True)), **key}, 1
         )
+        only_key = _line("", key, 0).rsplit(" ", 1)[0]
     for family, name, sample, value in samples:
         if "owner_id" in sample and "owner" in sample:
             owners[sample["owner_id"]] = sample["owner"]
-        kept = {k: v for k, v in sample.items() if k not in _ON_INFO}
-        line = _line(name, {**kept, **key}, value)
+        if only_key and all(k in _ON_INFO or k == "model" for k in sample):
+            line = f"{name}{only_key} {_number(value)}\n"
+        else:
+            kept = {k: v for k, v in sample.items() if k not in _ON_INFO}
+            line = _line(name, {**kept, **key}, value)
         families[family] = families.get(family, "") + line
     return _RunLines(families, owners)
 
