@@ -12,7 +12,7 @@ afresh).
   python benchmarks/bench_fleet.py --models 1000                 # scaled down
 
 Prints ingest rate, /metrics time and size (text and gzipped), page and API p50/p99 under the
-writers. A benchmark,
+writers, and the machine's load average at the start and at the end of ingest. A benchmark,
 not a test: numbers depend on the machine.
 """
 
@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import gzip
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -58,7 +59,12 @@ def _body(template: dict[str, Any], model: int, run: int) -> bytes:
     return json.dumps(data).encode()
 
 
-def _pct(values: list[float], q: float) -> float:
+def _load() -> str:
+    """The machine's 1-, 5- and 15-minute load averages (a shared machine's other work)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
 
 
@@ -85,6 +91,7 @@ async def _writers(base: str, args: argparse.Namespace, done: asyncio.Event) -> 
     await asyncio.gather(*(writer() for _ in range(args.writers)))
     elapsed = time.perf_counter() - start
     done.set()
+    print(f"load average at the end of ingest: {_load()}")
     if failures:
         print(f"{len(failures)} writes failed, first: {failures[0]}")
     print(f"ingest: {len(jobs)} reports in {elapsed:.1f} s = {len(jobs) / elapsed:.1f} reports/s")
@@ -190,6 +197,7 @@ def main() -> None:
         try:
             print(
                 f"{args.database}: {args.models} models x {args.runs} runs, {args.writers} writers"
+                f" (load average {_load()})"
             )
             asyncio.run(_run(base, args))
             proc.terminate()

@@ -9,7 +9,7 @@ Usage::
 
 Environment variables (see :class:`memest.service.config.Settings`): MEMEST_DATABASE_URL,
 MEMEST_WRITE_TOKEN, MEMEST_READ_TOKEN, MEMEST_MAX_REPORT_BYTES, MEMEST_DEMO,
-MEMEST_REPORT_CACHE_SIZE; for ``memest serve``'s uvicorn (memest.service.server): MEMEST_HEADER_TIMEOUT_S,
+MEMEST_REPORT_CACHE_SIZE, MEMEST_METRICS_MAX_STALE_S; for ``memest serve``'s uvicorn (memest.service.server): MEMEST_HEADER_TIMEOUT_S,
 MEMEST_MAX_HEADER_BYTES, MEMEST_KEEP_ALIVE_TIMEOUT_S, MEMEST_MAX_CONNECTIONS, MEMEST_BACKLOG.
 """
 

@@ -117,7 +117,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.demo:
             n = load_demo(app)
             log.info("demo: %d published reports loaded", n)
+        # The exposition is built in the background from now: the first scrape waits only for
+        # what is left of it.
+        app.state.metrics_cache.start()
         yield
+        app.state.metrics_cache.stop()
         app.state.engine.dispose()
 
     app = FastAPI(
@@ -143,7 +147,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.state.login_sessions = SessionStore(app.state.sessionmaker)
     app.state.metrics = ServiceMetrics()
-    app.state.metrics_cache = MetricsCache(app.state.sessionmaker, app.state.report_cache.get)
+    app.state.metrics_cache = MetricsCache(
+        app.state.sessionmaker, app.state.report_cache.get, settings.metrics_max_stale_s
+    )
     install_handlers(app)
     app.add_middleware(HardeningMiddleware, max_head_bytes=settings.max_header_bytes)
     for router in (

@@ -39,6 +39,15 @@ class Settings(BaseSettings):
     report_cache_size: int = Field(
         default=512, ge=0, description="Parsed reports kept in memory (reports are immutable)"
     )
+    metrics_max_stale_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds by which /metrics may lag the database: a scrape is answered from "
+        "the last build of the exposition when its state was read at most this long ago (a "
+        "build runs in the background meanwhile); 0 = every scrape waits for the current state",
+    )
 
     # memest serve's uvicorn (memest.service.server): every read from a client is bounded.
     header_timeout_s: float = Field(

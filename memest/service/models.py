@@ -30,7 +30,8 @@ class Run(Base):
     #: history page shows it; None only where it could not be stored (read from the report then).
     config_fingerprint: Mapped[str | None] = mapped_column(String(200), index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
-    ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    #: Indexed: /metrics reads the newest, and the runs ingested since its last scrape.
+    ingested_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
 
     reports: Mapped[list[Report]] = relationship(back_populates="run", order_by="Report.rank")
 

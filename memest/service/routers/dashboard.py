@@ -54,7 +54,7 @@ from memest.reporters.views import (
 )
 from memest.schema import RunReport, StartAccounting
 from memest.service import store
-from memest.service.deps import CacheDep, ReadAuth, ResponseCacheDep, SessionDep
+from memest.service.deps import CacheDep, FactoryDep, ReadAuth, ResponseCacheDep, SessionDep
 from memest.service.errors import NotFound
 from memest.service.models import Run
 from memest.units import count_cell, gib_cell, ratio_cell
@@ -184,7 +184,7 @@ def index(
 def model_page(
     request: Request,
     model: str,
-    session: SessionDep,
+    factory: FactoryDep,
     cache: CacheDep,
     responses: ResponseCacheDep,
     run: Annotated[
@@ -198,6 +198,21 @@ def model_page(
 ) -> HTMLResponse:
     """A model's page: stacked bars of added pool memory per stage and owner beside the graph-count
     table of the capture plan, the phase split, estimates, and the model's runs."""
+    # The session is opened and closed here, in the route's one thread-pool call: a session
+    # dependency costs two more hand-offs between the event loop and a thread, each a wait for
+    # the GIL while reports are being parsed.
+    with factory() as session:
+        return _cached_model_page(request, model, session, cache, responses, run)
+
+
+def _cached_model_page(
+    request: Request,
+    model: str,
+    session: Session,
+    cache: store.ReportCache,
+    responses: store.ResponseCache,
+    run: str | None,
+) -> HTMLResponse:
     runs = store.model_runs(session, model)
     chosen = runs[-1] if run is None else next((r for r in runs if r.run_id == run), None)
     if chosen is None:

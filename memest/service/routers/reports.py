@@ -99,9 +99,10 @@ async def ingest_report(
         # Parsing is CPU work and storing waits on locks: both run off the event loop, so that
         # reads and /healthz are served while a writer waits; and in few threads, since every
         # thread that wants the GIL delays the event loop by up to a switch interval.
-        result = await anyio.to_thread.run_sync(
-            _parse_and_store, body, factory, limiter=request.app.state.ingest_limiter
-        )
+        with request.app.state.metrics_cache.writing():
+            result = await anyio.to_thread.run_sync(
+                _parse_and_store, body, factory, limiter=request.app.state.ingest_limiter
+            )
     except ServiceError:
         metrics.ingested.labels(outcome="rejected").inc()
         raise

@@ -264,12 +264,17 @@ def read_rank(
     },
 )
 def delete_run(
-    run_id: RunIdPath, factory: FactoryDep, cache: CacheDep, responses: ResponseCacheDep
+    run_id: RunIdPath,
+    request: Request,
+    factory: FactoryDep,
+    cache: CacheDep,
+    responses: ResponseCacheDep,
 ) -> DeleteResponse:
     """Delete a run and all its reports (write token). Its ids may then be stored again."""
     report_ids = store.delete_run(factory, run_id)
     cache.drop(report_ids)
     responses.drop_run(run_id)
+    request.app.state.metrics_cache.deleted()
     return DeleteResponse(status="deleted", run_id=run_id, report_ids=report_ids)
 
 

@@ -41,7 +41,7 @@ def test_migrations_upgrade_idempotently_and_downgrade(db_url: str) -> None:
         names = set(inspect(engine).get_table_names())
         assert {"runs", "reports", "sessions", "alembic_version"} <= names
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0004"
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0005"
         from alembic import command
 
         cfg = db.alembic_config()
