@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from memest.analysis import OwnerRules  # noqa: E402
+from lab.dspark_logits_law import window_allocs  # noqa: E402
 from memest.analysis.owners import (  # noqa: E402
     INDEXER_LOGITS_BF16,
     INDEXER_LOGITS_FP32_KERNEL,
@@ -37,32 +35,8 @@ from memest.analysis.owners import (  # noqa: E402
 from memest.estimate.indexer import decode_indexer_logits  # noqa: E402
 from memest.schema import RunReport  # noqa: E402
 from memest.snapshot import load_snapshot  # noqa: E402
-from memest.snapshot.tags import parse_tag  # noqa: E402
 
 STAGE = "target.full"
-
-
-def window_allocs(snap: dict[str, Any], phase: str) -> list[dict[str, list[int]]]:
-    """Per capture window of the stage (capture order): each indexer-logits owner's sizes."""
-    rules = OwnerRules.default()
-    tags = [parse_tag(t) for t in snap["tags"]]
-    ev, acts = snap["events"], snap["actions"]
-    alloc = acts.index("alloc")
-    windows: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    owner_of: dict[int, str] = {}
-    for i, a in enumerate(ev["action"]):
-        tag = tags[ev["tag"][i]]
-        if a != alloc or tag.stage != STAGE or tag.phase != phase or tag.window is None:
-            continue
-        st = ev["stack"][i]
-        if st not in owner_of:
-            frames = [snap["frames"][j] for j in snap["stacks"][st]] if st >= 0 else []
-            owner_of[st] = rules.classify(frames)[0]
-        if owner_of[st].startswith("indexer_logits"):
-            windows[tag.window][owner_of[st]].append(ev["size"][i])
-        else:
-            windows[tag.window]  # a window with none of them still counts
-    return [dict(windows[w]) for w in sorted(windows)]
 
 
 def named_by_dtype(
@@ -98,7 +72,9 @@ def check(snap_path: Path, report_path: Path, element_bytes: int, phase: str) ->
     layers = int(dims.num_hidden_layers or 0) if dims is not None else 0
     sizes = sorted(row.sizes, reverse=True)
     cc = report.gpu.compute_capability if report.gpu is not None else None
-    windows = [named_by_dtype(w, cc) for w in window_allocs(load_snapshot(snap_path), phase)]
+    snap = load_snapshot(snap_path)
+    found = window_allocs(snap, phase, STAGE, lambda owner: owner.startswith("indexer_logits"))
+    windows = [named_by_dtype(w, cc) for w in found]
     out = []
     if len(windows) != len(sizes):
         out.append(f"FAIL {phase}: {len(windows)} capture windows, plan has {len(sizes)} sizes")

@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,15 @@ def laws(requests: int, k: int, vocab: int, hidden: int, rank: int) -> dict[str,
     }
 
 
-def window_allocs(snap: dict[str, Any], phase: str) -> list[dict[str, list[int]]]:
-    """Per capture window of the stage (in capture order): each DSpark owner's allocation sizes."""
+def window_allocs(
+    snap: dict[str, Any],
+    phase: str,
+    stage: str = STAGE,
+    wanted: Callable[[str], bool] | None = None,
+) -> list[dict[str, list[int]]]:
+    """Per capture window of ``stage`` (in capture order): the allocation sizes of each owner
+    ``wanted`` keeps (default: the DSpark owners)."""
+    keep = wanted or (lambda owner: owner in OWNERS)
     rules = OwnerRules.default()
     tags = [parse_tag(t) for t in snap["tags"]]
     ev, acts = snap["events"], snap["actions"]
@@ -72,13 +80,13 @@ def window_allocs(snap: dict[str, Any], phase: str) -> list[dict[str, list[int]]
     owner_of: dict[int, str] = {}
     for i, a in enumerate(ev["action"]):
         tag = tags[ev["tag"][i]]
-        if a != alloc or tag.stage != STAGE or tag.phase != phase or tag.window is None:
+        if a != alloc or tag.stage != stage or tag.phase != phase or tag.window is None:
             continue
         st = ev["stack"][i]
         if st not in owner_of:
             frames = [snap["frames"][j] for j in snap["stacks"][st]] if st >= 0 else []
             owner_of[st] = rules.classify(frames)[0]
-        if owner_of[st] in OWNERS:
+        if keep(owner_of[st]):
             windows[tag.window][owner_of[st]].append(ev["size"][i])
         else:
             windows[tag.window]  # a window with none of them still counts

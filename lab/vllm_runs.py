@@ -87,6 +87,24 @@ CACHE = SHARED_TMP / "vllm_h200_cache"
 MAX_MODEL_LEN = 4096
 # vLLM's own timing of the engine's init (profile, KV cache, warm-up and capture)
 INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)")
+# DeepSeek-V3.2 with 4 of its 61 layers (lab/models/dsv32_4l) as the DSA starts run it; the
+# comment at "S_dsv32_4l_s64_t2048" in CONFIGS says why each field.
+DSA_START: dict[str, Any] = {
+    "model": str(LAB_MODELS / "dsv32_4l"),
+    "max_num_seqs": 64,
+    "mbt": 2048,
+    "util": 0.85,
+    "standins": True,
+    "dsa_standins": "fp32",
+    "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
+    "attention_backend": "FLASHMLA_SPARSE",
+    "sparse_mla_standin": True,
+    # A prefill whose longest sequence fits the top-2,048 runs dense MHA (vLLM's
+    # _use_dense_mha_prefill) through the MLA prefill backend vLLM picks on SM90,
+    # FLASH_ATTN: served by the FA2 stand-in as for the dense MLA starts.
+    "mla_prefill_backend": "FLASH_ATTN",
+}
+
 CONFIGS: dict[str, dict[str, Any]] = {
     "E_llama8b_eagle3k5_s96_t4096_u088": {
         "model": LLAMA,
@@ -184,72 +202,20 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # FP32 logits tensor); "bf16" gives the SM100 pair: BF16 logits and vLLM's FP32 copy.
     # The sparse MLA attend is FlashMLA's (_flashmla_C), which the carry leaves out with every
     # other compiled extension: its torch stand-in serves it (lab/dsa_standins.py).
-    "S_dsv32_4l_s64_t2048": {
-        "model": str(LAB_MODELS / "dsv32_4l"),
-        "max_num_seqs": 64,
-        "mbt": 2048,
-        "util": 0.85,
-        "standins": True,
-        "dsa_standins": "fp32",
-        "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
-        "attention_backend": "FLASHMLA_SPARSE",
-        "sparse_mla_standin": True,
-        # A prefill whose longest sequence fits the top-2,048 runs dense MHA (vLLM's
-        # _use_dense_mha_prefill) through the MLA prefill backend vLLM picks on SM90,
-        # FLASH_ATTN: served by the FA2 stand-in as for the dense MLA starts.
-        "mla_prefill_backend": "FLASH_ATTN",
-    },
-    "S_dsv32_4l_s64_t2048_bf16": {
-        "model": str(LAB_MODELS / "dsv32_4l"),
-        "max_num_seqs": 64,
-        "mbt": 2048,
-        "util": 0.85,
-        "standins": True,
-        "dsa_standins": "bf16",
-        "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
-        "attention_backend": "FLASHMLA_SPARSE",
-        "sparse_mla_standin": True,
-        # A prefill whose longest sequence fits the top-2,048 runs dense MHA (vLLM's
-        # _use_dense_mha_prefill) through the MLA prefill backend vLLM picks on SM90,
-        # FLASH_ATTN: served by the FA2 stand-in as for the dense MLA starts.
-        "mla_prefill_backend": "FLASH_ATTN",
-    },
+    "S_dsv32_4l_s64_t2048": DSA_START,
+    "S_dsv32_4l_s64_t2048_bf16": {**DSA_START, "dsa_standins": "bf16"},
     # The SM100 pair at 65,536 positions: each FULL decode graph's logits are then up to
     # 64 x 65,536 x 2 B (8 MiB) plus vLLM's FP32 copy (16 MiB) per layer call, large enough to
     # open their own pool segments, as the seed's 10 GiB did at its grid. (The stand-in scores
     # one 64-token block per step, so the model's own 163,840 would capture 40x as many kernels.)
-    "S_dsv32_4l_s64_t2048_m64k_bf16": {
-        "model": str(LAB_MODELS / "dsv32_4l"),
-        "max_num_seqs": 64,
-        "mbt": 2048,
-        "max_model_len": 65536,
-        "util": 0.85,
-        "standins": True,
-        "dsa_standins": "bf16",
-        "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
-        "attention_backend": "FLASHMLA_SPARSE",
-        "sparse_mla_standin": True,
-        "mla_prefill_backend": "FLASH_ATTN",
-    },
+    "S_dsv32_4l_s64_t2048_m64k_bf16": {**DSA_START, "dsa_standins": "bf16", "max_model_len": 65536},
     # The DSA start with a context step whose requests' query lengths differ (the first 16 new
     # tokens, the rest 15): FlashMLA-sparse's metadata builder requires uniform decodes, so a
     # request whose query length differs from the first one's is a prefill (vLLM's
     # split_decodes_and_prefills), and one whose sequence fits the top-2,048 prefills by dense
     # MHA over its cached context (_compute_prefill_context). With uniform queries of at most
     # 256 tokens (128 heads on SM90) every request is a decode: the sparse MQA attend.
-    "S_dsv32_4l_s64_t2048_ctxmix": {
-        "model": str(LAB_MODELS / "dsv32_4l"),
-        "max_num_seqs": 64,
-        "mbt": 2048,
-        "util": 0.85,
-        "standins": True,
-        "dsa_standins": "fp32",
-        "kernel_config": {"sparse_indexer_topk_backend": "per_row"},
-        "attention_backend": "FLASHMLA_SPARSE",
-        "sparse_mla_standin": True,
-        "mla_prefill_backend": "FLASH_ATTN",
-        "context_mixed_queries": True,
-    },
+    "S_dsv32_4l_s64_t2048_ctxmix": {**DSA_START, "context_mixed_queries": True},
     # DeepSeek-scale MLA and MoE breadth (issue 26), each with the FlashAttention prefill where
     # MLA and the step over cached context (32,768-row chunks at max_model_len 4,096).
     # DeepSeek-V3's attention (128 heads, q_lora_rank 1,536, kv_lora_rank 512) and layer mix: 3

@@ -14,7 +14,6 @@ the thread a dedicated stream whose first GEMM keeps one more workspace.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +23,11 @@ from memest.analysis.replay import analyze
 from memest.estimate.startup_plan import graph_profiling_kept
 from memest.schema import RunConfig, RunReport
 from memest.snapshot import load_snapshot
+from tests.starts import harness_record
 
 ROOT = Path(__file__).resolve().parents[3]
 RAW = ROOT / "tests/data/starts"
 MiB = 1 << 20
-
-
-def _record(call: str, config: str, mode: str) -> dict[str, Any]:
-    for line in (RAW / f"results.{call}.jsonl").read_text().splitlines():
-        rec: dict[str, Any] = json.loads(line)
-        if rec["config"] == config and rec["mode"] == mode:
-            return rec
-    raise AssertionError(f"{call} has no {config}/{mode}")
 
 
 def _non_kv_allocated(rec: dict[str, Any]) -> int:
@@ -67,7 +59,7 @@ def test_the_credit_is_what_the_plan_start_saved(
     assert sorted(kept) == sorted(rows)
     report = RunReport(run_id="r", model="m", config=RunConfig(model="m"), breakdown=breakdown)
     assert graph_profiling_kept(report) == credit
-    apply = _record(call, config, "apply-hist-stephist")
-    plan = _record(call, config, "plan-memest")
+    apply = harness_record(call, config, "apply-hist-stephist")
+    plan = harness_record(call, config, "plan-memest")
     saved = _non_kv_allocated(apply) - _non_kv_allocated(plan)
     assert abs(saved - credit) < MiB

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,6 +21,7 @@ from memest.estimate.mla_context import (
 from memest.estimate.model_shape import model_shape
 from memest.schema import ModelShape as RecordedShape
 from memest.schema import RunConfig, RunReport
+from tests.starts import harness_record
 
 ROOT = Path(__file__).resolve().parents[3]
 DSV2 = json.loads((ROOT / "lab/models/dsv2lite_8l/config.json").read_text())
@@ -30,14 +30,6 @@ LLAMA = json.loads((ROOT / "examples/llama8b.config.json").read_text())
 RAW = ROOT / "tests/data/starts"
 MiB = 1 << 20
 GiB = 1 << 30
-
-
-def _record(call: str, config: str, mode: str) -> dict[str, Any]:
-    for line in (RAW / f"results.{call}.jsonl").read_text().splitlines():
-        rec: dict[str, Any] = json.loads(line)
-        if rec["config"] == config and rec["mode"] == mode:
-            return rec
-    raise AssertionError(f"{call} has no {config}/{mode}")
 
 
 @pytest.mark.parametrize(
@@ -60,7 +52,7 @@ def test_workspace_follows_vllms_rule(
 def test_chunk_is_what_the_h200_reserved_over_the_first_step() -> None:
     """Call 17, DeepSeek-V2-Lite's shape with FA2 (v padded), memest apply: the step over cached
     context reserved 640 MiB more than the first full-size step of the same start."""
-    rec = _record("call17", "L_dsv2lite8l_s64_t2048_fa", "apply-hist")
+    rec = harness_record("call17", "L_dsv2lite8l_s64_t2048_fa", "apply-hist")
     measured = rec["context_step_usage_bytes"] - rec["step_usage_bytes"]
     shape = model_shape(DSV2)
     tokens = chunked_prefill_workspace_tokens(4096, 64, 16)
@@ -74,7 +66,7 @@ def test_the_steps_own_up_projection_is_what_the_first_step_reserved_beyond_the_
     step (2,047 tokens, 2,048 batched) reserved exactly 40 MiB more than that pass: the bytes of
     the three up-projected tensors of the step's own prefill (its history: kv_nope, padded v and
     the attention output, which has k's size, in segments of their own)."""
-    rec = _record("call19", "L_dsv2lite8l_s64_t2048_fa", "apply-hist-stephist")
+    rec = harness_record("call19", "L_dsv2lite8l_s64_t2048_fa", "apply-hist-stephist")
     warm = rec["memest_figures"]["profile_headroom_bytes"]
     measured = rec["step_reserved_growth_bytes"] - warm
     tensors = up_projection_tensors(model_shape(DSV2), 2048, v_padded=True)
@@ -168,17 +160,17 @@ def test_accounting_of_the_mla_start_lands_on_its_measured_serving_peak(
     assert acc.terms is not None and acc.terms.mla_context_bytes > 0
     assert acc.usage_kind == "end_of_init_plus_first_step_and_context_chunk"
     assert acc.usage_minus_budget_bytes is not None
-    rec = _record(call, "L_dsv2lite8l_s64_t2048_fa", mode)
+    rec = harness_record(call, "L_dsv2lite8l_s64_t2048_fa", mode)
     peak = max(rec["step_usage_minus_budget_bytes"], rec["context_step_usage_minus_budget_bytes"])
     assert abs(acc.usage_minus_budget_bytes - peak) <= GiB // 10
 
 
 def test_the_start_sized_with_the_term_is_within_a_tenth_of_a_gib_at_its_peak() -> None:
     """Call 21: memest apply with the up-projection term and the stand-in-free warm pass."""
-    rec = _record("call21", "L_dsv2lite8l_s64_t2048_fa", "apply")
+    rec = harness_record("call21", "L_dsv2lite8l_s64_t2048_fa", "apply")
     peak = max(rec["step_usage_minus_budget_bytes"], rec["context_step_usage_minus_budget_bytes"])
     assert abs(peak) <= GiB // 10
-    alone = _record("call21", "L_dsv2lite8l_s64_t2048_fa", "alone")
+    alone = harness_record("call21", "L_dsv2lite8l_s64_t2048_fa", "alone")
     assert alone["context_step_usage_minus_budget_bytes"] > GiB  # vLLM's own, beside it
 
 
@@ -371,7 +363,7 @@ def test_the_derived_sequence_reserves_what_the_64_head_shapes_context_step_did(
     large = [s for s in replay.context_segments if s > 2 * MiB]
     assert [s for s in context if s > 2 * MiB] == large == [GiB, 768 * MiB, 768 * MiB]
     assert [s for s in context if s <= 2 * MiB] == [2 * MiB, 2 * MiB]
-    rec = _record("call37", "K_mla64h8l_s64_t2048_fa", "apply-hist-stephist")
+    rec = harness_record("call37", "K_mla64h8l_s64_t2048_fa", "apply-hist-stephist")
     assert sum(step) == rec["step_reserved_growth_bytes"] == 440 * MiB
     assert sum(step) + sum(context) == rec["context_step_reserved_growth_bytes"]
     assert rec["context_step_reserved_growth_bytes"] == 3_149_922_304
@@ -389,6 +381,6 @@ def test_the_derived_sequence_reserves_what_deepseek_v3s_moe_start_context_step_
     )
     large = [s for s in replay.context_segments if s > 2 * MiB]
     assert context == large == [2 * GiB, 1536 * MiB, 1536 * MiB]
-    rec = _record("call36", "V3_dsv3mla5l_s64_t2048_fa", "apply-hist-stephist")
+    rec = harness_record("call36", "V3_dsv3mla5l_s64_t2048_fa", "apply-hist-stephist")
     assert sum(step) == rec["step_reserved_growth_bytes"] == 926 * MiB
     assert sum(step) + sum(context) == rec["context_step_reserved_growth_bytes"]
