@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 from pydantic import Field, SecretStr
@@ -47,6 +48,14 @@ class Settings(BaseSettings):
         description="Seconds by which /metrics may lag the database: a scrape is answered from "
         "the last build of the exposition when its state was read at most this long ago (a "
         "build runs in the background meanwhile); 0 = every scrape waits for the current state",
+    )
+    ingest_processes: int = Field(
+        default=min(2, os.cpu_count() or 1),
+        ge=0,
+        le=64,
+        description="Worker processes that parse reports and compute their stored form (the CPU "
+        "work of an ingest, which would otherwise hold the server's GIL while pages wait); "
+        "0 = in the server's ingest threads",
     )
 
     # memest serve's uvicorn (memest.service.server): every read from a client is bounded.
