@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 from pydantic import Field, SecretStr
@@ -50,7 +49,7 @@ class Settings(BaseSettings):
         "build runs in the background meanwhile); 0 = every scrape waits for the current state",
     )
     ingest_processes: int = Field(
-        default=min(2, os.cpu_count() or 1),
+        default=2,
         ge=0,
         le=64,
         description="Worker processes that parse reports and compute their stored form (the CPU "
