@@ -22,6 +22,7 @@ from memest.service import db, store
 from memest.service.config import Settings, get_settings
 from memest.service.deps import ReadAuth
 from memest.service.errors import Conflict, install_handlers
+from memest.service.ingest import IngestPool
 from memest.service.metrics import ServiceMetrics
 from memest.service.metrics_cache import MetricsCache, metric_rows_json
 from memest.service.middleware import HardeningMiddleware
@@ -112,6 +113,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.ingest_limiter = anyio.CapacityLimiter(INGEST_THREADS)
+        app.state.ingest_pool = IngestPool(settings.ingest_processes)
         db.upgrade(app.state.engine)
         dashboard.compile_templates()
         if settings.demo:
@@ -121,6 +123,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # what is left of it.
         app.state.metrics_cache.start()
         yield
+        app.state.ingest_pool.shutdown()
         app.state.metrics_cache.stop()
         app.state.engine.dispose()
 

@@ -48,6 +48,14 @@ class Settings(BaseSettings):
         "the last build of the exposition when its state was read at most this long ago (a "
         "build runs in the background meanwhile); 0 = every scrape waits for the current state",
     )
+    ingest_processes: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="Worker processes that parse reports and compute their stored form (the CPU "
+        "work of an ingest, which would otherwise hold the server's GIL while pages wait); "
+        "0 = in the server's ingest threads",
+    )
 
     # memest serve's uvicorn (memest.service.server): every read from a client is bounded.
     header_timeout_s: float = Field(

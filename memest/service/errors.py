@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 from urllib.parse import quote
 
 from fastapi import FastAPI, Request
@@ -34,6 +35,17 @@ class ServiceError(Exception):
         self.message = message
         self.field = field
         super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised in an ingest worker process: comes back as the same type, message and field.
+        return (_restore, (type(self), self.message, dict(self.__dict__)))
+
+
+def _restore(cls: type[ServiceError], message: str, state: dict[str, Any]) -> ServiceError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
 
 
 class NotFound(ServiceError):

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import re
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC
 from typing import Any
 
@@ -21,7 +25,8 @@ from memest.service.errors import (
     RequestTimeout,
     UnsupportedMediaType,
 )
-from memest.service.store import MAX_FINGERPRINT_CHARS, MAX_INT64, to_utc
+from memest.service.metrics_cache import metric_rows_json
+from memest.service.store import MAX_FINGERPRINT_CHARS, MAX_INT64, Prepared, prepare, to_utc
 
 _ID_RE = re.compile(r"^[A-Za-z0-9._:@+-]{1,200}$")
 #: Deepest nesting of objects and arrays accepted in a report. Real reports nest less than 10
@@ -232,3 +237,46 @@ def check_storable(report: RunReport) -> None:
     if not report.model.strip():
         raise BadRequest("model must not be empty", field="model")
     to_utc(report.created_at, "created_at")
+
+
+def prepare_body(body: bytes) -> Prepared:
+    """All the CPU work of an ingest (parse, stored form, accounting, /metrics samples): what is
+    left is the write transaction. Its 4xx errors are ServiceErrors, which pickle whole."""
+    report = parse_report(body)
+    return prepare(report, metric_rows_json(report))
+
+
+class IngestPool:
+    """prepare_body in worker processes (MEMEST_INGEST_PROCESSES), so that the CPU work of
+    ingest does not hold the server's GIL while pages wait; with 0, in the calling thread.
+
+    Workers are spawned (never forked from the threaded server) on first use."""
+
+    def __init__(self, processes: int) -> None:
+        self._processes = processes
+        self._lock = threading.Lock()
+        self._pool = self._new() if processes else None
+
+    def _new(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(self._processes, mp_context=multiprocessing.get_context("spawn"))
+
+    def prepare(self, body: bytes) -> Prepared:
+        """prepare_body(body), in a worker when there are any (called from an ingest thread)."""
+        pool = self._pool
+        if pool is None:
+            return prepare_body(body)
+        try:
+            return pool.submit(prepare_body, body).result()
+        except BrokenProcessPool:
+            # A worker died (killed from outside): later reports go to a fresh pool.
+            with self._lock:
+                if self._pool is pool:
+                    self._pool = self._new()
+                    pool.shutdown(wait=False, cancel_futures=True)
+            return prepare_body(body)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -61,8 +61,7 @@ def _int64(value: int | None, field: str) -> int | None:
 
 
 def _accounting(report: RunReport) -> StartAccounting:
-    """The report's accounting, whose figures are stored; one it cannot hold (past int64) is a
-    4xx naming the breakdown."""
+    """The report's accounting, stored; a figure it cannot hold (past int64): 4xx on breakdown."""
     try:
         return account(report)
     except ValueError as exc:  # pydantic's ValidationError: a computed figure out of range
@@ -73,21 +72,20 @@ def _accounting(report: RunReport) -> StartAccounting:
 
 
 def run_fingerprint(report: RunReport) -> str | None:
-    """The fingerprint stored on a run whose lead report is ``report``: the one the history page
-    shows (memest.reporters.views.fingerprint); None when the column cannot hold it (a report
-    stored before ingest bounded it), and readers then take it from the report."""
+    """The fingerprint stored on a run led by ``report`` (the history page's); None when the
+    column cannot hold it (stored before ingest bounded it): readers take it from the report."""
     value = fingerprint(report)
     if len(value) > MAX_FINGERPRINT_CHARS or "\x00" in value:
         return None
     return value
 
 
-def _check_run(run: Run, report: RunReport) -> None:
+def _check_run(run: Run, report: Prepared) -> None:
     """A run's reports must agree on what the run is; name the first field that differs."""
     checks = (
         ("model", model_display_name(run.model), report.model),
-        ("build.label", run.build_label, report.build.label),
-        ("build.vllm_commit", run.vllm_commit, report.build.vllm_commit),
+        ("build.label", run.build_label, report.build_label),
+        ("build.vllm_commit", run.vllm_commit, report.vllm_commit),
         ("world_size", run.world_size, report.world_size),
         ("source", run.source, report.source),
     )
@@ -100,8 +98,7 @@ def _check_run(run: Run, report: RunReport) -> None:
 
 
 def _same_once_stored(stored: str, payload: str) -> bool:
-    """A row stored before ingest named path-like models by their folder: the same report sent
-    again now is the same report once it gets the stored form."""
+    """A row stored before path-like models got their folder's name: same report, stored form."""
     try:
         before = RunReport.model_validate_json(stored)
     except ValueError:
@@ -109,14 +106,55 @@ def _same_once_stored(stored: str, payload: str) -> bool:
     return canonical_json(stored_form(before)) == payload
 
 
-def _ingest_once(
-    factory: sessionmaker[Session],
-    report: RunReport,
-    payload: str,
-    accounting: StartAccounting,
-    metric_rows: str | None,
-) -> IngestResult:
-    digest = hashlib.sha256(payload.encode()).hexdigest()
+@dataclass(frozen=True)
+class Prepared:
+    """What storing a report needs, computed outside the write transaction (picklable)."""
+
+    report_id: str
+    run_id: str
+    rank: int
+    schema_version: str
+    model: str
+    build_label: str
+    vllm_commit: str | None
+    vllm_version: str | None
+    gpu_name: str | None
+    source: str
+    world_size: int
+    created_at: datetime
+    config_fingerprint: str | None
+    payload: str
+    graph_pool_bytes: int | None
+    kv_tokens: int | None
+    metric_rows: str | None
+
+
+def prepare(report: RunReport, metric_rows: str | None = None) -> Prepared:
+    """The CPU work of an ingest; a 422 for an accounting figure out of range."""
+    accounting = _accounting(report)
+    return Prepared(
+        report_id=report.report_id,
+        run_id=report.run_id,
+        rank=report.rank,
+        schema_version=report.schema_version,
+        model=report.model,
+        build_label=report.build.label,
+        vllm_commit=report.build.vllm_commit,
+        vllm_version=report.build.vllm_version,
+        gpu_name=report.gpu.name if report.gpu else None,
+        source=report.source,
+        world_size=report.world_size,
+        created_at=report.created_at,
+        config_fingerprint=run_fingerprint(report),
+        payload=canonical_json(report),
+        graph_pool_bytes=accounting.graph_pool_bytes,
+        kv_tokens=accounting.kv_tokens,
+        metric_rows=metric_rows,
+    )
+
+
+def _ingest_once(factory: sessionmaker[Session], report: Prepared) -> IngestResult:
+    payload, digest = report.payload, hashlib.sha256(report.payload.encode()).hexdigest()
     now = datetime.now(UTC)
 
     def repeat(existing: Report) -> IngestResult:
@@ -136,13 +174,13 @@ def _ingest_once(
             run = Run(
                 run_id=report.run_id,
                 model=report.model,
-                build_label=report.build.label,
-                vllm_commit=report.build.vllm_commit,
-                vllm_version=report.build.vllm_version,
-                gpu_name=report.gpu.name if report.gpu else None,
+                build_label=report.build_label,
+                vllm_commit=report.vllm_commit,
+                vllm_version=report.vllm_version,
+                gpu_name=report.gpu_name,
                 source=report.source,
                 world_size=report.world_size,
-                config_fingerprint=run_fingerprint(report),
+                config_fingerprint=report.config_fingerprint,
                 created_at=to_utc(report.created_at, "created_at"),
                 ingested_at=now,
             )
@@ -169,7 +207,7 @@ def _ingest_once(
             )
             if lowest is None or report.rank < lowest:
                 # The run's lead report (lowest rank) changes: so does its fingerprint.
-                run.config_fingerprint = run_fingerprint(report)
+                run.config_fingerprint = report.config_fingerprint
         session.add(
             Report(
                 report_id=report.report_id,
@@ -179,9 +217,9 @@ def _ingest_once(
                 payload=payload,
                 payload_sha256=digest,
                 size_bytes=len(payload.encode()),
-                graph_pool_bytes=_int64(accounting.graph_pool_bytes, "breakdown"),
-                kv_tokens=_int64(accounting.kv_tokens, "kv_tokens"),
-                metric_rows=metric_rows,
+                graph_pool_bytes=_int64(report.graph_pool_bytes, "breakdown"),
+                kv_tokens=_int64(report.kv_tokens, "kv_tokens"),
+                metric_rows=report.metric_rows,
                 ingested_at=now,
             )
         )
@@ -192,23 +230,22 @@ def _ingest_once(
 def ingest(
     factory: sessionmaker[Session], report: RunReport, metric_rows: str | None = None
 ) -> IngestResult:
-    """Store one report atomically; a repeat of a stored report id is a no-op.
+    """Store one report atomically (store_prepared); ``metric_rows`` are its /metrics samples
+    (memest.service.metrics_cache.metric_rows_json), so that /metrics never parses the report."""
+    return store_prepared(factory, prepare(report, metric_rows))
 
-    ``metric_rows`` are its /metrics samples (memest.service.metrics_cache.metric_rows_json),
-    computed before the write transaction so that /metrics never parses the report.
 
-    A concurrent writer of the same run or report id makes the first attempt fail on a unique key;
-    the retry then sees the committed row and answers as for a repeat.
+def store_prepared(factory: sessionmaker[Session], prepared: Prepared) -> IngestResult:
+    """Store one report atomically; a repeat of a stored report id is a no-op. A concurrent
+    writer of the same run or report id makes the first attempt fail on a unique key; the retry
+    then sees the committed row and answers as for a repeat.
 
     Raises:
         Conflict: same report id with other content, a rank already taken, or run fields differ.
     """
-    payload = canonical_json(report)
-    # Computed once, outside the write transaction (which it would otherwise hold open).
-    accounting = _accounting(report)
     for attempt in range(3):
         try:
-            return _ingest_once(factory, report, payload, accounting, metric_rows)
+            return _ingest_once(factory, prepared)
         except IntegrityError:
             if attempt == 2:
                 raise

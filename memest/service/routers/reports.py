@@ -19,8 +19,7 @@ from memest.service.deps import (
     WriteAuth,
 )
 from memest.service.errors import NotFound, ServiceError
-from memest.service.ingest import parse_report, read_body
-from memest.service.metrics_cache import metric_rows_json
+from memest.service.ingest import IngestPool, read_body
 from memest.service.models import Report
 from memest.service.schemas import IngestResponse
 
@@ -101,7 +100,11 @@ async def ingest_report(
         # thread that wants the GIL delays the event loop by up to a switch interval.
         with request.app.state.metrics_cache.writing():
             result = await anyio.to_thread.run_sync(
-                _parse_and_store, body, factory, limiter=request.app.state.ingest_limiter
+                _parse_and_store,
+                body,
+                factory,
+                request.app.state.ingest_pool,
+                limiter=request.app.state.ingest_limiter,
             )
     except ServiceError:
         metrics.ingested.labels(outcome="rejected").inc()
@@ -115,9 +118,12 @@ async def ingest_report(
     )
 
 
-def _parse_and_store(body: bytes, factory: sessionmaker[Session]) -> store.IngestResult:
-    report = parse_report(body)
-    return store.ingest(factory, report, metric_rows_json(report))
+def _parse_and_store(
+    body: bytes, factory: sessionmaker[Session], pool: IngestPool
+) -> store.IngestResult:
+    # The CPU work in a worker process (when MEMEST_INGEST_PROCESSES > 0); this thread then only
+    # waits for it and for the write transaction.
+    return store.store_prepared(factory, pool.prepare(body))
 
 
 @router.get(

@@ -30,7 +30,7 @@ def test_a_full_disk_is_a_503_with_a_json_body(
             "INSERT INTO reports ...", {}, sqlite3.OperationalError("database or disk is full")
         )
 
-    monkeypatch.setattr(store, "ingest", full)
+    monkeypatch.setattr(store, "store_prepared", full)
     answer = client.post(
         "/api/v1/reports", content=_body(), headers={**AUTH, "Content-Type": "application/json"}
     )
