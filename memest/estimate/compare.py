@@ -27,9 +27,15 @@ from memest.snapshot.tags import DEFAULT_POOL
 def default_pool_cached(report: RunReport, end: MemoryReading) -> int:
     """Free bytes the allocator holds in its default pool at ``end``: what eager work reuses.
 
-    Free space inside graph pools is kept for replays and never serves eager allocations, so
-    it is taken out (the pools' live blocks, when the breakdown has them, stay counted).
+    A free block serves only requests on the stream it was made on, so where the reading has
+    the free bytes on the stream vLLM serves on (``serving_stream_free_bytes``), that is the
+    figure: what the capture streams, gone after init, left free stays unused. Else, from the
+    totals: free space inside graph pools is kept for replays and never serves eager
+    allocations, so it is taken out (the pools' live blocks, when the breakdown has them,
+    stay counted).
     """
+    if end.serving_stream_free_bytes is not None:
+        return end.serving_stream_free_bytes
     private = sum(v for k, v in end.pool_reserved_bytes.items() if k != DEFAULT_POOL)
     live = 0
     if report.breakdown is not None:

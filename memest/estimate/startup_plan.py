@@ -114,7 +114,9 @@ def graph_profiling_kept(report: RunReport) -> int:
       profiling would have set it) creates a dedicated stream for the thread, whose first
       GEMM keeps the same per-stream workspace the side stream kept.
 
-    Without a history: the allocated growth over the profiling pass.
+    Without a history, from the pass's readings: the allocated growth over it, of which the
+    growth on vLLM's auxiliary stream is the side stream's (``aux_stream_allocated_bytes``,
+    where the readings have it; else none is).
     """
     bd = report.breakdown
     if bd is not None and bd.event_count and any(s.phase == "graph_profiling" for s in bd.stages):
@@ -125,7 +127,14 @@ def graph_profiling_kept(report: RunReport) -> int:
     gp = [p for p in report.phases if p.name == "graph_profiling.total"]
     if not gp:
         return 0
-    return max(gp[-1].end.torch_allocated_bytes - gp[-1].start.torch_allocated_bytes, 0)
+    start, end = gp[-1].start, gp[-1].end
+    growth = max(end.torch_allocated_bytes - start.torch_allocated_bytes, 0)
+    side = 0
+    if start.aux_stream_allocated_bytes is not None and end.aux_stream_allocated_bytes is not None:
+        side = min(
+            max(end.aux_stream_allocated_bytes - start.aux_stream_allocated_bytes, 0), growth
+        )
+    return max(growth - 2 * side, 0)  # own (growth - side) less side, as with a history
 
 
 def plan_kv_bytes(

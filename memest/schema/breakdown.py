@@ -24,6 +24,17 @@ class MemoryReading(MemestModel):
         default_factory=dict,
         description="Reserved bytes per allocator pool id, e.g. '0,0' or '0,1'",
     )
+    serving_stream_free_bytes: NonNegativeBytes | None = Field(
+        default=None,
+        description="Free bytes the default pool holds on the CUDA stream vLLM serves on "
+        "(vllm.utils.torch_utils.current_stream(); 0 before vLLM has made that stream): the "
+        "cache serving's first step can reuse, blocks being per stream. None when not read",
+    )
+    aux_stream_allocated_bytes: NonNegativeBytes | None = Field(
+        default=None,
+        description="Allocated bytes on vLLM's auxiliary stream (aux_stream(), where MoE shared "
+        "experts run; 0 before it exists). None when not read",
+    )
 
 
 class PhaseRecord(MemestModel):

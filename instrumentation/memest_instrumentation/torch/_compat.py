@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memest.snapshot.tags import pool_key
+from memest.snapshot.tags import DEFAULT_POOL, pool_key
 
 # Per-event metadata (_set_memory_metadata) and the CUDAGraph Python class exist from this version.
 MIN_METADATA_VERSION = (2, 10)
@@ -98,23 +98,29 @@ def history_recording() -> bool:
         return True
 
 
-def pool_usage(device: int) -> dict[str, tuple[int, int]]:
-    """(reserved, allocated) bytes per allocator pool id, from its segments, without traces.
+def segments(device: int) -> list[dict[str, Any]]:
+    """The allocator's segments on ``device``, without traces.
 
     Raises RuntimeError when the segments cannot be read cheaply (a torch without
     ``include_traces`` while history is recording): callers degrade to allocator totals.
     """
     torch = _torch()
     if traceless_snapshots_supported():
-        segments = torch.cuda.memory.memory_snapshot(include_traces=False)
+        found = torch.cuda.memory.memory_snapshot(include_traces=False)
     elif not history_recording():
-        segments = torch.cuda.memory_snapshot()
+        found = torch.cuda.memory_snapshot()
     else:
         raise RuntimeError("per-pool readings skipped: this torch snapshots only with traces")
+    return [seg for seg in found if int(seg.get("device", device)) == device]
+
+
+def pool_usage(
+    device: int, found: list[dict[str, Any]] | None = None
+) -> dict[str, tuple[int, int]]:
+    """(reserved, allocated) bytes per allocator pool id, from its segments (``segments``, or
+    ``found`` when already read)."""
     out: dict[str, tuple[int, int]] = {}
-    for seg in segments:
-        if int(seg.get("device", device)) != device:
-            continue
+    for seg in segments(device) if found is None else found:
         key = pool_key(seg.get("segment_pool_id", (0, 0)))
         reserved, allocated = out.get(key, (0, 0))
         out[key] = (
@@ -122,6 +128,20 @@ def pool_usage(device: int) -> dict[str, tuple[int, int]]:
             allocated + int(seg.get("allocated_size", 0)),
         )
     return out
+
+
+def stream_usage(found: list[dict[str, Any]], stream: int) -> tuple[int, int]:
+    """(free, allocated) bytes of the default pool's segments made on CUDA stream ``stream``
+    (its handle, ``torch.cuda.Stream.cuda_stream``): a free block serves only its own stream."""
+    free = allocated = 0
+    for seg in found:
+        if int(seg.get("stream", 0)) != stream:
+            continue
+        if pool_key(seg.get("segment_pool_id", (0, 0))) != DEFAULT_POOL:
+            continue
+        allocated += int(seg.get("allocated_size", 0))
+        free += int(seg.get("total_size", 0)) - int(seg.get("allocated_size", 0))
+    return free, allocated
 
 
 def pool_reserved(device: int) -> dict[str, int]:

@@ -37,6 +37,37 @@ def pool_usage() -> dict[str, tuple[int, int]]:
     return _compat.pool_usage(_compat.current_device())
 
 
+def vllm_streams() -> tuple[int | None, int | None]:
+    """Handles of the CUDA streams vLLM 0.33.0 serves on and runs MoE shared experts on
+    (``vllm.utils.torch_utils``): ``current_stream()``'s stream, or -1 before its first call
+    makes one; ``aux_stream()``'s, or -1 before it exists. None for both without vLLM.
+
+    Read without calling either function, which would make the streams.
+    """
+    try:
+        from vllm.utils import torch_utils
+    except Exception:
+        return None, None
+    serving = getattr(getattr(torch_utils, "_current_stream_tls", None), "value", None)
+    aux = getattr(torch_utils, "_aux_stream", None)
+
+    def handle(stream: Any) -> int:
+        return int(getattr(stream, "cuda_stream", -1)) if stream is not None else -1
+
+    return handle(serving), handle(aux)
+
+
+def _stream_figures(found: list[dict[str, Any]]) -> dict[str, int]:
+    """The reading's per-stream fields (MemoryReading) from the allocator's segments."""
+    serving, aux = vllm_streams()
+    if serving is None or aux is None:
+        return {}
+    return {
+        "serving_stream_free_bytes": _compat.stream_usage(found, serving)[0],
+        "aux_stream_allocated_bytes": _compat.stream_usage(found, aux)[1],
+    }
+
+
 def reading(*, pools: bool = True, sync: bool = True) -> MemoryReading:
     """One reading of the current device (zeros when CUDA is not initialised)."""
     now = time.monotonic_ns()
@@ -48,9 +79,13 @@ def reading(*, pools: bool = True, sync: bool = True) -> MemoryReading:
     free, total = torch.cuda.mem_get_info()
     stats = torch.cuda.memory_stats()
     pool_reserved: dict[str, int] = {}
+    streams: dict[str, int] = {}
     if pools:
         try:
-            pool_reserved = {k: v[0] for k, v in pool_usage().items()}
+            device = _compat.current_device()
+            found = _compat.segments(device)
+            pool_reserved = {k: v[0] for k, v in _compat.pool_usage(device, found).items()}
+            streams = _stream_figures(found)
         except RuntimeError:  # no traceless snapshot on this torch: totals only
             pool_reserved = {}
     return MemoryReading(
@@ -63,6 +98,7 @@ def reading(*, pools: bool = True, sync: bool = True) -> MemoryReading:
         torch_reserved_peak_bytes=int(stats.get("reserved_bytes.all.peak", 0)),
         torch_allocated_peak_bytes=int(stats.get("allocated_bytes.all.peak", 0)),
         pool_reserved_bytes=pool_reserved,
+        **streams,
     )
 
 
