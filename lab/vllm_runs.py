@@ -216,6 +216,25 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # MHA over its cached context (_compute_prefill_context). With uniform queries of at most
     # 256 tokens (128 heads on SM90) every request is a decode: the sparse MQA attend.
     "S_dsv32_4l_s64_t2048_ctxmix": {**DSA_START, "context_mixed_queries": True},
+    # The DSA start with a context step that reaches the dense-MHA context chunk: vLLM's batch
+    # reorder may put any request first, and call 38's mixed queries left one prefill. Here
+    # every request's query length differs (1, 2, ... tokens over a prefix of whole 64-token
+    # KV blocks, all of it a prefix-cache hit), so whichever request comes first is the one
+    # decode and the other 16 prefill by dense MHA over 1,984 cached tokens each: one context
+    # chunk of 31,744 rows, within the 32,768-row workspace.
+    "S_dsv32_4l_s64_t2048_ctxdense": {
+        **DSA_START,
+        "context_distinct_queries": 17,
+        "context_block": 64,
+    },
+    # 18 requests: 17 prefills over 1,984 cached tokens each, two chunks (vLLM cuts each
+    # request's context at the workspace over the prefills, 32,768 // 17 rounded down to the
+    # 64-token block: 1,920 tokens, so 32,640 rows, then 1,088).
+    "S_dsv32_4l_s64_t2048_ctxdense18": {
+        **DSA_START,
+        "context_distinct_queries": 18,
+        "context_block": 64,
+    },
     # DeepSeek-scale MLA and MoE breadth (issue 26), each with the FlashAttention prefill where
     # MLA and the step over cached context (32,768-row chunks at max_model_len 4,096).
     # DeepSeek-V3's attention (128 heads, q_lora_rank 1,536, kv_lora_rank 512) and layer mix: 3
@@ -507,6 +526,25 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     # The DSpark start's memest apply alone: the warm profile pass without the drafter's block
     # routine its FULL graphs cover (the -0.119 GiB of call 30).
     "dspark_apply": [("P_qwen3_8b12l_dspark7_s64_t2048", "apply")],
+    # The DSA start's dense-MHA context chunk reached (memest apply with the step histories,
+    # vLLM alone), then V3's apply and the plan it writes with the plugin on, whose end-of-init
+    # readings now carry the serving stream's free bytes and the auxiliary stream's allocations.
+    # The widest dense context chunk a prefix-cached DSA step reaches, then the plans the
+    # plugin writes for Mixtral and the 64-head MLA shape with the per-stream readings.
+    "dsa_ctxdense18_plans": [
+        ("S_dsv32_4l_s64_t2048_ctxdense18", "apply-stephist"),
+        ("S_dsv32_4l_s64_t2048_ctxdense18", "alone"),
+        ("X_mixtral4l_s64_t2048", "apply"),
+        ("X_mixtral4l_s64_t2048", "plan-memest"),
+        ("K_mla64h8l_s64_t2048_fa", "apply"),
+        ("K_mla64h8l_s64_t2048_fa", "plan-memest"),
+    ],
+    "dsa_ctxdense_v3plan": [
+        ("S_dsv32_4l_s64_t2048_ctxdense", "apply-stephist"),
+        ("S_dsv32_4l_s64_t2048_ctxdense", "alone"),
+        ("V3_dsv3mla5l_s64_t2048_fa", "apply"),
+        ("V3_dsv3mla5l_s64_t2048_fa", "plan-memest"),
+    ],
     # An FP8 checkpoint (lab/fp8_standins.py quantizes): vLLM alone, memest apply, its plan.
     "fp8w": [
         ("Q8_llama8b_fp8w_s128_t4096", "apply"),
@@ -676,17 +714,24 @@ def _context_step(
     """
     import torch
 
-    block, new_tokens = 16, 16
+    block, new_tokens = int(cfg.get("context_block", 16)), 16
     max_model_len = int(cfg.get("max_model_len", MAX_MODEL_LEN))
-    prefix_len = min(max_model_len - 64, int(cfg["mbt"]) - new_tokens) // block * block
-    workspace = min(max(8 * max_model_len, 4 * int(cfg["max_num_seqs"]) * block), 64 * 1024)
-    requests = min(-(-workspace // prefix_len), int(cfg["max_num_seqs"]))
-    requests = min(requests, (int(cfg["mbt"]) - 1) // new_tokens)
+    distinct = int(cfg.get("context_distinct_queries", 0))
+    if distinct:  # request r: r + 1 new tokens, every sequence within the top-k
+        requests, new_tokens = distinct, distinct
+        prefix_len = (int(cfg["mbt"]) - distinct) // block * block
+    else:
+        prefix_len = min(max_model_len - 64, int(cfg["mbt"]) - new_tokens) // block * block
+        workspace = min(max(8 * max_model_len, 4 * int(cfg["max_num_seqs"]) * block), 64 * 1024)
+        requests = min(-(-workspace // prefix_len), int(cfg["max_num_seqs"]))
+        requests = min(requests, (int(cfg["mbt"]) - 1) // new_tokens)
     prefix = [(11 * i) % 30000 + 10 for i in range(prefix_len)]
     sp = _greedy_one_token()
 
     def mixed(r: int) -> int:
-        """One token fewer for every request but the first: query lengths that differ."""
+        """Tokens fewer than new_tokens for request r: query lengths that differ."""
+        if distinct:
+            return distinct - (r + 1)
         return int(bool(cfg.get("context_mixed_queries")) and r > 0)
 
     try:
