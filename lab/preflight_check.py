@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 
 from lab.preflight_fit import load_starts  # noqa: E402
+from lab.standin_scratch import history_scratch_bytes  # noqa: E402
 from lab.summarize_vllm import DIAGNOSTIC_STARTS  # noqa: E402
 from lab.vllm_runs import CONFIGS  # noqa: E402
 from memest.errors import MemestError  # noqa: E402
@@ -58,6 +59,16 @@ LAB_ATTENTION_BACKEND = "TRITON_ATTN"
 #: CONFIGS keys that change a start but are no input of the pre-flight question.
 NOT_ASKED = ("mla_prefill_backend", "standins", "fp8_standins")
 MAX_RESULTS_BYTES = 64 << 20
+#: Configurations whose step over cached context stayed narrower than serving's widest for the
+#: same question: their truth is left out of the per-architecture summary (listed in the table).
+NARROWER_CONTEXT_STEP = {
+    "S_dsv32_4l_s64_t2048": "uniform queries: every request a decode (the sparse attend), no "
+    "dense-MHA context chunk; S_dsv32_4l_s64_t2048_ctxdense18 asks the same question",
+    "S_dsv32_4l_s64_t2048_bf16": "as S_dsv32_4l_s64_t2048",
+    "S_dsv32_4l_s64_t2048_ctxmix": "vLLM's batch reorder left one prefill over cached context "
+    "(1,984 of the chunk's rows); S_dsv32_4l_s64_t2048_ctxdense18 asks the same question",
+    "S_dsv32_4l_s64_t2048_m64k_bf16": "as S_dsv32_4l_s64_t2048; no wider step ran at 65,536",
+}
 
 
 class InputError(MemestError, ValueError):
@@ -138,6 +149,8 @@ class Row:
     vllm_error_bytes: int | None = None
     not_asked: list[str] = field(default_factory=list)
     budget_matches: bool = True  # the record's budget is the prediction's requested bytes
+    # segments the step opened for the lab stand-ins' temporaries, added back to the truth
+    standin_scratch_bytes: int = 0
 
 
 @dataclass
@@ -202,10 +215,15 @@ def _row(
     if step is not None and not step_fills(rec, cfg["mbt"], where):
         source = "step-partial"
     context = _int(rec, "context_step_usage_minus_budget_bytes", where)
+    scratch = 0
     if step is not None and context is not None:
         over, source = max(step, context), "serving peak"
+        if context >= step:
+            scratch = context_step_scratch(path, rec["config"])
+    if rec["config"] in NARROWER_CONTEXT_STEP:
+        source = "narrower context step"
     assert over is not None
-    truth = kv - over
+    truth = kv - over + scratch
     alone = rec["mode"] == "alone"
     budget = _int(rec, "budget_bytes", where)
     return Row(
@@ -226,7 +244,17 @@ def _row(
         vllm_error_bytes=kv - truth if alone else None,
         not_asked=[k for k in NOT_ASKED if cfg.get(k)],
         budget_matches=budget is None or budget == result.terms.requested_bytes,
+        standin_scratch_bytes=scratch,
     )
+
+
+def context_step_scratch(path: Path, config: str) -> int:
+    """Stand-in scratch (lab/standin_scratch.py) in the step over cached context of ``config``
+    in the call of results file ``path``: from the call's step history of that configuration
+    (every start of it in the call ran the same steps), 0 without one."""
+    logs = path.parent / f"{path.stem.split('.')[-1]}-logs"
+    found = sorted(logs.glob(f"{config}.*.context_step.pickle.gz"))
+    return history_scratch_bytes(found[0]) if found else 0
 
 
 def check(paths: Sequence[Path], cal: Calibration | None = None) -> Check:
@@ -284,6 +312,12 @@ def _in_cal(r: Row) -> str:
     return "arch only" if r.architecture_in_calibration else "no"
 
 
+def _truth_note(r: Row) -> str:
+    if not r.standin_scratch_bytes:
+        return r.truth_from
+    return f"{r.truth_from}, less {_g(r.standin_scratch_bytes)} of stand-in scratch"
+
+
 def table(rows: Sequence[Row]) -> list[str]:
     out = [
         "| configuration | mode | start | architecture | in calibration | predicted KV GiB (±) "
@@ -294,7 +328,7 @@ def table(rows: Sequence[Row]) -> list[str]:
         out.append(
             f"| {r.config} | {r.mode} | {r.source}:{r.line} | {r.architecture} ({r.family}) | "
             f"{_in_cal(r)} | {_g(r.predicted_kv_bytes)} ({_g(r.predicted_uncertainty_bytes)}) | "
-            f"{_g(r.truth_kv_bytes)} ({r.truth_from}) | {_g(r.error_bytes, True)} | "
+            f"{_g(r.truth_kv_bytes)} ({_truth_note(r)}) | {_g(r.error_bytes, True)} | "
             f"{_g(r.vllm_kv_bytes)} | {_g(r.vllm_error_bytes, True)} |"
         )
     return out
@@ -310,7 +344,7 @@ def _best(rows: Sequence[Row]) -> list[Row]:
     """The profiled rows of one configuration whose truth is serving's peak (a full-size step,
     then a step over cached context), else a full-size step, else a partial step, else all."""
     rows = [r for r in rows if _profiled(r)] or list(rows)
-    for source in ("serving peak", "step", "step-partial"):
+    for source in ("serving peak", "step", "step-partial", "narrower context step"):
         best = [r for r in rows if r.truth_from == source]
         if best:
             return best
@@ -353,7 +387,12 @@ def summary(rows: Sequence[Row]) -> dict[str, Any]:
         for name, rs in by.items()
         for best in [_best(rs)]
     }
-    unseen = [r for c in by.values() for r in _best(c) if not r.architecture_in_calibration]
+    unseen = [
+        r
+        for c in by.values()
+        for r in _best(c)
+        if not r.architecture_in_calibration and r.truth_from != "narrower context step"
+    ]
     archs = sorted({r.architecture for r in unseen})
     within = [
         a
@@ -381,7 +420,13 @@ def render(c: Check, command: str) -> str:
         "predicted − truth. vLLM's estimate = the KV a vLLM-alone start allocated. "
         "step-partial: the record's step ran fewer than max_num_batched_tokens − 1 tokens (its "
         "truth overstates the KV that fits); such a row is left out of the summary when the "
-        "configuration has a full-size step.",
+        "configuration has a full-size step. Stand-in scratch: segments the step over cached "
+        "context opened for the lab's DSA stand-ins' own temporaries (lab/standin_scratch.py, "
+        "from the call's step history), which DeepGEMM's kernels do not allocate; the truth "
+        "adds them back. Narrower context step: a configuration whose step over cached context "
+        "stayed narrower than serving's widest for the same question "
+        "(NARROWER_CONTEXT_STEP says why); its rows are listed and left out of the "
+        "per-architecture summary.",
         "",
         *table(c.rows),
         "",

@@ -53,7 +53,10 @@ DeepSeek sparse attention (DSA: an indexer picks ``index_topk`` positions per qu
   query length of at most its reorder threshold (256 tokens at 128 heads on SM90) is all
   decodes, the sparse attend below; a request whose query length differs from the first one's
   is a prefill however short, so a full chunk is reachable with max_num_seqs requests over
-  cached prefixes of up to index_topk - 1 tokens.
+  cached prefixes of up to index_topk - 1 tokens. Measured on an H200 (reports/vllm, calls
+  41-42, DeepSeek-V3.2's shape): 16 and 17 prefills over 1,984 cached tokens each, with query
+  lengths that all differ (vLLM's batch reorder may put any of them first), up-projected
+  chunks of 31,744 and 32,640 rows; the second start ended 0.051 GiB over memest's budget.
 - otherwise the sparse attend over the top-k positions (``forward_mqa`` ->
   ``FlashMLASparseImpl._forward_bf16_kv``): nothing is up-projected; it reads the KV cache's rows
   in place (BF16 cache; an FP8 cache is up-converted into a workspace reserved at init) and

@@ -49,17 +49,13 @@ def context_law(
 def context_range(shape: ModelShape, config: RunConfig, block_size: int, *, v_padded: bool) -> int:
     """The term's range: FA2's padded v where FA3 is assumed, and a second full chunk.
 
-    For a DSA model it holds the whole term too: the dense-MHA chunk over cached context is
-    derived from vLLM's code, but the H200 DSA starts' steps over cached context (uniform and
-    differing query lengths, calls 33 and 38) never up-projected one, so serving may not reach it.
+    A DSA model's the same: its dense-MHA chunk over cached context is reached by a step whose
+    prefills' sequences fit the top-k (reports/vllm, calls 41-42: 31,744 and 32,640 rows of the
+    32,768-row chunk on the H200).
     """
     if shape.family != "mla":
         return 0
     mml, seqs, mbt = _grid(config)
-    if shape.index_topk:
-        term = context_term_bytes(shape, mml, seqs, block_size, mbt, v_padded=v_padded)
-        tokens = workspace_tokens(shape, config, block_size)
-        return max(term, second_chunk_bytes(shape, tokens, mbt, v_padded=True))
     padded = 0
     if not v_padded:
         padded = context_term_bytes(
