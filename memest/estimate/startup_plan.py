@@ -131,9 +131,7 @@ def graph_profiling_kept(report: RunReport) -> int:
     growth = max(end.torch_allocated_bytes - start.torch_allocated_bytes, 0)
     side = 0
     if start.aux_stream_allocated_bytes is not None and end.aux_stream_allocated_bytes is not None:
-        side = min(
-            max(end.aux_stream_allocated_bytes - start.aux_stream_allocated_bytes, 0), growth
-        )
+        side = max(end.aux_stream_allocated_bytes - start.aux_stream_allocated_bytes, 0)
     return max(growth - 2 * side, 0)  # own (growth - side) less side, as with a history
 
 

@@ -26,9 +26,10 @@ class MemoryReading(MemestModel):
     )
     serving_stream_free_bytes: NonNegativeBytes | None = Field(
         default=None,
-        description="Free bytes the default pool holds on the CUDA stream vLLM serves on "
-        "(vllm.utils.torch_utils.current_stream(); 0 before vLLM has made that stream): the "
-        "cache serving's first step can reuse, blocks being per stream. None when not read",
+        description="Free bytes the default pool holds on the CUDA stream vLLM's "
+        "current_stream() names at the reading (vllm.utils.torch_utils; 0 before vLLM has made "
+        "one): at the end of init the stream serving runs on, whose cache alone its first step "
+        "can reuse, blocks being per stream. None when not read",
     )
     aux_stream_allocated_bytes: NonNegativeBytes | None = Field(
         default=None,
