@@ -235,6 +235,16 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "context_distinct_queries": 18,
         "context_block": 64,
     },
+    # At 65,536 positions the chunk is 65,536 rows: 34 requests, 33 prefills over 1,984
+    # cached tokens each (65,536 // 33 rounded down to the block: all 1,984 in one chunk of
+    # 65,472 rows).
+    "S_dsv32_4l_s64_t2048_m64k_bf16_ctxdense34": {
+        **DSA_START,
+        "dsa_standins": "bf16",
+        "max_model_len": 65536,
+        "context_distinct_queries": 34,
+        "context_block": 64,
+    },
     # DeepSeek-scale MLA and MoE breadth (issue 26), each with the FlashAttention prefill where
     # MLA and the step over cached context (32,768-row chunks at max_model_len 4,096).
     # DeepSeek-V3's attention (128 heads, q_lora_rank 1,536, kv_lora_rank 512) and layer mix: 3
@@ -531,6 +541,11 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
     # readings now carry the serving stream's free bytes and the auxiliary stream's allocations.
     # The widest dense context chunk a prefix-cached DSA step reaches, then the plans the
     # plugin writes for Mixtral and the 64-head MLA shape with the per-stream readings.
+    # The dense chunk at 65,536 positions (memest apply with the step histories, vLLM alone).
+    "dsa_ctxdense_m64k": [
+        ("S_dsv32_4l_s64_t2048_m64k_bf16_ctxdense34", "apply-stephist"),
+        ("S_dsv32_4l_s64_t2048_m64k_bf16_ctxdense34", "alone"),
+    ],
     "dsa_ctxdense18_plans": [
         ("S_dsv32_4l_s64_t2048_ctxdense18", "apply-stephist"),
         ("S_dsv32_4l_s64_t2048_ctxdense18", "alone"),
