@@ -50,8 +50,8 @@ def usage_bytes(report: RunReport, terms: FullInitTerms) -> int:
     """Usage: device memory in use at the end of init plus what serving's first full-size step adds.
 
     That step needs the activation headroom again, beyond what the allocator already holds
-    cached in its default pool at the final reading (graph pools' free space serves only
-    replays): a reading taken after ``empty_cache()`` adds the whole headroom, a reading taken
+    cached for it at the final reading (``default_pool_cached``: the serving stream's free
+    blocks where read; graph pools' free space serves only replays): a reading taken after ``empty_cache()`` adds the whole headroom, a reading taken
     after a full-size step adds nothing. An MLA model's step over cached context then adds its
     context chunk (``mla_context_bytes``) in segments of its own.
 
