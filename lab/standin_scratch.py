@@ -9,7 +9,10 @@ DeepGEMM does not open; the pre-flight, which models the kernels, is compared wi
 less them (lab/preflight_check.py).
 
 A segment belongs to a stand-in when the first frame outside torch is in lab/dsa_standins.py;
-it is an output when that frame's source line makes one (``OUTPUT_LINES``).
+it is an output when that frame's source line makes one (``OUTPUT_LINES``). The histories
+record line numbers, so the lines read are today's file: calls 33-43 ran lab/dsa_standins.py as
+of commit 20e6f7f, unchanged since; an edit that moves its lines needs the source the start ran
+(``scratch_segment_bytes``' ``source``).
 """
 
 from __future__ import annotations
