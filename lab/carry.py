@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-CARRY = ROOT / ".vllm_h200"
+import os  # noqa: E402
+
+# The carried vLLM build: .vllm_h200 (vLLM 0.33.0) unless MEMEST_LAB_CARRY names another folder
+# under the repo root (e.g. .vllm_h200_034, built by build_carry.sh OUTDIR 0.34.0).
+CARRY = ROOT / os.environ.get("MEMEST_LAB_CARRY", ".vllm_h200")
 
 
 def launcher() -> Any:

@@ -85,6 +85,8 @@ MLA_ATTENTION = {"attention_backend": "TRITON_MLA", "mla_prefill_backend": "FLAS
 OLD_TREE = ROOT / ".memest_old"
 CACHE = SHARED_TMP / "vllm_h200_cache"
 MAX_MODEL_LEN = 4096
+# vLLM 0.34's extensible KV cache sizing (extensible_kv_cache.measure_kv_cache_blocks)
+SIZED_LINE = re.compile(r"(Memory after warmup: [^\n]*)")
 # vLLM's own timing of the engine's init (profile, KV cache, warm-up and capture)
 INIT_LINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)")
 # DeepSeek-V3.2 with 4 of its 61 layers (lab/models/dsv32_4l) as the DSA starts run it; the
@@ -288,6 +290,56 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "standins": True,  # the grouped rms_norm of the draft's context-K norm
         "spec": DSPARK_K7,
     },
+    # Grids no calibration saw: `vllm serve`'s defaults (1,024 seqs, 8,192 tokens, max_model_len
+    # 8,192) and a wide prefill grid (256 seqs, 16,384 tokens), for the MoE and MLA shapes.
+    "X_mixtral4l_s1024_t8192": {
+        "model": str(LAB_MODELS / "mixtral_4l"),
+        "max_num_seqs": 1024,
+        "mbt": 8192,
+        "max_model_len": 8192,
+        "util": 0.85,
+        "standins": True,
+    },
+    "X_mixtral4l_s256_t16384": {
+        "model": str(LAB_MODELS / "mixtral_4l"),
+        "max_num_seqs": 256,
+        "mbt": 16384,
+        "util": 0.85,
+        "standins": True,
+    },
+    "K_mla64h8l_s1024_t8192_fa": {
+        "model": str(LAB_MODELS / "mla64h_kv256_8l"),
+        "max_num_seqs": 1024,
+        "mbt": 8192,
+        "max_model_len": 8192,
+        "util": 0.85,
+        "standins": True,
+        **MLA_ATTENTION,
+    },
+    "K_mla64h8l_s256_t16384_fa": {
+        "model": str(LAB_MODELS / "mla64h_kv256_8l"),
+        "max_num_seqs": 256,
+        "mbt": 16384,
+        "util": 0.85,
+        "standins": True,
+        **MLA_ATTENTION,
+    },
+    # Hybrids: Gemma-3 class (5 sliding-window layers of 1,024 + 1 full, vocabulary 262,144) and
+    # Qwen3-Next class (3 gated-delta-net linear-attention layers + 1 full, 512 experts top-10).
+    # The context step's prefix (4,032 tokens) is longer than the sliding window.
+    "G_gemma3_6l_s128_t4096": {
+        "model": str(LAB_MODELS / "gemma3_6l"),
+        "max_num_seqs": 128,
+        "mbt": 4096,
+        "util": 0.85,
+    },
+    "N_qwen3next4l_s64_t2048": {
+        "model": str(LAB_MODELS / "qwen3next_a3b_4l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": 0.85,
+        "standins": True,
+    },
     # Llama-3-8B with 4 of its 32 layers: a small model, where the plugin's fixed costs show.
     "T_llama8b4l_s128_t4096": {
         "model": str(LAB_MODELS / "llama8b_4l"),
@@ -373,6 +425,17 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("B_llama8b_s32_t2048", "apply"),
         ("B_llama8b_s32_t2048", "plan"),
         ("D_llama8b_s128_t4096_u070", "alone"),
+    ],
+    "grids_hybrid": [
+        ("X_mixtral4l_s1024_t8192", "apply"),
+        ("K_mla64h8l_s1024_t8192_fa", "apply"),
+        ("G_gemma3_6l_s128_t4096", "alone"),
+        ("N_qwen3next4l_s64_t2048", "alone"),
+    ],
+    "grids_wide": [
+        ("X_mixtral4l_s256_t16384", "apply"),
+        ("K_mla64h8l_s256_t16384_fa", "apply"),
+        ("X_mixtral4l_s1024_t8192", "alone"),
     ],
     "smoke": [("B_llama8b_s32_t2048", "enable")],
     # Owners under torch.compile (allocator history kept, map of generated code in the report):
@@ -786,6 +849,118 @@ def _context_step(
     }
 
 
+def _batch_step(llm: Any, cfg: dict[str, Any], used_end: int, reserved_end: int) -> dict[str, Any]:
+    """One request fanned out to max_num_seqs sequences with vLLM's
+    SamplingParams.for_sampler_warmup() options (the profile run's second sampler pass: float32
+    logits with top-k/top-p/min-p, penalties, logit bias, logprobs), after the other steps: the
+    step samples max_num_seqs rows at once. usage = in use at the end of init + the reservation
+    added since the end of init (every step so far) + memory outside PyTorch this step added."""
+    import torch
+    from vllm import SamplingParams
+
+    n = int(cfg["max_num_seqs"])
+    base = SamplingParams.for_sampler_warmup()
+    fields = (
+        "temperature top_p top_k min_p frequency_penalty presence_penalty repetition_penalty "
+        "min_tokens logit_bias logprobs prompt_logprobs"
+    ).split()
+    try:
+        sp = SamplingParams(
+            n=n,
+            max_tokens=2,
+            seed=0,
+            ignore_eos=True,
+            detokenize=False,
+            **{f: getattr(base, f) for f in fields},
+        )
+        torch.cuda.synchronize()
+        free0, total = torch.cuda.mem_get_info()
+        outside0 = (total - free0) - torch.cuda.memory_reserved()
+        llm.generate([{"prompt_token_ids": [11, 12, 13, 14, 15, 16, 17]}], sp)
+    except Exception as exc:  # the figure is optional; the start's record is not
+        return {"batch_step_error": f"{type(exc).__name__}: {exc}"[:300]}
+    torch.cuda.synchronize()
+    free1, _ = torch.cuda.mem_get_info()
+    reserved1 = torch.cuda.memory_reserved()
+    growth = max(int(torch.cuda.max_memory_reserved()) - reserved_end, 0)
+    outside = max(int((total - free1) - reserved1 - outside0), 0)
+    return {
+        "batch_step_seqs": n,
+        "batch_step_reserved_growth_bytes": growth,
+        "batch_step_outside_growth_bytes": outside,
+        "batch_step_usage_bytes": used_end + growth + outside,
+    }
+
+
+def _kv_groups(worker: Any) -> Any:
+    """vLLM's KV cache groups as this start built them (hybrid models have several): each
+    group's spec type, layers, block size and page size, and the KV tensors' bytes."""
+    try:
+        runner = getattr(worker, "model_runner", worker)
+        kcc = runner.kv_cache_config
+        groups = [
+            {
+                "spec": type(g.kv_cache_spec).__name__,
+                "layers": len(g.layer_names),
+                "block_size": int(g.kv_cache_spec.block_size),
+                "page_size_bytes": int(g.kv_cache_spec.page_size_bytes),
+                "sliding_window": getattr(g.kv_cache_spec, "sliding_window", None),
+            }
+            for g in kcc.kv_cache_groups
+        ]
+        tensors = [int(t.size) for t in kcc.kv_cache_tensors]
+        return {
+            "num_blocks": int(kcc.num_blocks),
+            "groups": groups,
+            "tensors": len(tensors),
+            "tensor_bytes": sum(tensors),
+        }
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:200]}
+
+
+def _vllm_version() -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _resolved_utilization(cache: Any) -> float | None:
+    """gpu_memory_utilization as vLLM resolved it (0.34: unset is 1.0 with the growable cache)."""
+    resolved = getattr(cache, "resolved_gpu_memory_utilization", None)
+    value = resolved if resolved is not None else getattr(cache, "gpu_memory_utilization", None)
+    return float(value) if value is not None else None
+
+
+def _extensible(worker: Any) -> Any:
+    """vLLM 0.34's growable KV cache as this start sized it (None when off or absent)."""
+    runner = getattr(worker, "model_runner", worker)
+    kv = getattr(runner, "extensible_kv_cache", None)
+    if kv is None:
+        return None
+    out: dict[str, Any] = {}
+    for name in (
+        "capacity_blocks",
+        "num_committed_blocks",
+        "bytes_per_block",
+        "physical_bytes",
+        "reserved_headroom_bytes",
+        "torch_reserve_growth_bytes",
+        "warmup_committable_blocks",
+        "torch_memory_limit",
+        "min_committed_blocks",
+    ):
+        try:
+            value = getattr(kv, name)
+            out[name] = int(value) if value is not None else None
+        except Exception as exc:
+            out[name] = f"{type(exc).__name__}"
+    return out
+
+
 def _greedy_one_token() -> Any:
     from vllm import SamplingParams
 
@@ -866,7 +1041,6 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         model=cfg["model"],
         load_format="dummy",
         skip_tokenizer_init=True,
-        gpu_memory_utilization=cfg["util"],
         enforce_eager=False,
         attention_backend=cfg.get("attention_backend", "TRITON_ATTN"),
         max_model_len=cfg.get("max_model_len", MAX_MODEL_LEN),
@@ -883,6 +1057,8 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
             **cfg.get("kernel_config", {}),
         },
     )
+    if cfg["util"] is not None:  # None: the installed vLLM's default (1.0 growable on 0.34)
+        kw["gpu_memory_utilization"] = cfg["util"]
     if cfg.get("mla_prefill_backend"):
         kw["attention_config"] = {"mla_prefill_backend": cfg["mla_prefill_backend"]}
         if cfg["mla_prefill_backend"] == "FLASH_ATTN":
@@ -907,6 +1083,7 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
     }
     step = _first_full_step(llm, cfg, int(total - free))
     step.update(_context_step(llm, cfg, int(total - free), end_torch["end_reserved_bytes"]))
+    step.update(_batch_step(llm, cfg, int(total - free), end_torch["end_reserved_bytes"]))
     peak = getattr(worker, "peak_activation_memory", None)
     est = getattr(worker, "cudagraph_memory_estimate", None)
     headroom = None
@@ -952,6 +1129,10 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         "memest_shed": getattr(st, "shed_reason", None),
         "memest_notes": list(st.notes)[-20:],
         "allocator_snapshot_s": {"count": len(_SNAPSHOT_S), "total": round(sum(_SNAPSHOT_S), 2)},
+        "kv_groups": _kv_groups(worker),
+        "vllm_version": _vllm_version(),
+        "gpu_memory_utilization": _resolved_utilization(cache),
+        "extensible_kv_cache": _extensible(worker),
         **_OWN,
         **end_torch,
         **step,
@@ -1053,12 +1234,15 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
             if h is None:
                 h = rec.get("own_headroom_bytes")
                 rec["headroom_from"] = "this start's profile_run" if h is not None else None
-            rec["budget_bytes"] = math.ceil(rec["total_bytes"] * CONFIGS[cfg_name]["util"])
+            util = CONFIGS[cfg_name]["util"] or rec.get("gpu_memory_utilization") or 1.0
+            rec["budget_bytes"] = math.ceil(rec["total_bytes"] * util)
+            sized = SIZED_LINE.findall(log_path.read_text(errors="replace"))
+            rec["vllm_memory_after_warmup_line"] = sized[-1] if sized else None
             if h is not None:
                 usage = rec["persistent_used_bytes"] + int(h)
                 rec["usage_end_bytes"] = usage
                 rec["usage_minus_budget_bytes"] = usage - rec["budget_bytes"]
-            for kind in ("step", "context_step"):
+            for kind in ("step", "context_step", "batch_step"):
                 if rec.get(f"{kind}_usage_bytes") is not None:
                     usage = rec[f"{kind}_usage_bytes"]
                     rec[f"{kind}_usage_minus_budget_bytes"] = usage - rec["budget_bytes"]
@@ -1075,6 +1259,7 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
             f"umb={rec.get('usage_minus_budget_bytes')} "
             f"step_umb={rec.get('step_usage_minus_budget_bytes')} "
             f"context_umb={rec.get('context_step_usage_minus_budget_bytes')} "
+            f"batch_umb={rec.get('batch_step_usage_minus_budget_bytes')} "
             f"kv_tokens={rec.get('kv_tokens')}",
             flush=True,
         )
