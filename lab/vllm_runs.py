@@ -340,6 +340,24 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "util": 0.85,
         "standins": True,
     },
+    # vLLM's own default utilization (0.34: 1.0 with its growable KV cache, sized from measured
+    # memory after warm-up and capture), for a dense, an MoE and an MLA shape.
+    "A_llama8b_s128_t4096_udef": {"model": LLAMA, "max_num_seqs": 128, "mbt": 4096, "util": None},
+    "M_qwen3moe8l_s64_t2048_udef": {
+        "model": str(LAB_MODELS / "qwen3moe_8l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": None,
+        "standins": True,
+    },
+    "L_dsv2lite8l_s64_t2048_fa_udef": {
+        "model": str(LAB_MODELS / "dsv2lite_8l"),
+        "max_num_seqs": 64,
+        "mbt": 2048,
+        "util": None,
+        "standins": True,
+        **MLA_ATTENTION,
+    },
     # Llama-3-8B with 4 of its 32 layers: a small model, where the plugin's fixed costs show.
     "T_llama8b4l_s128_t4096": {
         "model": str(LAB_MODELS / "llama8b_4l"),
@@ -436,6 +454,12 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("X_mixtral4l_s256_t16384", "apply"),
         ("K_mla64h8l_s256_t16384_fa", "apply"),
         ("X_mixtral4l_s1024_t8192", "alone"),
+    ],
+    # with MEMEST_LAB_CARRY=.vllm_h200_034: vLLM 0.34.0 alone at its defaults
+    "v034_alone": [
+        ("A_llama8b_s128_t4096_udef", "alone"),
+        ("M_qwen3moe8l_s64_t2048_udef", "alone"),
+        ("L_dsv2lite8l_s64_t2048_fa_udef", "alone"),
     ],
     "smoke": [("B_llama8b_s32_t2048", "enable")],
     # Owners under torch.compile (allocator history kept, map of generated code in the report):
