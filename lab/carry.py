@@ -17,6 +17,20 @@ import os  # noqa: E402
 # The carried vLLM build: .vllm_h200 (vLLM 0.33.0) unless MEMEST_LAB_CARRY names another folder
 # under the repo root (e.g. .vllm_h200_034, built by build_carry.sh OUTDIR 0.34.0).
 CARRY = ROOT / os.environ.get("MEMEST_LAB_CARRY", ".vllm_h200")
+# Each carry unpacks into, and compiles into, folders of its own: a warm machine that ran one
+# vLLM version must not start another from the first one's site or compile cache.
+_SUFFIX = CARRY.name.removeprefix(".vllm_h200")
+SITE = Path(tempfile.gettempdir()) / f"vllm_h200_site{_SUFFIX}"
+CACHE_ROOT = Path(tempfile.gettempdir()) / f"vllm_h200_cache{_SUFFIX}"
+
+
+def cache_env() -> dict[str, str]:
+    """The launcher's cache variables for this carry (it only sets those not already set)."""
+    return {
+        "VLLM_CACHE_ROOT": str(CACHE_ROOT),
+        "TORCHINDUCTOR_CACHE_DIR": str(CACHE_ROOT / "inductor"),
+        "TRITON_CACHE_DIR": str(CACHE_ROOT / "triton"),
+    }
 
 
 def launcher() -> Any:

@@ -128,6 +128,13 @@ def main() -> None:
             # from call 15 on: then a step over cached context; serving's peak is the larger
             usage = max(usage, r["context_step_usage_bytes"])
             usage_kind = "serving's peak: first full-size step, then a step over cached context"
+        if r.get("batch_step_usage_bytes") is not None:
+            # from call 44 on: then a full-batch step with the sampler-warmup options
+            usage = max(usage, r["batch_step_usage_bytes"])
+            usage_kind = (
+                "serving's peak: first full-size step, a step over cached context, "
+                "a full-batch step with vLLM's sampler-warmup options"
+            )
         rec = {
             "configuration": r["config"],
             "call": r["call"],
@@ -153,9 +160,20 @@ def main() -> None:
             if r["call"] not in DIAGNOSTIC_CALLS
             else "start (diagnostic: memest's profile_run hook was not installed)",
         }
-        for kind in ("step", "context_step"):
+        for kind in ("step", "context_step", "batch_step"):
             if r.get(f"{kind}_usage_bytes") is not None:
                 rec[f"{kind}_usage_minus_budget_bytes"] = r[f"{kind}_usage_bytes"] - budget
+        if r.get("vllm_version"):
+            rec["vllm_version"] = r["vllm_version"]
+        if r.get("gpu_memory_utilization") is not None:
+            rec["gpu_memory_utilization"] = r["gpu_memory_utilization"]
+        groups = (r.get("kv_groups") or {}).get("groups") or []
+        if len(groups) > 1:  # a hybrid: vLLM's own token count, its groups share one buffer
+            rec["kv_groups"] = groups
+            tokens, concurrency = vllm_kv_line(r)
+            rec["kv_tokens"], rec["max_concurrency"] = tokens, concurrency
+            kvg = r["kv_groups"]  # every KV tensor aliases one buffer (call 44 recorded the sum)
+            rec["kv_bytes"] = kvg["tensor_bytes"] // max(kvg["tensors"], 1)
         if r.get("context_step_context_tokens") is not None:
             rec["context_step_context_tokens"] = r["context_step_context_tokens"]
         if (r["call"], r["config"]) in DIAGNOSTIC_STARTS:
@@ -188,6 +206,19 @@ def architecture(config: str) -> str:
 
 
 _KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+_CONCURRENCY = re.compile(
+    r"GPU KV cache size: ([\d,]+) tokens, Maximum concurrency for [\d,]+ tokens per request: "
+    r"([\d.]+)x"
+)
+
+
+def vllm_kv_line(r: dict) -> tuple[int | None, float | None]:
+    """KV tokens and maximum concurrency from vLLM's own log line of an LLM() start."""
+    log = RAW / f"{r['call']}-logs" / f"{r['config']}.{r['mode']}.log"
+    found = _CONCURRENCY.findall(log.read_text(errors="replace")) if log.is_file() else []
+    if not found:
+        return None, None
+    return int(found[-1][0].replace(",", "")), float(found[-1][1])
 
 
 def serve_kv(r: dict) -> tuple[int | None, int | None]:

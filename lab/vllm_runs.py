@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python3 lab/X.py`: the repo root
-from lab.carry import CARRY, ROOT, launcher, plugin_site  # noqa: E402
+from lab.carry import CACHE_ROOT, CARRY, ROOT, SITE, cache_env, launcher, plugin_site  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/memest_out"))
 SHARED_TMP = Path(tempfile.gettempdir())
@@ -83,7 +83,7 @@ DSPARK_K7 = json.dumps(
 MLA_ATTENTION = {"attention_backend": "TRITON_MLA", "mla_prefill_backend": "FLASH_ATTN"}
 # A copy of an earlier memest tree (git archive), for before/after starts in one call.
 OLD_TREE = ROOT / ".memest_old"
-CACHE = SHARED_TMP / "vllm_h200_cache"
+CACHE = CACHE_ROOT
 MAX_MODEL_LEN = 4096
 # vLLM 0.34's extensible KV cache sizing (extensible_kv_cache.measure_kv_cache_blocks)
 SIZED_LINE = re.compile(r"(Memory after warmup: [^\n]*)")
@@ -339,6 +339,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "mbt": 2048,
         "util": 0.85,
         "standins": True,
+        # vLLM picks FlashInfer's GDN prefill on SM90, which the carry lacks: FLA's Triton kernels
+        "additional_config": {"gdn_prefill_backend": "triton"},
     },
     # vLLM's own default utilization (0.34: 1.0 with its growable KV cache, sized from measured
     # memory after warm-up and capture), for a dense, an MoE and an MLA shape.
@@ -943,6 +945,17 @@ def _kv_groups(worker: Any) -> Any:
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
 
 
+def _kv_bytes(worker: Any, one_group: int) -> int:
+    """The KV cache's bytes: vLLM's KV tensors all alias one buffer of bytes_per_block x
+    num_blocks (v1/core/kv_cache_planning.py get_kv_cache_config_from_groups), so a hybrid
+    model's groups share it; one group of layers is num_blocks x the layers' pages."""
+    try:
+        kcc = getattr(worker, "model_runner", worker).kv_cache_config
+        return max(int(t.size) for t in kcc.kv_cache_tensors)
+    except Exception:
+        return one_group
+
+
 def _vllm_version() -> str | None:
     import importlib.metadata
 
@@ -1034,8 +1047,10 @@ def _provide_flash_attn(torch: Any) -> None:
 def child(cfg_name: str, mode: str, result_path: Path) -> None:
     cfg = CONFIGS[cfg_name]
     carried = launcher()
+    for key, value in cache_env().items():
+        os.environ.setdefault(key, value)
     carried.set_env()
-    carried.prepare_site(str(CARRY), os.path.join(tempfile.gettempdir(), "vllm_h200_site"))
+    carried.prepare_site(str(CARRY), str(SITE))
     import torch
 
     carried.ensure_torchvision()
@@ -1087,6 +1102,8 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         kw["attention_config"] = {"mla_prefill_backend": cfg["mla_prefill_backend"]}
         if cfg["mla_prefill_backend"] == "FLASH_ATTN":
             kw["attention_config"]["flash_attn_version"] = 2  # the stand-in's version
+    if cfg.get("additional_config"):
+        kw["additional_config"] = cfg["additional_config"]
     if cfg.get("kv_cache_dtype"):
         kw["kv_cache_dtype"] = cfg["kv_cache_dtype"]
     if cfg.get("spec"):
@@ -1137,7 +1154,7 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         "kv_page_bytes_all_layers": page_all,
         "kv_cache_dtype": str(getattr(cache, "cache_dtype", None)),
         "quantization": str(llm.llm_engine.vllm_config.model_config.quantization),
-        "kv_bytes": num_blocks * page_all,
+        "kv_bytes": _kv_bytes(worker, num_blocks * page_all),
         "kv_tokens": num_blocks * block_size,
         "kv_cache_memory_bytes_given": cache.kv_cache_memory_bytes,
         "vllm_cudagraph_estimate_bytes": est,
@@ -1288,7 +1305,7 @@ def run_group(group: str, budget_s: float, per_start_s: float) -> None:
             flush=True,
         )
     # startup plans memest wrote, for the record
-    plans = SHARED_TMP / "vllm_h200_cache" / "startup_plan"
+    plans = CACHE / "startup_plan"
     if plans.exists():
         for p in plans.glob("*.json"):
             (OUT / "plans").mkdir(exist_ok=True)
