@@ -956,6 +956,21 @@ def _kv_bytes(worker: Any, one_group: int) -> int:
         return one_group
 
 
+def _without_msa_warmup() -> None:
+    """vLLM 0.34's kernel_warmup imports minimax_m3_msa_warmup on CUDA for every model, and
+    that module imports NVIDIA's CuTe DSL (`cutlass`), which the carry lacks; the warm-up only
+    serves MiniMax-M3's sparse attention, so without the DSL it becomes a no-op."""
+    if importlib.util.find_spec("cutlass") is not None:
+        return
+    import types
+
+    name = "vllm.model_executor.warmup.minimax_m3_msa_warmup"
+    module = types.ModuleType(name)
+    module.minimax_m3_msa_warmup = lambda worker, *a, **k: None  # type: ignore[attr-defined]
+    sys.modules[name] = module
+    print(f"NO-OP {name}: no CuTe DSL (cutlass) here", flush=True)
+
+
 def _vllm_version() -> str | None:
     import importlib.metadata
 
@@ -1054,6 +1069,7 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
     import torch
 
     carried.ensure_torchvision()
+    _without_msa_warmup()
     _time_allocator_snapshots(torch)
     from vllm import LLM
 
