@@ -463,6 +463,16 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("M_qwen3moe8l_s64_t2048_udef", "alone"),
         ("L_dsv2lite8l_s64_t2048_fa_udef", "alone"),
     ],
+    # vLLM 0.33.0: the hybrids with memest (Gemma-3 class), Qwen3-Next on FLA's GDN prefill
+    "hybrid_apply": [
+        ("G_gemma3_6l_s128_t4096", "apply"),
+        ("N_qwen3next4l_s64_t2048", "alone"),
+    ],
+    # with MEMEST_LAB_CARRY=.vllm_h200_034: vLLM 0.34.0 alone and memest apply, dense
+    "v034_dense": [
+        ("A_llama8b_s128_t4096_udef", "alone"),
+        ("A_llama8b_s128_t4096_udef", "apply"),
+    ],
     "smoke": [("B_llama8b_s32_t2048", "enable")],
     # Owners under torch.compile (allocator history kept, map of generated code in the report):
     # a cold Llama-8B start, the same warm (compile-cache hit: same owner table), EAGLE3 K=3 and
