@@ -67,8 +67,16 @@ def _strict(schema: Any) -> Any:
 
 
 @cache
+def _validator(group: str, kind: str, version: str) -> Any:
+    import jsonschema
+
+    schema = _schema(group, kind, version)
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
 def _schema(group: str, kind: str, version: str) -> dict[str, Any]:
-    crd = yaml.safe_load(gzip.decompress((CRDS / FILES[(group, kind)]).read_bytes()))
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: the KServe CRD is 1.2 MB
+    crd = yaml.load(gzip.decompress((CRDS / FILES[(group, kind)]).read_bytes()), Loader=loader)
     assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind
     (found,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
     schema: dict[str, Any] = found["schema"]["openAPIV3Schema"]
@@ -85,4 +93,8 @@ def validate(doc: dict[str, Any]) -> None:
     import jsonschema
 
     group, version = str(doc["apiVersion"]).split("/")
-    jsonschema.validate(doc, _schema(group, doc["kind"], version))
+    error = jsonschema.exceptions.best_match(
+        _validator(group, doc["kind"], version).iter_errors(doc)
+    )
+    if error is not None:
+        raise error
