@@ -25,6 +25,7 @@ import yaml
 from memest._version import __version__
 from memest.estimate import account
 from memest.files import load_report
+from memest.vllm_versions import SUPPORTED
 from tests import crds, deploy_init
 from tests.conftest import require_tool
 
@@ -276,16 +277,16 @@ def test_release_workflow_tests_then_publishes_by_trusted_publishing() -> None:
     wf = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yml").read_text())
     jobs = wf["jobs"]
     assert "bash scripts/build_release.sh dist" in [s.get("run") for s in jobs["build"]["steps"]]
-    assert jobs["test-wheel"]["strategy"]["matrix"]["vllm"] == ["0.33.0", "0.34.0"]
+    assert jobs["test-wheel"]["strategy"]["matrix"]["vllm"] == list(SUPPORTED)
     assert any(
         "tests/integration/test_wheel.py" in str(s.get("run")) for s in jobs["test-wheel"]["steps"]
     )
     publish = jobs["publish"]
     assert publish["needs"] == ["build", "test-wheel"]
-    assert publish["permissions"] == {"id-token": write} if (write := "write") else False
+    assert publish["permissions"] == {"id-token": "write"}
     assert any(
         str(s.get("uses", "")).startswith("pypa/gh-action-pypi-publish") for s in publish["steps"]
     )
     assert not any("password" in str(s.get("with", {})) for s in publish["steps"])
     images = yaml.safe_load((ROOT / ".github" / "workflows" / "images.yml").read_text())
-    assert images["jobs"]["vllm"]["strategy"]["matrix"]["vllm"] == ["0.33.0", "0.34.0"]
+    assert images["jobs"]["vllm"]["strategy"]["matrix"]["vllm"] == list(SUPPORTED)

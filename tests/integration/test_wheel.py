@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from memest._version import DISTRIBUTION, __version__
+from memest.vllm_versions import SUPPORTED
 from tests.conftest import require_or_skip, require_tool
 
 pytestmark = pytest.mark.deploy
@@ -169,6 +170,10 @@ VLLM_ENVS = {
 
 SITE_DIRS = "import json, site, sysconfig; print(json.dumps(site.getsitepackages() + [sysconfig.get_paths()['purelib']]))"
 VERSION_PROBE = "import importlib.metadata as md; print(md.version('vllm'))"
+
+
+def test_every_supported_vllm_has_an_environment() -> None:
+    assert sorted(VLLM_ENVS) == sorted(SUPPORTED)
 
 
 def _site_dirs(python: Path) -> list[Path]:
