@@ -275,3 +275,26 @@ def test_compose_binds_loopback_and_has_no_default_password() -> None:
     grafana_env = compose["services"]["grafana"]["environment"]
     assert grafana_env["GF_SECURITY_ADMIN_PASSWORD"].endswith(":?set GRAFANA_ADMIN_PASSWORD}")
     assert "memest" not in json.dumps(compose["services"]["db"]["environment"]["POSTGRES_PASSWORD"])
+
+
+def test_vllm_image_is_built_from_this_repository() -> None:
+    """The vLLM + plugin image installs the wheel built from these sources (no registry), on
+    vLLM's image of a supported version, and ships the init container's script."""
+    from memest.vllm_versions import SUPPORTED
+
+    lines = [ln.split() for ln in (KUBE / "vllm" / "Dockerfile").read_text().splitlines()]
+    lines = [ln for ln in lines if ln and not ln[0].startswith("#")]
+    (arg,) = [ln for ln in lines if ln[0] == "ARG"]
+    assert arg[1].split("=")[1] in SUPPORTED
+    froms = [ln[1] for ln in lines if ln[0] == "FROM"]
+    assert froms[-1] == "vllm/vllm-openai:v${VLLM_VERSION}"
+    for ln in lines:
+        if ln[0] == "COPY" and not ln[1].startswith("--from"):
+            for source in ln[1:-1]:
+                assert (ROOT / source).exists(), source
+    installs = [" ".join(ln) for ln in lines if ln[0] == "RUN" and "pip" in ln]
+    assert any("/wheels/*.whl" in i and "--no-deps" in i for i in installs), installs
+    copies = {ln[-1]: ln[1] for ln in lines if ln[0] == "COPY"}
+    assert copies["/usr/local/bin/memest-preflight-init"] == (
+        "deploy/kubernetes/vllm/memest-preflight-init.sh"
+    )
