@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from memest._version import DISTRIBUTION, __version__
-from memest.vllm_versions import SUPPORTED
 from tests.conftest import require_or_skip, require_tool
 
 pytestmark = pytest.mark.deploy
@@ -168,16 +167,13 @@ VLLM_ENVS = {
     "0.34.0": ROOT / ".venv-vllm034" / "bin" / "python",
 }
 
-SITE_DIRS = "import json, site, sysconfig; print(json.dumps(site.getsitepackages() + [sysconfig.get_paths()['purelib']]))"
+SITE_DIRS = "import json, sys; print(json.dumps([p for p in sys.path if p.endswith('-packages')]))"
 VERSION_PROBE = "import importlib.metadata as md; print(md.version('vllm'))"
 
 
-def test_every_supported_vllm_has_an_environment() -> None:
-    assert sorted(VLLM_ENVS) == sorted(SUPPORTED)
-
-
 def _site_dirs(python: Path) -> list[Path]:
-    """Every site folder ``python`` reads, its own first (a --system-site-packages venv's base after)."""
+    """Every site folder ``python`` reads, in its order: its own first, then those its .pth files
+    add (.venv-vllm034 layers .venv's after its own)."""
     found = json.loads(_run([str(python), "-c", SITE_DIRS]).stdout)
     out: list[Path] = []
     for entry in found:
@@ -187,14 +183,27 @@ def _site_dirs(python: Path) -> list[Path]:
     return out
 
 
+def _dist_name(entry: Path) -> str | None:
+    """The distribution a *.dist-info or *.egg-info folder describes (normalized), else None."""
+    if entry.suffix not in (".dist-info", ".egg-info"):
+        return None
+    return entry.name.split("-")[0].lower().replace("_", "-").replace(".", "-")
+
+
 def _deps_without_memest(tmp: Path, python: Path) -> Path:
-    """A site folder of links to ``python``'s installed packages, memest's own left out."""
+    """A site folder of links to ``python``'s installed packages, memest's own left out. The first
+    site folder that has a package or a distribution's metadata wins, as on ``python``'s path:
+    vLLM 0.34.0's files and metadata, not the 0.33.0 of the environment below it."""
     deps = tmp / "deps"
     deps.mkdir()
+    seen: set[str] = set()
     for site_dir in _site_dirs(python):
-        for entry in site_dir.iterdir():
-            if "memest" in entry.name.lower() or (deps / entry.name).exists():
-                continue  # the editable install (dist-info, .pth, finder); the first copy wins
+        for entry in sorted(site_dir.iterdir()):
+            dist = _dist_name(entry)
+            if "memest" in entry.name.lower() or (deps / entry.name).exists() or dist in seen:
+                continue  # the editable install (dist-info, .pth, finder); a lower copy
+            if dist is not None:
+                seen.add(dist)
             (deps / entry.name).symlink_to(entry)
     return deps
 
