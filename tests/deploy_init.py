@@ -77,7 +77,11 @@ def run_init(
     local = {k: relocate(v, mounts) for k, v in env.items()}
     # This environment's `memest`, `hf` and `python3` first; no credentials, no network.
     bin_dir = str(Path(sys.executable).parent)
-    local.update(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HF_HUB_OFFLINE="1")
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    for command in ("memest", "hf"):  # hf: huggingface_hub's, which vLLM installs
+        if shutil.which(command, path=path) is None:
+            require_or_skip("MEMEST_REQUIRE_DEPLOY", f"command {command} is not installed")
+    local.update(PATH=path, HF_HUB_OFFLINE="1")
     local.pop("HF_TOKEN", None)
     local["HOME"] = str(home)
     local["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
