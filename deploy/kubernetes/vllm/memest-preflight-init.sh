@@ -8,7 +8,8 @@
 #   - once a start with the same model and flags has written its measured startup plan (the
 #     plugin, MEMEST_ESTIMATE=plan) under VLLM_CACHE_ROOT/startup_plan on the persistent volume:
 #     no KV size, so that vLLM (VLLM_ENABLE_STARTUP_PLAN=1) applies the measured plan; vLLM
-#     applies none when --kv-cache-memory-bytes is given.
+#     applies none when --kv-cache-memory-bytes is given, and where the plan does not apply
+#     (less free memory than it recorded) vLLM profiles and sizes the KV cache itself.
 # Environment: MODEL (what `vllm serve` takes), MODEL_REVISION, GPU_KIND (h200), TENSOR_PARALLEL_SIZE,
 # MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS, MAX_MODEL_LEN, GPU_MEMORY_UTILIZATION (the same values
 # vLLM is started with), VLLM_CACHE_ROOT and MEMEST_VLLM_CONFIG (required: the file written, on a
