@@ -143,14 +143,18 @@ def test_llm_d_modelservice_overlay(tmp_path: Path) -> None:
     docs = _render("llm-d-modelservice", DEPLOY / "llm-d" / "values-memest.yaml")
     for doc in docs:
         _kube_validate(doc)
-    (decode,) = [d for d in docs if d["kind"] == "Deployment"]
-    assert decode["metadata"]["name"].endswith("-decode")
-    pod = decode["spec"]["template"]["spec"]
-    vllm = _by_name(pod["containers"], "vllm")
-    _check_vllm_env(vllm)
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert decode["spec"]["template"]["metadata"]["labels"]["memest.dev/client"] == "true"
-    _check_pod_preflight(pod, vllm["command"][1:] + vllm["args"], tmp_path)
+    deployments = {
+        d["metadata"]["name"].rsplit("-", 1)[-1]: d for d in docs if d["kind"] == "Deployment"
+    }
+    assert set(deployments) == {"decode", "prefill"}
+    for role, deployment in deployments.items():
+        pod = deployment["spec"]["template"]["spec"]
+        vllm = _by_name(pod["containers"], "vllm")
+        _check_vllm_env(vllm)
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert labels["memest.dev/client"] == "true" and labels["llm-d.ai/role"] == role
+        _check_pod_preflight(pod, vllm["command"][1:] + vllm["args"], tmp_path / role)
 
 
 def test_kserve_config_fragment(tmp_path: Path) -> None:
