@@ -35,11 +35,16 @@ a KV-cache spec built from the config: the same arithmetic as for a measured sta
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from memest.errors import ConfigError, first_error
-from memest.estimate.activation import activation_bytes
+from memest.estimate.activation import (
+    activation_bytes,
+    activation_shape,
+    profile_pass_bytes,
+    sampler_reserve,
+)
 from memest.estimate.indexer import kernel_element_bytes
 from memest.estimate.kv import (
     indexer_kv_extra,
@@ -309,9 +314,11 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
     d = s.drafter
     buf = s.buffers()
     pools = s.pools()
-    activation = activation_bytes(
-        s.mbt, activation_shape(s.target), c.activation_factor, d, c.activation_drafter_factor
+    seqs = s.plan.max_num_seqs
+    activation = profile_pass_bytes(
+        s.mbt, seqs, s.target, c.activation_factor, d, c.activation_drafter_factor
     )
+    reserve = sampler_reserve(s.target, seqs, s.mbt)
     if not s.target.index_topk:  # DSA layers allocate no stand-in in the profile run
         activation += profile_standin_bytes(s.target, s.mla_workspace_tokens)
     activation += dsa.activation_bytes(s.target)
@@ -340,6 +347,11 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
         "profile_peak_activation_bytes": (
             activation,
             f"{c.activation_factor:.3f} x max_num_batched_tokens x layer token bytes"
+            + (
+                f" + the sampler's {seqs}-row reserve over the forward's freed segments"
+                if reserve
+                else ""
+            )
             + (
                 " + the profile run's MLA context stand-in"
                 if s.target.family == "mla" and not s.target.index_topk
@@ -371,19 +383,6 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
             + (dsa.RESIDUE_LAW if s.target.sparse else ""),
         ),
     }
-
-
-def activation_shape(shape: ModelShape) -> ModelShape:
-    """The shape the activation law reads: a MoE layer without its routed experts' caches.
-
-    vLLM 0.33.0's Triton experts (``fused_moe/experts/triton_moe.py`` apply) write w13's output,
-    the activation and w2's output into views of workspace13 / workspace2, the persistent
-    fused-MoE workspace the profiling residue holds (memest.estimate.fused_moe); the layer's
-    activations are its hidden-wide tensors, the shared experts' MLP and the dense layers'.
-    """
-    if not shape.moe_layers:
-        return shape
-    return replace(shape, topk=0)
 
 
 def _routed_cache_activation(s: Setup, cal: Calibration) -> int:
