@@ -48,6 +48,7 @@ from memest.estimate.activation import (
 from memest.estimate.indexer import kernel_element_bytes
 from memest.estimate.kv import (
     indexer_kv_extra,
+    kv_cache_bytes,
     kv_cache_dtype_bytes,
     kv_page_bytes,
     kv_tokens,
@@ -70,7 +71,7 @@ from memest.estimate.runner_buffers import (
 from memest.estimate.synthetic_trace import GraphPoolPrediction, IndexerDecode, pool_bytes
 from memest.plan import SERVE_DEFAULTS, gpu_preset
 from memest.plan.overlay import overlay_plan
-from memest.preflight import dsa
+from memest.preflight import dsa, hybrid
 from memest.preflight.backends import kv_block_size
 from memest.preflight.calibration import Calibration, load_calibration
 from memest.preflight.context import context_law, context_range, workspace_tokens
@@ -507,12 +508,12 @@ def _result(
     unc: Mapping[str, int],
     notes: list[str],
 ) -> PreflightResult:
-    spec = kv_spec(s)
+    spec = hybrid.kv_spec(req.model_config_json, s, kv_spec(s))
     require_fit(non_kv_bytes(terms), terms.requested_bytes, value=req.gpu_memory_utilization)
     budget = full_init_kv_budget(terms)
     length = s.config.max_model_len or 1
     require_max_model_len(spec, budget, length)
-    tokens = kv_tokens(spec, budget)
+    tokens = kv_tokens(spec, budget, length, s.mbt)
     spread = sum(unc.values())
     details = [
         PreflightTerm(name=n, bytes=v, uncertainty_bytes=unc[n], law=law)
@@ -538,11 +539,11 @@ def _result(
         term_details=details,
         non_kv_bytes=non_kv_bytes(terms),
         kv_budget_bytes=budget,
-        kv_cache_bytes=tokens // spec.block_size * kv_page_bytes(spec),
+        kv_cache_bytes=kv_cache_bytes(spec, budget),
         kv_cache_uncertainty_bytes=spread,
         kv_tokens=tokens,
-        kv_tokens_low=kv_tokens(spec, max(budget - spread, 0)),
-        kv_tokens_high=kv_tokens(spec, budget + spread),
+        kv_tokens_low=kv_tokens(spec, max(budget - spread, 0), length, s.mbt),
+        kv_tokens_high=kv_tokens(spec, budget + spread, length, s.mbt),
         kv_bytes_per_token=kv_page_bytes(spec) // spec.block_size,
         max_concurrency=tokens / length,
         kv_cache=spec,
