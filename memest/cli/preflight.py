@@ -1,6 +1,7 @@
 """KV budget before any start: every full-initialization term predicted from config.json and the grid.
 
-memest preflight --model-config PATH/config.json --gpu h200 [--tensor-parallel-size N]
+memest preflight (--model-config PATH/config.json | --model ID_OR_FOLDER [--revision REV])
+                 --gpu h200 [--tensor-parallel-size N]
                  [--max-num-seqs N] [--max-num-batched-tokens N] [--max-model-len N]
                  [--gpu-memory-utilization F] [--speculative-config JSON]
                  [--compilation-config JSON] [--draft-model-config PATH] [--dtype DTYPE]
@@ -26,6 +27,11 @@ no start measured gets a wider range and a note; at TP > 1 the outside term hold
 vLLM's all-reduce buffers take per rank (memest.estimate.parallel; --env passes the NCCL_* and
 VLLM_ALLREDUCE_* variables that size them). Flags default as `vllm serve` does
 (1024 seqs, 8192 batched tokens, utilization 0.9, max_model_len from the config).
+
+--model takes what `vllm serve` takes: a model folder (its config.json) or a Hugging Face id, whose
+config.json is read from the hub cache (HF_HUB_CACHE, else HF_HOME/hub, else
+~/.cache/huggingface/hub) at --revision (default main); nothing is downloaded (`hf download ID
+config.json` puts it there).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import Any
 from memest.errors import CommandError
 from memest.estimate.phases import TERM_LABELS
 from memest.files import load_json_object
+from memest.model_source import model_config_path
 from memest.preflight import preflight, request_from
 from memest.preflight.calibration import overshoot_line
 from memest.schema.preflight import PreflightResult
@@ -45,6 +52,13 @@ from memest.units import concurrency_text, fmt_gib
 def _json_file(flag: str, path: str) -> dict[str, Any]:
     """A config.json given by path (never inline), refused in one line naming ``flag``."""
     return load_json_object(flag, path, error=CommandError, inline=False)
+
+
+def _model_config(args: argparse.Namespace) -> dict[str, Any]:
+    """--model-config's file, or the config.json of --model (its folder or the hub cache)."""
+    if args.model_config is not None:
+        return _json_file("--model-config", args.model_config)
+    return _json_file("--model", str(model_config_path(args.model, args.revision)))
 
 
 def _inline(flag: str, text: str | None) -> dict[str, Any] | None:
@@ -67,7 +81,17 @@ class _Preflight:
     help = __doc__ or ""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--model-config", required=True, metavar="PATH", help="config.json")
+        source = parser.add_mutually_exclusive_group(required=True)
+        source.add_argument("--model-config", metavar="PATH", help="config.json")
+        source.add_argument(
+            "--model",
+            metavar="ID_OR_FOLDER",
+            help="what vllm serve takes: a model folder, or a Hugging Face id read from the hub "
+            "cache",
+        )
+        parser.add_argument(
+            "--revision", default="main", help="with a Hugging Face --model: the revision (main)"
+        )
         parser.add_argument("--gpu", default="h200", help="GPU kind of the calibration (h200)")
         parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N")
         parser.add_argument("--max-num-seqs", type=int, metavar="N")
@@ -129,7 +153,7 @@ class _Preflight:
 
     def run(self, args: argparse.Namespace) -> int:
         fields: dict[str, Any] = {
-            "model_config": _json_file("--model-config", args.model_config),
+            "model_config": _model_config(args),
             "gpu": args.gpu,
             "tensor_parallel_size": args.tensor_parallel_size,
             "max_num_seqs": args.max_num_seqs,
