@@ -17,7 +17,7 @@ request trace replayed through the allocator model), runner buffers and profilin
 with its uncertainty; vLLM 0.33.0's grid-sized buffers are computed as the what-if computes them
 (memest.estimate.runner_buffers), each in the term of the phase that allocates it. Then the KV
 budget, KV bytes, tokens and max concurrency (--kv-cache-dtype fp8: one byte per K and V
-element). The KV block
+element), and the vLLM flag that gives each GPU that KV cache (--kv-cache-memory-bytes=N). The KV block
 size is vLLM 0.33.0's for the attention backend (16 on an H200 unless --attention-backend FLASHMLA
 (64) or FLASHINFER_MLA (32), or --block-size, says otherwise; 64 for a DSA model's sparse MLA,
 whose indexer adds its key cache, weights, decode logits in FULL graphs and prefill logits
@@ -40,13 +40,10 @@ import argparse
 from typing import Any
 
 from memest.errors import CommandError
-from memest.estimate.phases import TERM_LABELS
 from memest.files import load_json_object
 from memest.model_source import model_config_path
 from memest.preflight import preflight, request_from
-from memest.preflight.calibration import overshoot_line
-from memest.schema.preflight import PreflightResult
-from memest.units import concurrency_text, fmt_gib
+from memest.reporters.preflight import render
 
 
 def _json_file(flag: str, path: str) -> dict[str, Any]:
@@ -178,36 +175,6 @@ class _Preflight:
         result = preflight(request_from(fields))
         print(result.model_dump_json(indent=2) if args.json else render(result))
         return 0
-
-
-def render(r: PreflightResult) -> str:
-    """The result as a text table (figures formatted by memest.units)."""
-    spec = f" + {r.speculative_method} K={r.num_speculative_tokens}" if r.speculative_method else ""
-    lines = [
-        f"{r.model} ({r.family}){spec} on {r.gpu}, TP {r.tensor_parallel_size}, per rank; "
-        f"calibration {r.calibration}",
-        f"grid: {r.max_num_seqs} seqs, {r.max_num_batched_tokens} batched tokens, "
-        f"max_model_len {r.max_model_len}, utilization {r.gpu_memory_utilization}, "
-        f"{r.total_graphs} CUDA graphs, {r.block_size}-token KV blocks ({r.attention_backend})",
-        "",
-        f"{'term':<42}{'GiB':>9}{'± GiB':>9}  law",
-        f"{TERM_LABELS['requested_bytes']:<42}{fmt_gib(r.terms.requested_bytes):>9}",
-    ]
-    for t in r.term_details:
-        label = TERM_LABELS.get(t.name, t.name)
-        lines.append(f"{label:<42}{fmt_gib(t.bytes):>9}{fmt_gib(t.uncertainty_bytes):>9}  {t.law}")
-    lines += [
-        f"{'non-KV':<42}{fmt_gib(r.non_kv_bytes):>9}",
-        "",
-        f"KV cache per rank: {fmt_gib(r.kv_cache_bytes)} GiB ± "
-        f"{fmt_gib(r.kv_cache_uncertainty_bytes)}: {r.kv_tokens:,} tokens "
-        f"({r.kv_tokens_low:,} to {r.kv_tokens_high:,}), {r.kv_bytes_per_token:,} B per token, "
-        f"max concurrency {concurrency_text(r.max_concurrency, r.max_model_len)}",
-    ]
-    if r.vllm_overshoot is not None:
-        lines.append(overshoot_line(r.vllm_overshoot))
-    lines += [f"note: {n}" for n in r.notes]
-    return "\n".join(lines)
 
 
 COMMAND = _Preflight()

@@ -78,7 +78,7 @@ from memest.preflight.context import context_law, context_range, workspace_token
 from memest.preflight.shape import parameter_bytes
 from memest.schema import CapturePlan, FullInitTerms, KVCacheSpec, RunConfig
 from memest.schema.preflight import PreflightRequest, PreflightResult, PreflightTerm
-from memest.units import fmt_gib
+from memest.units import fmt_gib, kv_cache_memory_flag
 
 #: Drafter methods whose graphs the synthetic trace writes as measured (EAGLE3).
 MEASURED_DRAFTER_PROGRAM = ("eagle3",)
@@ -515,6 +515,7 @@ def _result(
     require_max_model_len(spec, budget, length)
     tokens = kv_tokens(spec, budget, length, s.mbt)
     spread = sum(unc.values())
+    kv_cache = kv_cache_bytes(spec, budget)
     details = [
         PreflightTerm(name=n, bytes=v, uncertainty_bytes=unc[n], law=law)
         for n, (v, law) in laws.items()
@@ -539,7 +540,8 @@ def _result(
         term_details=details,
         non_kv_bytes=non_kv_bytes(terms),
         kv_budget_bytes=budget,
-        kv_cache_bytes=kv_cache_bytes(spec, budget),
+        kv_cache_bytes=kv_cache,
+        kv_cache_flag=kv_cache_memory_flag(kv_cache),
         kv_cache_uncertainty_bytes=spread,
         kv_tokens=tokens,
         kv_tokens_low=kv_tokens(spec, max(budget - spread, 0), length, s.mbt),
