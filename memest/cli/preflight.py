@@ -6,7 +6,7 @@ memest preflight --model-config PATH/config.json --gpu h200 [--tensor-parallel-s
                  [--compilation-config JSON] [--draft-model-config PATH] [--dtype DTYPE]
                  [--kv-cache-dtype DTYPE] [--quantization METHOD]
                  [--block-size N] [--attention-backend NAME] [--disable-custom-all-reduce]
-                 [--env NAME=VALUE ...] [--json]
+                 [--env NAME=VALUE ...] [--vllm-version X.Y.Z] [--json]
 
 Per rank: weights from the config's parameter shapes and dtype split by TP (FP8 checkpoints and
 online FP8: the quantized linear layers at one byte per weight plus their scales, the rest in the
@@ -26,6 +26,11 @@ no start measured gets a wider range and a note; at TP > 1 the outside term hold
 vLLM's all-reduce buffers take per rank (memest.estimate.parallel; --env passes the NCCL_* and
 VLLM_ALLREDUCE_* variables that size them). Flags default as `vllm serve` does
 (1024 seqs, 8192 batched tokens, utilization 0.9, max_model_len from the config).
+--vllm-version picks the release whose rules apply (0.33.0 or 0.34.0; default: the installed
+vLLM, else the newest supported). On 0.34.0 the result adds its growable KV cache: the KV bytes
+vLLM 0.34's default sizing commits after capture (utilization unset: 1.0; its margin of
+max(1 GiB, 0.75 x the transient peak) kept free) beside what memest's sizing would commit with
+MEMEST_ENABLE=1 MEMEST_ESTIMATE=apply on the start.
 """
 
 from __future__ import annotations
@@ -73,7 +78,13 @@ class _Preflight:
         parser.add_argument("--max-num-seqs", type=int, metavar="N")
         parser.add_argument("--max-num-batched-tokens", type=int, metavar="N")
         parser.add_argument("--max-model-len", type=int, metavar="N")
-        parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
+        parser.add_argument(
+            "--gpu-memory-utilization",
+            type=float,
+            metavar="F",
+            help="vLLM's flag (default 0.9 for the full-initialization budget; unset, vLLM "
+            "0.34's growable cache sizes with 1.0)",
+        )
         parser.add_argument("--speculative-config", metavar="JSON", help="vLLM's flag")
         parser.add_argument("--compilation-config", metavar="JSON", help="vLLM's flag")
         parser.add_argument(
@@ -125,6 +136,12 @@ class _Preflight:
             help="a variable the workers see that sizes TP's buffers (NCCL_BUFFSIZE, "
             "NCCL_MAX_NCHANNELS, VLLM_ALLREDUCE_USE_SYMM_MEM, ...); repeatable",
         )
+        parser.add_argument(
+            "--vllm-version",
+            metavar="X.Y.Z",
+            help="the vLLM release to predict for: 0.33.0 or 0.34.0 (default: the installed "
+            "one, else the newest supported)",
+        )
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -135,7 +152,6 @@ class _Preflight:
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "max_model_len": args.max_model_len,
-            "gpu_memory_utilization": args.gpu_memory_utilization,
             "speculative_config": _inline("--speculative-config", args.speculative_config),
             "compilation_config": _inline("--compilation-config", args.compilation_config),
             "dtype": args.dtype,
@@ -147,6 +163,10 @@ class _Preflight:
             "disable_custom_all_reduce": args.disable_custom_all_reduce,
             "environment": _environment(args.env),
         }
+        if args.gpu_memory_utilization is not None:
+            fields["gpu_memory_utilization"] = args.gpu_memory_utilization
+        if args.vllm_version is not None:
+            fields["vllm_version"] = args.vllm_version
         if args.draft_model_config:
             fields["draft_model_config"] = _json_file(
                 "--draft-model-config", args.draft_model_config
@@ -182,8 +202,24 @@ def render(r: PreflightResult) -> str:
     ]
     if r.vllm_overshoot is not None:
         lines.append(overshoot_line(r.vllm_overshoot))
+    lines += _growable_lines(r)
     lines += [f"note: {n}" for n in r.notes]
     return "\n".join(lines)
+
+
+def _growable_lines(r: PreflightResult) -> list[str]:
+    """vLLM 0.34's growable KV cache: its own sizing beside memest's (none on other releases)."""
+    g = r.growable_kv
+    if g is None:
+        return []
+    return [
+        f"vLLM {r.vllm_version}, growable KV cache at utilization {g.gpu_memory_utilization}: "
+        f"vLLM's sizing commits {fmt_gib(g.vllm_kv_bytes)} GiB ({g.vllm_kv_tokens:,} tokens), "
+        f"keeping the {fmt_gib(g.transient_peak_bytes)} GiB transient peak and a "
+        f"{fmt_gib(g.vllm_margin_bytes)} GiB margin free; memest's sizing commits "
+        f"{fmt_gib(g.memest_kv_bytes)} GiB ({g.memest_kv_tokens:,} tokens, margin "
+        f"{fmt_gib(g.memest_margin_bytes)} GiB) with {g.memest_flag}",
+    ]
 
 
 COMMAND = _Preflight()

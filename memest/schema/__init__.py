@@ -30,6 +30,8 @@ from memest.schema.report import (
     CompiledFile,
     CompiledNode,
     CompiledSite,
+    ExtensibleKvSizing,
+    ExtensibleSizedBy,
     GpuInfo,
     KVCacheSpec,
     KvSizedBy,
@@ -72,6 +74,8 @@ __all__ = [
     "TriggerRow",
     "UnattributedRow",
     "VllmFigures",
+    "ExtensibleKvSizing",
+    "ExtensibleSizedBy",
     "VllmGraphProfile",
     "WhatIf",
 ]
