@@ -7,7 +7,7 @@ memest preflight (--model-config PATH/config.json | --model ID_OR_FOLDER [--revi
                  [--compilation-config JSON] [--draft-model-config PATH] [--dtype DTYPE]
                  [--kv-cache-dtype DTYPE] [--quantization METHOD]
                  [--block-size N] [--attention-backend NAME] [--disable-custom-all-reduce]
-                 [--env NAME=VALUE ...] [--json]
+                 [--env NAME=VALUE ...] [--vllm-version X.Y.Z] [--json]
 
 Per rank: weights from the config's parameter shapes and dtype split by TP (FP8 checkpoints and
 online FP8: the quantized linear layers at one byte per weight plus their scales, the rest in the
@@ -32,6 +32,12 @@ VLLM_ALLREDUCE_* variables that size them). Flags default as `vllm serve` does
 config.json is read from the hub cache (HF_HUB_CACHE, else HF_HOME/hub, else
 ~/.cache/huggingface/hub) at --revision (default main); nothing is downloaded (`hf download ID
 config.json` puts it there).
+
+--vllm-version picks the release whose rules apply (0.33.0 or 0.34.0; default: the installed
+vLLM, else the newest supported). On 0.34.0 the result adds its growable KV cache: the KV bytes
+vLLM 0.34's default sizing commits after capture (utilization unset: 1.0; its margin of
+max(1 GiB, 0.75 x the transient peak) kept free) beside what memest's sizing would commit with
+MEMEST_ENABLE=1 MEMEST_ESTIMATE=apply on the start.
 """
 
 from __future__ import annotations
@@ -94,7 +100,13 @@ class _Preflight:
         parser.add_argument("--max-num-seqs", type=int, metavar="N")
         parser.add_argument("--max-num-batched-tokens", type=int, metavar="N")
         parser.add_argument("--max-model-len", type=int, metavar="N")
-        parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
+        parser.add_argument(
+            "--gpu-memory-utilization",
+            type=float,
+            metavar="F",
+            help="vLLM's flag (default 0.9 for the full-initialization budget; unset, vLLM "
+            "0.34's growable cache sizes with 1.0)",
+        )
         parser.add_argument("--speculative-config", metavar="JSON", help="vLLM's flag")
         parser.add_argument("--compilation-config", metavar="JSON", help="vLLM's flag")
         parser.add_argument(
@@ -146,6 +158,12 @@ class _Preflight:
             help="a variable the workers see that sizes TP's buffers (NCCL_BUFFSIZE, "
             "NCCL_MAX_NCHANNELS, VLLM_ALLREDUCE_USE_SYMM_MEM, ...); repeatable",
         )
+        parser.add_argument(
+            "--vllm-version",
+            metavar="X.Y.Z",
+            help="the vLLM release to predict for: 0.33.0 or 0.34.0 (default: the installed "
+            "one, else the newest supported)",
+        )
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -156,7 +174,6 @@ class _Preflight:
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "max_model_len": args.max_model_len,
-            "gpu_memory_utilization": args.gpu_memory_utilization,
             "speculative_config": _inline("--speculative-config", args.speculative_config),
             "compilation_config": _inline("--compilation-config", args.compilation_config),
             "dtype": args.dtype,
@@ -168,6 +185,10 @@ class _Preflight:
             "disable_custom_all_reduce": args.disable_custom_all_reduce,
             "environment": _environment(args.env),
         }
+        if args.gpu_memory_utilization is not None:
+            fields["gpu_memory_utilization"] = args.gpu_memory_utilization
+        if args.vllm_version is not None:
+            fields["vllm_version"] = args.vllm_version
         if args.draft_model_config:
             fields["draft_model_config"] = _json_file(
                 "--draft-model-config", args.draft_model_config

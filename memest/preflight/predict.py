@@ -75,10 +75,12 @@ from memest.preflight import dsa, hybrid
 from memest.preflight.backends import kv_block_size
 from memest.preflight.calibration import Calibration, load_calibration
 from memest.preflight.context import context_law, context_range, workspace_tokens
+from memest.preflight.growable import with_release
 from memest.preflight.shape import parameter_bytes
 from memest.schema import CapturePlan, FullInitTerms, KVCacheSpec, RunConfig
 from memest.schema.preflight import PreflightRequest, PreflightResult, PreflightTerm
 from memest.units import fmt_gib, kv_cache_memory_flag
+from memest.vllm_versions import resolve_version
 
 #: Drafter methods whose graphs the synthetic trace writes as measured (EAGLE3).
 MEASURED_DRAFTER_PROGRAM = ("eagle3",)
@@ -486,6 +488,7 @@ def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> 
     Raises:
         ConfigError: the config, a flag, the grid or the GPU kind is refused (named).
     """
+    row = resolve_version(req.vllm_version)
     cal = calibration or load_calibration(req.gpu)
     s = setup(req)
     laws = _laws(s, cal)
@@ -496,7 +499,8 @@ def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> 
         source=f"pre-flight ({cal.label})",
     )
     unc, notes = _uncertainties(s, cal, laws)
-    return _result(req, s, cal, terms, laws, unc, [*s.notes, *notes])
+    result = _result(req, s, cal, terms, laws, unc, [*s.notes, *notes])
+    return with_release(result, row, req, cal.total_bytes)
 
 
 def _result(

@@ -30,6 +30,8 @@ from memest.schema.report import (
     CompiledFile,
     CompiledNode,
     CompiledSite,
+    ExtensibleKvSizing,
+    ExtensibleSizedBy,
     GpuInfo,
     KVCacheGroup,
     KVCacheSpec,
@@ -74,6 +76,8 @@ __all__ = [
     "TriggerRow",
     "UnattributedRow",
     "VllmFigures",
+    "ExtensibleKvSizing",
+    "ExtensibleSizedBy",
     "VllmGraphProfile",
     "WhatIf",
 ]
