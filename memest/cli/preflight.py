@@ -7,7 +7,7 @@ memest preflight (--model-config PATH/config.json | --model ID_OR_FOLDER [--revi
                  [--compilation-config JSON] [--draft-model-config PATH] [--dtype DTYPE]
                  [--kv-cache-dtype DTYPE] [--quantization METHOD]
                  [--block-size N] [--attention-backend NAME] [--disable-custom-all-reduce]
-                 [--env NAME=VALUE ...] [--json]
+                 [--env NAME=VALUE ...] [--vllm-version X.Y.Z] [--json]
 
 Per rank: weights from the config's parameter shapes and dtype split by TP (FP8 checkpoints and
 online FP8: the quantized linear layers at one byte per weight plus their scales, the rest in the
@@ -17,7 +17,7 @@ request trace replayed through the allocator model), runner buffers and profilin
 with its uncertainty; vLLM 0.33.0's grid-sized buffers are computed as the what-if computes them
 (memest.estimate.runner_buffers), each in the term of the phase that allocates it. Then the KV
 budget, KV bytes, tokens and max concurrency (--kv-cache-dtype fp8: one byte per K and V
-element). The KV block
+element), and the vLLM flag that gives each GPU that KV cache (--kv-cache-memory-bytes=N). The KV block
 size is vLLM 0.33.0's for the attention backend (16 on an H200 unless --attention-backend FLASHMLA
 (64) or FLASHINFER_MLA (32), or --block-size, says otherwise; 64 for a DSA model's sparse MLA,
 whose indexer adds its key cache, weights, decode logits in FULL graphs and prefill logits
@@ -32,6 +32,12 @@ VLLM_ALLREDUCE_* variables that size them). Flags default as `vllm serve` does
 config.json is read from the hub cache (HF_HUB_CACHE, else HF_HOME/hub, else
 ~/.cache/huggingface/hub) at --revision (default main); nothing is downloaded (`hf download ID
 config.json` puts it there).
+
+--vllm-version picks the release whose rules apply (0.33.0 or 0.34.0; default: the installed
+vLLM, else the newest supported). On 0.34.0 the result adds its growable KV cache: the KV bytes
+vLLM 0.34's default sizing commits after capture (utilization unset: 1.0; its margin of
+max(1 GiB, 0.75 x the transient peak) kept free) beside what memest's sizing would commit with
+MEMEST_ENABLE=1 MEMEST_ESTIMATE=apply on the start.
 """
 
 from __future__ import annotations
@@ -40,13 +46,10 @@ import argparse
 from typing import Any
 
 from memest.errors import CommandError
-from memest.estimate.phases import TERM_LABELS
 from memest.files import load_json_object
 from memest.model_source import model_config_path
 from memest.preflight import preflight, request_from
-from memest.preflight.calibration import overshoot_line
-from memest.schema.preflight import PreflightResult
-from memest.units import concurrency_text, fmt_gib
+from memest.reporters.preflight import render
 
 
 def _json_file(flag: str, path: str) -> dict[str, Any]:
@@ -97,7 +100,13 @@ class _Preflight:
         parser.add_argument("--max-num-seqs", type=int, metavar="N")
         parser.add_argument("--max-num-batched-tokens", type=int, metavar="N")
         parser.add_argument("--max-model-len", type=int, metavar="N")
-        parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
+        parser.add_argument(
+            "--gpu-memory-utilization",
+            type=float,
+            metavar="F",
+            help="vLLM's flag (default 0.9 for the full-initialization budget; unset, vLLM "
+            "0.34's growable cache sizes with 1.0)",
+        )
         parser.add_argument("--speculative-config", metavar="JSON", help="vLLM's flag")
         parser.add_argument("--compilation-config", metavar="JSON", help="vLLM's flag")
         parser.add_argument(
@@ -149,6 +158,12 @@ class _Preflight:
             help="a variable the workers see that sizes TP's buffers (NCCL_BUFFSIZE, "
             "NCCL_MAX_NCHANNELS, VLLM_ALLREDUCE_USE_SYMM_MEM, ...); repeatable",
         )
+        parser.add_argument(
+            "--vllm-version",
+            metavar="X.Y.Z",
+            help="the vLLM release to predict for: 0.33.0 or 0.34.0 (default: the installed "
+            "one, else the newest supported)",
+        )
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -159,7 +174,6 @@ class _Preflight:
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "max_model_len": args.max_model_len,
-            "gpu_memory_utilization": args.gpu_memory_utilization,
             "speculative_config": _inline("--speculative-config", args.speculative_config),
             "compilation_config": _inline("--compilation-config", args.compilation_config),
             "dtype": args.dtype,
@@ -171,6 +185,10 @@ class _Preflight:
             "disable_custom_all_reduce": args.disable_custom_all_reduce,
             "environment": _environment(args.env),
         }
+        if args.gpu_memory_utilization is not None:
+            fields["gpu_memory_utilization"] = args.gpu_memory_utilization
+        if args.vllm_version is not None:
+            fields["vllm_version"] = args.vllm_version
         if args.draft_model_config:
             fields["draft_model_config"] = _json_file(
                 "--draft-model-config", args.draft_model_config
@@ -178,36 +196,6 @@ class _Preflight:
         result = preflight(request_from(fields))
         print(result.model_dump_json(indent=2) if args.json else render(result))
         return 0
-
-
-def render(r: PreflightResult) -> str:
-    """The result as a text table (figures formatted by memest.units)."""
-    spec = f" + {r.speculative_method} K={r.num_speculative_tokens}" if r.speculative_method else ""
-    lines = [
-        f"{r.model} ({r.family}){spec} on {r.gpu}, TP {r.tensor_parallel_size}, per rank; "
-        f"calibration {r.calibration}",
-        f"grid: {r.max_num_seqs} seqs, {r.max_num_batched_tokens} batched tokens, "
-        f"max_model_len {r.max_model_len}, utilization {r.gpu_memory_utilization}, "
-        f"{r.total_graphs} CUDA graphs, {r.block_size}-token KV blocks ({r.attention_backend})",
-        "",
-        f"{'term':<42}{'GiB':>9}{'± GiB':>9}  law",
-        f"{TERM_LABELS['requested_bytes']:<42}{fmt_gib(r.terms.requested_bytes):>9}",
-    ]
-    for t in r.term_details:
-        label = TERM_LABELS.get(t.name, t.name)
-        lines.append(f"{label:<42}{fmt_gib(t.bytes):>9}{fmt_gib(t.uncertainty_bytes):>9}  {t.law}")
-    lines += [
-        f"{'non-KV':<42}{fmt_gib(r.non_kv_bytes):>9}",
-        "",
-        f"KV cache per rank: {fmt_gib(r.kv_cache_bytes)} GiB ± "
-        f"{fmt_gib(r.kv_cache_uncertainty_bytes)}: {r.kv_tokens:,} tokens "
-        f"({r.kv_tokens_low:,} to {r.kv_tokens_high:,}), {r.kv_bytes_per_token:,} B per token, "
-        f"max concurrency {concurrency_text(r.max_concurrency, r.max_model_len)}",
-    ]
-    if r.vllm_overshoot is not None:
-        lines.append(overshoot_line(r.vllm_overshoot))
-    lines += [f"note: {n}" for n in r.notes]
-    return "\n".join(lines)
 
 
 COMMAND = _Preflight()
