@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Install memest with every extra into .venv, then run ruff, mypy (strict) and the test suite,
-# then the vLLM tests again against vLLM 0.34.0 (scripts/test-vllm034.sh). .venv keeps vLLM
-# 0.33.0, the oldest supported release. Extra pytest arguments are passed to the main run:
+# Install memest with every extra into .venv, run ruff and mypy (strict), the vLLM tests against
+# vLLM 0.34.0 (scripts/test-vllm034.sh, which makes .venv-vllm034: the main suite's
+# tests/integration/test_wheel.py installs the built wheel beside it too), then the test suite.
+# .venv keeps vLLM 0.33.0, the oldest supported release. Extra pytest arguments are passed to the
+# main run:
 # bash scripts/test.sh -k plan
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,5 +15,5 @@ if [ -x scripts/setup-test-extras.sh ]; then bash scripts/setup-test-extras.sh; 
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-.venv/bin/python -m pytest "$@"
 bash scripts/test-vllm034.sh -q
+.venv/bin/python -m pytest "$@"
