@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -15,24 +15,21 @@ from memest.builds.runs import build_label, run_facts, runner_counts
 from memest.estimate import account, compare
 from memest.reporters.views import notes
 from memest.schema import RunReport
-from memest.service import examples, store
+from memest.service import calculations, examples, store
+from memest.service.body import BodyRoute
 from memest.service.deps import (
     CacheDep,
+    ComputeDep,
     FactoryDep,
     ReadAuth,
     ResponseCacheDep,
     SessionDep,
-    SettingsDep,
     WriteAuth,
 )
 from memest.service.errors import NotFound
-from memest.service.estimates import (
-    RunEstimateRequest,
-    RunEstimateResponse,
-    run_estimate,
-)
-from memest.service.ingest import load_json, read_body
+from memest.service.estimates import RunEstimateRequest, RunEstimateResponse
 from memest.service.models import Report, Run
+from memest.service.routers.calculators import CALCULATOR_ANSWERS
 from memest.service.schemas import (
     API_OWNERS_PER_STAGE,
     API_STAGES,
@@ -45,8 +42,14 @@ from memest.service.schemas import (
 )
 from memest.service.store import ReportCache
 
-router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[ReadAuth])
+router = APIRouter(
+    prefix="/api/v1/runs", tags=["runs"], dependencies=[ReadAuth], route_class=BodyRoute
+)
 
+RunEstimateBody = Annotated[
+    RunEstimateRequest,
+    Body(openapi_examples={"smaller grid": {"value": examples.RUN_ESTIMATE_REQUEST}}),
+]
 RunIdPath = Annotated[
     str,
     Path(description="Run id (RunReport.run_id)", examples=["demo-deepseek-v4-flash-dspark-k7-pr"]),
@@ -283,47 +286,35 @@ def delete_run(
     response_model=RunEstimateResponse,
     responses={
         **examples.json_example(examples.RUN_ESTIMATE, "Every term and the KV budget at G'"),
+        **CALCULATOR_ANSWERS,
         404: {"description": "No such run or rank"},
-        422: {"description": "A refused field (named), or a report the estimator cannot use"},
-    },
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": RunEstimateRequest.model_json_schema(),
-                    "example": examples.RUN_ESTIMATE_REQUEST,
-                }
-            },
-        }
     },
 )
 async def estimate_run(
     run_id: RunIdPath,
-    request: Request,
-    settings: SettingsDep,
+    body: RunEstimateBody,
     factory: FactoryDep,
     cache: CacheDep,
-) -> RunEstimateResponse:
+    pool: ComputeDep,
+) -> Response:
     """What-if on a stored run: memest's KV budget, tokens and concurrency under grid G' (the
     changes ``memest estimate --grid`` takes), each term at G and G' with its law, and the
-    inverse questions (kv_tokens / concurrency), by memest.estimate. Every refusal is a 4xx
-    {"detail", "field"} naming the request field."""
-    parsed = load_json(await read_body(request, settings.max_report_bytes), field="body")
-    body = RunEstimateRequest.model_validate(parsed)
-    return await run_in_threadpool(_estimate_body, factory, cache, run_id, body)
+    inverse questions (kv_tokens / concurrency), by memest.estimate, in a calculator worker.
+    Every refusal is a 4xx {"detail", "field"} naming the request field."""
+    report = await run_in_threadpool(_stored_report, factory, cache, run_id, body.rank)
+    answer = await pool.run(calculations.run_estimate_json, report, body)
+    return Response(answer, media_type="application/json")
 
 
-def _estimate_body(
-    factory: sessionmaker[Session], cache: ReportCache, run_id: str, body: RunEstimateRequest
-) -> RunEstimateResponse:
+def _stored_report(
+    factory: sessionmaker[Session], cache: ReportCache, run_id: str, rank: int | None
+) -> RunReport:
     with factory() as session:
         rows = store.run_reports(session, run_id)
         if not rows:
             raise NotFound(f"no run {run_id!r}", field="run_id")
-        if body.rank is not None:
-            rows = [r for r in rows if r.rank == body.rank]
+        if rank is not None:
+            rows = [r for r in rows if r.rank == rank]
             if not rows:
-                raise NotFound(f"run {run_id!r} has no rank {body.rank}", field="rank")
-        report = cache.get(rows[0])
-    return run_estimate(report, body)
+                raise NotFound(f"run {run_id!r} has no rank {rank}", field="rank")
+        return cache.get(rows[0])
