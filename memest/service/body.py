@@ -1,12 +1,13 @@
 """The one request-body edge: every route with a body takes it typed, through BodyRoute.
 
-BodyRoute (the route class of every router) reads a route's JSON body before FastAPI does:
-JSON only, at most MEMEST_MAX_REPORT_BYTES, within BODY_READ_TIMEOUT_S of the first byte;
-then, off the event loop, parsed with the limits every stored or computed value needs (nesting
-depth, finite numbers, int64, no lone surrogates), the schema version of each RunReport it holds
-checked, and validated as the route's body model; a refusal is a 4xx naming the field. FastAPI
-then finds the validated model in place of the JSON (a model instance passes its validation as
-is), so the route's typed parameter, its OpenAPI request body and the limits are one thing.
+BodyRoute (the route class of every router with a body) checks the route's tokens, then reads
+its JSON body before FastAPI does: JSON only, at most MEMEST_MAX_REPORT_BYTES, within
+BODY_READ_TIMEOUT_S of the first byte. The route's parameter is a JsonBody[Model]: the bytes,
+typed as the model in the OpenAPI document. parse_body, where the work runs (a worker process:
+validating a 2 MiB body holds the GIL for a third of a second, pickling the model back for
+longer), applies the limits every stored or computed value needs (nesting depth, finite numbers,
+int64, no lone surrogates), checks the schema version of each RunReport it holds and validates
+the model; a refusal is a 4xx naming the field.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import json
 import math
 import re
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, get_args, get_origin
 
 import anyio
-import anyio.to_thread
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, GetCoreSchemaHandler, ValidationError
+from pydantic_core import core_schema
 
 from memest.errors import field_errors
 from memest.schema import SCHEMA_VERSION
@@ -211,46 +212,55 @@ def parse_body(body: bytes, model: type[M]) -> M:
         ) from None
 
 
-#: Bodies parsed at once, in threads: more wait their turn without holding a thread.
-PARSE_THREADS = 2
-_parse_limiter: anyio.CapacityLimiter | None = None
+class JsonBody(Generic[M]):
+    """A route's JSON body of model ``M``, held as its bytes: read within the limits of
+    read_body on the event loop, parsed and validated (parse_body) where the work runs, in a
+    worker process. Typed as ``M`` in the OpenAPI document; only BodyRoute makes one."""
 
+    def __init__(self, raw: bytes, model: type[M]) -> None:
+        self.raw = raw
+        self.model = model
 
-def _limiter() -> anyio.CapacityLimiter:
-    global _parse_limiter
-    if _parse_limiter is None:
-        _parse_limiter = anyio.CapacityLimiter(PARSE_THREADS)
-    return _parse_limiter
+    def parse(self) -> M:
+        return parse_body(self.raw, self.model)
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        (model,) = get_args(source)
+        return core_schema.json_or_python_schema(
+            json_schema=handler.generate_schema(model),  # what the OpenAPI document shows
+            python_schema=core_schema.is_instance_schema(cls),  # what FastAPI is handed
+        )
 
 
 class BodyRoute(APIRoute):
-    """An APIRoute whose JSON body is read and validated by the limits above before FastAPI
-    takes it (routes without a body are served as by APIRoute)."""
+    """An APIRoute whose body parameter is a JsonBody: the tokens are checked first, then the
+    body read within its limits and handed over unparsed (routes without a body are served as
+    by APIRoute)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         if self.body_field is None:
             return handler
-        model = self.body_field.field_info.annotation
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            raise TypeError(f"{self.path}: a body must be one pydantic model, not {model!r}")
-        body_model: type[BaseModel] = model
+        annotation = self.body_field.field_info.annotation
+        if get_origin(annotation) is not JsonBody:
+            raise TypeError(f"{self.path}: a body must be a JsonBody[Model], not {annotation!r}")
+        (model,) = get_args(annotation)
 
         async def bounded(request: Request) -> Response:
             settings = request.app.state.settings
-            # Tokens first: no client the route refuses gets its body parsed.
+            # Tokens first: no client the route refuses gets its body read.
             await authorize(request, self.dependencies)
             try:
                 body = await read_body(request, settings.max_report_bytes)
-                parsed = await anyio.to_thread.run_sync(
-                    parse_body, body, body_model, limiter=_limiter()
-                )
             except ServiceError:
                 self.refused(request)
                 raise
-            # Starlette's Request caches these: FastAPI reads the validated model back.
+            # Starlette's Request caches these: FastAPI takes the JsonBody as the parsed JSON.
             request._body = body
-            request._json = parsed
+            request._json = JsonBody(body, model)
             return await handler(request)
 
         return bounded

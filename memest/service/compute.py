@@ -2,9 +2,9 @@
 here, never on the event loop, with a deadline per request.
 
 A pool of MEMEST_COMPUTE_WORKERS spawned processes, each fed through a pipe. A request waits for
-a free worker and for its answer within MEMEST_COMPUTE_DEADLINE_S in all: no worker free in
-time is a 503 (with Retry-After: the server is busy, the request may be fine); a computation
-that runs past the deadline is a 504 and its worker is killed and replaced, so a request can
+a free worker and for its answer within MEMEST_COMPUTE_DEADLINE_S in all: no worker free within
+half of it is a 503 (with Retry-After: the server is busy, the request may be fine); a
+computation that runs past the deadline is a 504 and its worker is killed and replaced, so a request can
 hold a worker (and its memory) for at most the deadline. A worker answers JSON bytes, so the
 event loop only moves bytes; its refusals come back as ServiceErrors (which pickle whole).
 """
@@ -29,6 +29,9 @@ from memest.service.errors import BadRequest, DeadlineExceeded, Unavailable, as_
 
 log = logging.getLogger(__name__)
 
+#: Share of the deadline a request may wait for a free worker: one that gets a worker with
+#: less time left than that would mostly run out of it (a 504 after a long wait).
+QUEUE_SHARE = 0.5
 #: Seconds a killed worker gets to exit before it is left to the OS.
 _JOIN_S = 2.0
 
@@ -104,14 +107,15 @@ class ComputePool:
         """
         start = time.monotonic()
         slots = self._semaphore()
-        with anyio.move_on_after(self.deadline_s):
+        acquired = False
+        with anyio.move_on_after(self.deadline_s * QUEUE_SHARE):
             await slots.acquire()
-        if time.monotonic() - start >= self.deadline_s:
-            if slots.value < self.workers:  # acquired just as the deadline passed
-                slots.release()
+            acquired = True
+        if not acquired:
             raise Unavailable(
                 f"every calculator worker (MEMEST_COMPUTE_WORKERS={self.workers}) stayed busy "
-                f"for {self.deadline_s:g} s; try again later",
+                f"for {self.deadline_s * QUEUE_SHARE:g} s (half of MEMEST_COMPUTE_DEADLINE_S); "
+                "try again later",
                 retry_after_s=max(1, math.ceil(self.deadline_s)),
             )
         try:

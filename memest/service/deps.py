@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from memest.service.compute import ComputePool
 from memest.service.config import Settings
+from memest.service.db import read_session
 from memest.service.errors import Forbidden, Unauthorized
 from memest.service.metrics import ServiceMetrics
 from memest.service.ratelimit import client_address, failure_limiter
@@ -42,7 +43,7 @@ async def get_factory(request: Request) -> sessionmaker[Session]:
 
 def get_session(request: Request) -> Iterator[Session]:
     factory: sessionmaker[Session] = request.app.state.sessionmaker
-    with factory() as session:
+    with read_session(factory) as session:
         yield session
 
 

@@ -77,6 +77,8 @@ def check_storable(report: RunReport) -> None:
             raise BadRequest(f"{field} is longer than {_LENGTHS[field]} characters", field=field)
         if "\x00" in value:
             raise BadRequest(f"{field} contains a NUL character", field=field)
+        if any(ord(c) < 0x20 or c == "\x7f" for c in value):
+            raise BadRequest(f"{field} contains a control character", field=field)
     if not report.model.strip():
         raise BadRequest("model must not be empty", field="model")
     to_utc(report.created_at, "created_at")
@@ -96,7 +98,7 @@ def prepare_body(body: bytes) -> Prepared:
 
 
 class IngestPool:
-    """prepare_report in worker processes (MEMEST_INGEST_PROCESSES), so that the CPU work of
+    """prepare_body in worker processes (MEMEST_INGEST_PROCESSES), so that the CPU work of
     ingest does not hold the server's GIL while pages wait; with 0, in the calling thread.
 
     Workers are spawned (never forked from the threaded server) on first use."""
@@ -109,21 +111,20 @@ class IngestPool:
     def _new(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(self._processes, mp_context=multiprocessing.get_context("spawn"))
 
-    def prepare(self, report: RunReport) -> Prepared:
-        """prepare_report(report), in a worker when there are any (called from an ingest
-        thread)."""
+    def prepare(self, body: bytes) -> Prepared:
+        """prepare_body(body), in a worker when there are any (called from an ingest thread)."""
         pool = self._pool
         if pool is None:
-            return prepare_report(report)
+            return prepare_body(body)
         try:
-            return pool.submit(prepare_report, report).result()
+            return pool.submit(prepare_body, body).result()
         except BrokenProcessPool:
             # A worker died (killed from outside): later reports go to a fresh pool.
             with self._lock:
                 if self._pool is pool:
                     self._pool = self._new()
                     pool.shutdown(wait=False, cancel_futures=True)
-            return prepare_report(report)
+            return prepare_body(body)
 
     def shutdown(self) -> None:
         with self._lock:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Query, Response
 
 from memest.schema import CapturePlan, EstimateComparison, RunReport, WhatIf
 from memest.service import calculations, examples, limits
-from memest.service.body import BodyRoute, load_json
+from memest.service.body import BodyRoute, JsonBody, load_json
 from memest.service.calculations import WhatIfRequest
 from memest.service.deps import ComputeDep, ReadAuth
 from memest.service.errors import Unavailable
@@ -110,7 +110,7 @@ CALCULATOR_ANSWERS: dict[int | str, dict[str, Any]] = {
 }
 
 ReportBody = Annotated[
-    RunReport,
+    JsonBody[RunReport],
     Body(
         description="A complete start: phase readings, KV-cache spec and vLLM's figures",
         openapi_examples={"report": {"value": examples.REPORT}},
@@ -127,7 +127,7 @@ async def estimate(report: ReportBody, pool: ComputeDep) -> Response:
     """KV-budget estimates for a RunReport (not stored): vLLM's, memest's full-initialization one
     and the measured end state, side by side (memest.estimate.compare). The report must be a
     complete start: phase readings, KV-cache spec and vLLM's figures."""
-    body = await pool.run(calculations.estimate_json, report)
+    body = await pool.run(calculations.estimate_json, report.raw)
     return Response(body, media_type="application/json")
 
 
@@ -139,8 +139,8 @@ async def estimate(report: ReportBody, pool: ComputeDep) -> Response:
         **CALCULATOR_ANSWERS,
     },
 )
-async def what_if_route(req: WhatIfRequest, pool: ComputeDep) -> Response:
+async def what_if_route(req: JsonBody[WhatIfRequest], pool: ComputeDep) -> Response:
     """Predict each owner's pool memory and the KV budget of a measured start under another capture
     plan (memest.estimate.whatif.answer, as the CLI and POST /runs/{id}/estimate ask it)."""
-    body = await pool.run(calculations.what_if_json, req)
+    body = await pool.run(calculations.what_if_json, req.raw)
     return Response(body, media_type="application/json")

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body, Response
 
 from memest.schema.preflight import PreflightRequest, PreflightResult
 from memest.service import calculations, examples
-from memest.service.body import BodyRoute
+from memest.service.body import BodyRoute, JsonBody
 from memest.service.deps import ComputeDep, ReadAuth
 from memest.service.routers.calculators import CALCULATOR_ANSWERS
 
@@ -19,7 +19,7 @@ router = APIRouter(
 )
 
 PreflightBody = Annotated[
-    PreflightRequest,
+    JsonBody[PreflightRequest],
     Body(openapi_examples={"llama-8b": {"value": examples.PREFLIGHT_REQUEST}}),
 ]
 
@@ -35,5 +35,5 @@ PreflightBody = Annotated[
 async def preflight_route(req: PreflightBody, pool: ComputeDep) -> Response:
     """Predict every full-initialization term of one rank and the KV cache it leaves, from the
     model's config.json (inline, field ``model_config``) and vLLM's flags (memest.preflight)."""
-    body = await pool.run(calculations.preflight_json, req)
+    body = await pool.run(calculations.preflight_json, req.raw)
     return Response(body, media_type="application/json")

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from memest.schema import RunReport
 from memest.service import examples, store
-from memest.service.body import BodyRoute
+from memest.service.body import BodyRoute, JsonBody
 from memest.service.deps import (
     CacheDep,
     FactoryDep,
@@ -38,7 +38,7 @@ class ReportRoute(BodyRoute):
 router = APIRouter(prefix="/api/v1/reports", tags=["reports"], route_class=ReportRoute)
 
 ReportBody = Annotated[
-    RunReport,
+    JsonBody[RunReport],
     Body(
         description="One rank's RunReport (schema version 1), as the vLLM plugin writes it",
         openapi_examples={"report": {"value": examples.REPORT}},
@@ -106,7 +106,7 @@ async def ingest_report(
         with request.app.state.metrics_cache.writing():
             result = await anyio.to_thread.run_sync(
                 _prepare_and_store,
-                report,
+                report.raw,
                 factory,
                 request.app.state.ingest_pool,
                 limiter=request.app.state.ingest_limiter,
@@ -116,7 +116,7 @@ async def ingest_report(
         raise
     metrics.ingested.labels(outcome=result.status).inc()
     if result.status == "created":
-        metrics.ingest_bytes.inc(len(await request.body()))
+        metrics.ingest_bytes.inc(len(report.raw))
     payload = IngestResponse(status=result.status, report_id=result.report_id, run_id=result.run_id)
     return JSONResponse(
         status_code=201 if result.status == "created" else 200, content=payload.model_dump()
@@ -124,11 +124,11 @@ async def ingest_report(
 
 
 def _prepare_and_store(
-    report: RunReport, factory: sessionmaker[Session], pool: IngestPool
+    body: bytes, factory: sessionmaker[Session], pool: IngestPool
 ) -> store.IngestResult:
-    # The CPU work in a worker process (when MEMEST_INGEST_PROCESSES > 0); this thread then only
-    # waits for it and for the write transaction.
-    return store.store_prepared(factory, pool.prepare(report))
+    # The CPU work (parse, validate, prepare) in a worker process (when MEMEST_INGEST_PROCESSES
+    # > 0); this thread then only waits for it and for the write transaction.
+    return store.store_prepared(factory, pool.prepare(body))
 
 
 @router.get(

@@ -16,7 +16,8 @@ from memest.estimate import account, compare
 from memest.reporters.views import notes
 from memest.schema import RunReport
 from memest.service import calculations, examples, store
-from memest.service.body import BodyRoute
+from memest.service.body import BodyRoute, JsonBody
+from memest.service.db import read_session
 from memest.service.deps import (
     CacheDep,
     ComputeDep,
@@ -47,7 +48,7 @@ router = APIRouter(
 )
 
 RunEstimateBody = Annotated[
-    RunEstimateRequest,
+    JsonBody[RunEstimateRequest],
     Body(openapi_examples={"smaller grid": {"value": examples.RUN_ESTIMATE_REQUEST}}),
 ]
 RunIdPath = Annotated[
@@ -132,6 +133,8 @@ def read_run(run_id: RunIdPath, session: SessionDep, cache: CacheDep) -> RunDeta
     estimate block the plugin stored is kept as stored_estimate, superseded by accounting."""
     run = store.get_run(session, run_id)
     rows = store.run_reports(session, run_id)
+    if not rows:  # a run whose reports are being deleted (never stored without one)
+        raise NotFound(f"no run {run_id!r}", field="run_id")
     reports = [cache.get(r) for r in rows]
     lead = reports[0]
     computed, reason = None, None
@@ -193,7 +196,7 @@ def _breakdown_body(
     """The body for the stored report the database names now: bodies are cached by the report's
     id and content digest, so a report deleted or stored again is never answered from the
     cache with its old content."""
-    with factory() as session:
+    with read_session(factory) as session:
         ranks = store.report_keys(session, run_id)
         if not ranks:
             raise NotFound(f"no run {run_id!r}", field="run_id")
@@ -294,27 +297,22 @@ async def estimate_run(
     run_id: RunIdPath,
     body: RunEstimateBody,
     factory: FactoryDep,
-    cache: CacheDep,
     pool: ComputeDep,
 ) -> Response:
     """What-if on a stored run: memest's KV budget, tokens and concurrency under grid G' (the
     changes ``memest estimate --grid`` takes), each term at G and G' with its law, and the
     inverse questions (kv_tokens / concurrency), by memest.estimate, in a calculator worker.
     Every refusal is a 4xx {"detail", "field"} naming the request field."""
-    report = await run_in_threadpool(_stored_report, factory, cache, run_id, body.rank)
-    answer = await pool.run(calculations.run_estimate_json, report, body)
+    payloads = await run_in_threadpool(_stored_payloads, factory, run_id)
+    answer = await pool.run(calculations.run_estimate_json, run_id, payloads, body.raw)
     return Response(answer, media_type="application/json")
 
 
-def _stored_report(
-    factory: sessionmaker[Session], cache: ReportCache, run_id: str, rank: int | None
-) -> RunReport:
-    with factory() as session:
+def _stored_payloads(factory: sessionmaker[Session], run_id: str) -> dict[int, str]:
+    """The stored JSON of each rank of a run: the worker parses the one the request names
+    (parsing it here would hold the server's GIL)."""
+    with read_session(factory) as session:
         rows = store.run_reports(session, run_id)
         if not rows:
             raise NotFound(f"no run {run_id!r}", field="run_id")
-        if rank is not None:
-            rows = [r for r in rows if r.rank == rank]
-            if not rows:
-                raise NotFound(f"run {run_id!r} has no rank {rank}", field="rank")
-        return cache.get(rows[0])
+        return {row.rank: row.payload for row in rows}
