@@ -33,6 +33,7 @@ from memest.service.routers import (
     login,
     models,
     preflight,
+    preflight_page,
     reports,
     runs,
 )
@@ -150,6 +151,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         preflight,
         health,
         dashboard,
+        preflight_page,
         login,
     ):
         app.include_router(router.router)
