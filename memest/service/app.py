@@ -93,6 +93,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.ingest_limiter = anyio.CapacityLimiter(INGEST_THREADS)
+        # Threads reading stored reports for estimates: every runnable thread that wants the
+        # GIL delays the event loop by up to a switch interval, so concurrent estimates queue
+        # here (they wait for a calculator worker anyway).
+        app.state.estimate_reads = anyio.CapacityLimiter(INGEST_THREADS)
         app.state.ingest_pool = IngestPool(settings.ingest_processes)
         db.upgrade(app.state.engine)
         dashboard.compile_templates()

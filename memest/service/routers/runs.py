@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
+import anyio.to_thread
 from fastapi import APIRouter, Body, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
@@ -296,6 +297,7 @@ def delete_run(
 async def estimate_run(
     run_id: RunIdPath,
     body: RunEstimateBody,
+    request: Request,
     factory: FactoryDep,
     pool: ComputeDep,
 ) -> Response:
@@ -303,7 +305,9 @@ async def estimate_run(
     changes ``memest estimate --grid`` takes), each term at G and G' with its law, and the
     inverse questions (kv_tokens / concurrency), by memest.estimate, in a calculator worker.
     Every refusal is a 4xx {"detail", "field"} naming the request field."""
-    payloads = await run_in_threadpool(_stored_payloads, factory, run_id)
+    payloads = await anyio.to_thread.run_sync(
+        _stored_payloads, factory, run_id, limiter=request.app.state.estimate_reads
+    )
     answer = await pool.run(calculations.run_estimate_json, run_id, payloads, body.raw)
     return Response(answer, media_type="application/json")
 
