@@ -138,7 +138,7 @@ def _service(paths: dict[str, Path], tmp: Path) -> dict[str, str]:
     from memest.service import create_app
     from memest.service.config import Settings
 
-    token = "golden-token"
+    token = "golden-write-token"
     settings = Settings(database_url=f"sqlite:///{tmp / 'golden.db'}", write_token=token)  # type: ignore[call-arg]
     out: dict[str, str] = {}
     with TestClient(create_app(settings)) as client:

@@ -67,9 +67,9 @@ class ServeCommand:
             "--forwarded-allow-ips",
             default=None,
             metavar="IPS",
-            help="comma-separated proxy addresses (or '*') whose X-Forwarded-For/-Proto headers "
-            "are trusted, e.g. a TLS-terminating ingress (default: uvicorn's "
-            "FORWARDED_ALLOW_IPS or 127.0.0.1)",
+            help="comma-separated proxy addresses or networks (or '*') whose "
+            "X-Forwarded-For/-Proto headers are trusted, e.g. a TLS-terminating ingress "
+            "(default MEMEST_FORWARDED_ALLOW_IPS, or none: the client is the peer address)",
         )
 
         limits = parser.add_argument_group("read limits (each also MEMEST_<NAME>; see README)")
@@ -98,6 +98,8 @@ class ServeCommand:
             overrides["database_url"] = args.database_url
         if args.demo:
             overrides["demo"] = True
+        if args.forwarded_allow_ips is not None:
+            overrides["forwarded_allow_ips"] = args.forwarded_allow_ips
         for _, field, _, _ in _LIMITS:
             if getattr(args, field) is not None:
                 overrides[field] = getattr(args, field)
@@ -126,8 +128,6 @@ class ServeCommand:
             host=args.host,
             port=args.port,
             log_level=args.log_level,
-            proxy_headers=True,
-            forwarded_allow_ips=args.forwarded_allow_ips,
         )
         uvicorn.Server(config).run()
         return 0
@@ -139,6 +139,12 @@ _LIMITS = (
     ("--max-header-bytes", "max_header_bytes", "N", "largest request head, in bytes"),
     ("--keep-alive-timeout", "keep_alive_timeout_s", "S", "seconds an idle connection is kept"),
     ("--max-connections", "max_connections", "N", "open connections before 503"),
+    (
+        "--max-connections-per-client",
+        "max_connections_per_client",
+        "N",
+        "open connections of one client address before 503",
+    ),
     ("--backlog", "backlog", "N", "connections the kernel queues before accept"),
 )
 

@@ -5,7 +5,7 @@ Usage::
     from memest.service import create_app
     from memest.service.config import Settings
 
-    app = create_app(Settings(database_url="sqlite:///./memest.db", write_token="s3cret"))
+    app = create_app(Settings(database_url="sqlite:///./memest.db", write_token="a-long-write-token-here"))
 
 Environment variables (see :class:`memest.service.config.Settings`): MEMEST_DATABASE_URL,
 MEMEST_WRITE_TOKEN, MEMEST_READ_TOKEN, MEMEST_MAX_REPORT_BYTES, MEMEST_DEMO,

@@ -6,19 +6,17 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Any
 
 import anyio
 from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from memest._version import __version__
-from memest.schema import RunReport
-from memest.schema.preflight import PreflightRequest
 from memest.service import db, store
+from memest.service.compute import ComputePool
 from memest.service.config import Settings, get_settings
 from memest.service.deps import ReadAuth
 from memest.service.errors import Conflict, install_handlers
@@ -26,6 +24,7 @@ from memest.service.ingest import IngestPool
 from memest.service.metrics import ServiceMetrics
 from memest.service.metrics_cache import MetricsCache, metric_rows_json
 from memest.service.middleware import HardeningMiddleware
+from memest.service.ratelimit import FailureLimiter
 from memest.service.routers import (
     calculators,
     compare,
@@ -38,7 +37,6 @@ from memest.service.routers import (
     reports,
     runs,
 )
-from memest.service.routers.calculators import WhatIfRequest
 from memest.service.sessions import SessionStore
 
 log = logging.getLogger("memest.service")
@@ -51,8 +49,10 @@ Stores memest RunReports (one per rank of a vLLM start) and serves per-model bre
 the capture plan that produced them, build comparisons (the seed's "main → PR" columns), model
 histories, the capture-plan and estimate calculators, and Prometheus metrics.
 
-Writes and deletes need `Authorization: Bearer $MEMEST_WRITE_TOKEN`; reads are open unless
-`MEMEST_READ_TOKEN` is set (then a bearer token, or the cookie of a `/login` session, which `/logout` ends).
+Pushing a report needs `Authorization: Bearer $MEMEST_PUSH_TOKEN` (push-only, for vLLM pods) or the
+admin `$MEMEST_WRITE_TOKEN`, which alone may delete; reads are open unless `MEMEST_READ_TOKEN` is set
+(then the read or admin token as a bearer token, or the cookie of a `/login` session, which
+`/logout` ends). The calculators run in worker processes with a deadline (503/504 past it).
 Bytes are integers everywhere.
 """
 
@@ -80,27 +80,6 @@ def load_demo(app: FastAPI) -> int:
     return created
 
 
-def _openapi(app: FastAPI) -> dict[str, Any]:
-    if app.openapi_schema:
-        return app.openapi_schema
-    schema = get_openapi(
-        title=app.title,
-        version=app.version,
-        description=app.description,
-        routes=app.routes,
-    )
-    # The report routes read their body themselves (size limit first), so FastAPI does not see
-    # RunReport; publish its schema so that the request bodies resolve.
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in (RunReport, WhatIfRequest, PreflightRequest):
-        sch = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        for name, sub in sch.pop("$defs", {}).items():
-            components.setdefault(name, sub)
-        components.setdefault(model.__name__, sch)
-    app.openapi_schema = schema
-    return schema
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the engine is created here, migrations run at startup.
 
@@ -114,6 +93,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.ingest_limiter = anyio.CapacityLimiter(INGEST_THREADS)
+        # Threads reading stored reports for estimates: every runnable thread that wants the
+        # GIL delays the event loop by up to a switch interval, so concurrent estimates queue
+        # here (they wait for a calculator worker anyway).
+        app.state.estimate_reads = anyio.CapacityLimiter(INGEST_THREADS)
         app.state.ingest_pool = IngestPool(settings.ingest_processes)
         db.upgrade(app.state.engine)
         dashboard.compile_templates()
@@ -125,6 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.metrics_cache.start()
         yield
         app.state.ingest_pool.shutdown()
+        app.state.compute_pool.shutdown()
         app.state.metrics_cache.stop()
         app.state.engine.dispose()
 
@@ -149,6 +133,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.report_cache = store.ReportCache(settings.report_cache_size)
     app.state.response_cache = store.ResponseCache(settings.report_cache_size)
 
+    app.state.compute_pool = ComputePool(settings.compute_workers, settings.compute_deadline_s)
+    app.state.failure_limiter = FailureLimiter()
     app.state.login_sessions = SessionStore(app.state.sessionmaker)
     app.state.metrics = ServiceMetrics()
     app.state.metrics_cache = MetricsCache(
@@ -156,6 +142,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_handlers(app)
     app.add_middleware(HardeningMiddleware, max_head_bytes=settings.max_header_bytes)
+    if settings.trusted_proxies():
+        # Outermost: the client address every limit counts is the one a trusted proxy forwards;
+        # anyone else's X-Forwarded-For is ignored.
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxies())
     for router in (
         reports,
         models,
@@ -174,7 +164,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         StaticFiles(directory=str(resources.files("memest.service") / "static")),
         name="static",
     )
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=[ReadAuth])
     async def openapi_document() -> JSONResponse:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memest.units import MiB
+
+#: Shortest bearer token accepted: a token any shorter is guessable (16 characters of hex are
+#: 64 bits, and a guess costs a request that the bearer-failure limit throttles).
+MIN_TOKEN_CHARS = 16
 
 
 class Settings(BaseSettings):
@@ -22,12 +26,47 @@ class Settings(BaseSettings):
     )
     write_token: SecretStr | None = Field(
         default=None,
-        description="Bearer token that POST /api/v1/reports requires; unset = writes refused",
+        description="Admin bearer token: pushes, reads and DELETE /api/v1/runs/{id}; "
+        "unset = writes refused",
+    )
+    push_token: SecretStr | None = Field(
+        default=None,
+        description="Push-only bearer token (for vLLM pods): POST /api/v1/reports and nothing "
+        "else (no reads when MEMEST_READ_TOKEN is set, no DELETE, no login)",
     )
     read_token: SecretStr | None = Field(
         default=None,
         description="Bearer token for reads (API, dashboard, /metrics, /openapi.json; browsers "
         "log in at /login); unset = open",
+    )
+    forwarded_allow_ips: str = Field(
+        default="",
+        max_length=4096,
+        description="Comma-separated proxy addresses or networks (or '*') whose "
+        "X-Forwarded-For/-Proto headers are honoured; empty = none (the client is the peer "
+        "address, so a forwarded header cannot reset a per-client limit)",
+    )
+    max_connections_per_client: int = Field(
+        default=64,
+        ge=1,
+        le=1_000_000,
+        description="Open connections one client address may hold (a trusted proxy is exempt); "
+        "past it a new connection is answered 503 and closed",
+    )
+    compute_workers: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Worker processes for the pre-flight, what-if and estimate calculators "
+        "(never on the event loop); more concurrent requests wait for a free worker",
+    )
+    compute_deadline_s: float = Field(
+        default=20.0,
+        gt=0,
+        le=600,
+        allow_inf_nan=False,
+        description="Seconds a calculator request may wait for a worker and run; past it the "
+        "worker is stopped and the answer is a 504 (ran too long) or 503 (no worker was free)",
     )
     max_report_bytes: int = Field(
         default=4 * MiB, ge=1024, description="Largest accepted report body, in bytes"
@@ -84,6 +123,17 @@ class Settings(BaseSettings):
     backlog: int = Field(
         default=2048, ge=1, le=65535, description="Connections the kernel queues before accept"
     )
+
+    @field_validator("write_token", "push_token", "read_token")
+    @classmethod
+    def _long_enough(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None and len(token.get_secret_value()) < MIN_TOKEN_CHARS:
+            raise ValueError(f"a token must be at least {MIN_TOKEN_CHARS} characters")
+        return token
+
+    def trusted_proxies(self) -> list[str]:
+        """MEMEST_FORWARDED_ALLOW_IPS as a list (empty: no proxy is trusted)."""
+        return [a.strip() for a in self.forwarded_allow_ips.split(",") if a.strip()]
 
 
 @lru_cache(maxsize=1)

@@ -68,6 +68,18 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 @contextmanager
+def read_session(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A session whose reads all see one snapshot: on PostgreSQL a REPEATABLE READ transaction
+    (a read-only one never fails to serialize), so a run deleted meanwhile is either whole or
+    gone, never half (a 404 or the old answer, not a 500). SQLite's read transactions are
+    snapshots already."""
+    with factory() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        yield session
+
+
+@contextmanager
 def write_session(factory: sessionmaker[Session]) -> Iterator[Session]:
     """A session whose transaction holds the SQLite write lock from BEGIN; commits or rolls back."""
     with factory() as session:

@@ -93,9 +93,37 @@ class TooManyRequests(ServiceError):
 
 
 class Unavailable(ServiceError):
-    """A calculator the route needs (memest.plan, memest.estimate) is not available."""
+    """A calculator the route needs (memest.plan, memest.estimate) is not available, or no
+    calculator worker was free in time; answered with Retry-After when ``retry_after_s``."""
 
     status_code = 503
+
+    def __init__(self, message: str, *, field: str | None = None, retry_after_s: int = 0) -> None:
+        super().__init__(message, field=field)
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(ServiceError):
+    """A calculator request that ran past MEMEST_COMPUTE_DEADLINE_S (its worker was stopped)."""
+
+    status_code = 504
+
+
+def as_service_error(exc: BaseException) -> ServiceError | None:
+    """The 4xx a domain or validation error is answered with (None: not one of those). Used by
+    the handlers below and by the calculator workers, whose errors must cross a process boundary
+    (a pydantic ValidationError does not pickle)."""
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, ConfigError):
+        return BadRequest(str(exc), field=exc.field)
+    if isinstance(exc, MemestError):
+        return BadRequest(f"memest cannot use this input: {exc}", field="body")
+    if isinstance(exc, ValidationError):
+        where, message, _ = first_error(exc)
+        field = where or "body"
+        return BadRequest(f"invalid {exc.title}: {field}: {message}", field=field)
+    return None
 
 
 def _wants_page(request: Request) -> bool:
@@ -112,19 +140,12 @@ def _answer(status: int, detail: str, field: str | None) -> JSONResponse:
 
 
 def install_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ConfigError)
-    async def _config_error(request: Request, exc: ConfigError) -> Response:
-        return _answer(422, str(exc), exc.field)
-
     @app.exception_handler(MemestError)
-    async def _memest_error(request: Request, exc: MemestError) -> Response:
-        return _answer(422, f"memest cannot use this input: {exc}", "body")
-
     @app.exception_handler(ValidationError)
-    async def _validation_error(request: Request, exc: ValidationError) -> Response:
-        where, message, _ = first_error(exc)
-        field = where or "body"
-        return _answer(422, f"invalid {exc.title}: {field}: {message}", field)
+    async def _domain_error(request: Request, exc: Exception) -> Response:
+        answer = as_service_error(exc)
+        assert answer is not None  # both types map to a 422
+        return await _service_error(request, answer)
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> Response:
@@ -137,7 +158,7 @@ def install_handlers(app: FastAPI) -> None:
         if exc.field is not None:
             body["field"] = exc.field
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-        if isinstance(exc, TooManyRequests):
+        if isinstance(exc, TooManyRequests | Unavailable) and exc.retry_after_s:
             headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse(status_code=exc.status_code, content=body, headers=headers)
 

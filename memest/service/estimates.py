@@ -46,6 +46,22 @@ class RunEstimateRequest(BaseModel):
     rank: int | None = Field(default=None, ge=0, le=65535, description="Default: the lowest")
 
 
+class InverseAnswer(BaseModel):
+    """What holds the asked KV tokens (memest.estimate.inverse.inverse_answer)."""
+
+    kv_tokens: int = Field(description="KV tokens asked for (kv_tokens, or C x max_model_len)")
+    gpu_memory_utilization: float | None = Field(
+        description="The utilization under G' that holds them"
+    )
+    largest_max_num_seqs: int | None = Field(
+        default=None, description="The largest max_num_seqs under G' that still holds them"
+    )
+    max_num_seqs_ceiling: int | None = Field(default=None, description="Where that search stops")
+    max_num_seqs_ceiling_by: str | None = Field(
+        default=None, description="What sets the ceiling (max_num_batched_tokens, ...)"
+    )
+
+
 class RunEstimateResponse(BaseModel):
     run_id: str
     rank: int
@@ -54,7 +70,9 @@ class RunEstimateResponse(BaseModel):
     kv_cache_memory_bytes_to: int | None = Field(description="vLLM's flag for G'")
     concurrency_from: float | None = Field(description="Requests of max_model_len at G")
     concurrency_to: float | None = Field(description="Requests of G''s max_model_len at G'")
-    inverse: dict[str, Any] | None = None
+    inverse: InverseAnswer | None = Field(
+        default=None, description="The answers to kv_tokens / concurrency, when asked"
+    )
 
 
 def run_estimate(report: RunReport, req: RunEstimateRequest) -> RunEstimateResponse:
@@ -87,5 +105,5 @@ def run_estimate(report: RunReport, req: RunEstimateRequest) -> RunEstimateRespo
         kv_cache_memory_bytes_to=result.kv_cache_memory_bytes_to,
         concurrency_from=result.what_if.concurrency_from,
         concurrency_to=result.what_if.concurrency_to,
-        inverse=result.inverse,
+        inverse=InverseAnswer.model_validate(result.inverse) if result.inverse else None,
     )

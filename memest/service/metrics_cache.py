@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from memest.builds.runs import fingerprint
 from memest.schema import RunReport
 from memest.service import store
+from memest.service.db import read_session
 from memest.service.metrics import (
     FLEET_FAMILIES,
     KEY_LABEL,
@@ -378,11 +379,9 @@ class MetricsCache:
                 snapshot = self._snapshot
             if snapshot is not None and after is not None and snapshot.read_at >= after:
                 return snapshot
-            with self._factory() as session:
-                if session.get_bind().dialect.name == "postgresql":
-                    # One view of the database for the whole build, so the stored counts agree
-                    # with the runs read after them while writers commit.
-                    session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            # One view of the database for the whole build, so the stored counts agree with
+            # the runs read after them while writers commit.
+            with read_session(self._factory) as session:
                 read_at = time.monotonic()
                 state = store.stored_state(session)
                 if snapshot is not None and snapshot.state == state:

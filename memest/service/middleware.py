@@ -33,6 +33,12 @@ def _nul_in_target(scope: Scope) -> str | None:
     return None
 
 
+def _control_in_path(scope: Scope) -> bool:
+    """A control character (newline, tab, ...) in the path: no stored model or run id holds one
+    (ingest refuses them), and the path routes cannot match across a newline."""
+    return any(0 < ord(c) < 0x20 or c == "\x7f" for c in scope.get("path", ""))
+
+
 def head_bytes(scope: Scope) -> int:
     """The request head's size as parsed: target and header lines (each "name: value\r\n")."""
     target = len(scope.get("raw_path") or scope.get("path", "").encode())
@@ -68,6 +74,16 @@ class HardeningMiddleware:
                     "field": "headers",
                 },
                 headers={"connection": "close"},  # such a client gets no second request
+            )
+            await refusal(scope, receive, send_with_headers)
+            return
+        if _control_in_path(scope):
+            refusal = JSONResponse(
+                status_code=404,
+                content={
+                    "detail": "no such page: the path holds a control character",
+                    "field": "path",
+                },
             )
             await refusal(scope, receive, send_with_headers)
             return

@@ -259,7 +259,9 @@ def delete_run(factory: sessionmaker[Session], run_id: str) -> list[str]:
         NotFound: no such run.
     """
     with write_session(factory) as session:
-        run = session.get(Run, run_id)
+        # FOR UPDATE: of concurrent deletes of one run (PostgreSQL), one finds the row; the
+        # others wait for its commit and then find none (404). SQLite's writers are serial.
+        run = session.scalar(select(Run).where(Run.run_id == run_id).with_for_update())
         if run is None:
             raise NotFound(f"no run {run_id!r}", field="run_id")
         report_ids = list(

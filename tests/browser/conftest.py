@@ -45,7 +45,9 @@ def demo_service(db: Path, **settings: Any) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with demo_service(tmp_path_factory.mktemp("browser") / "memest.db", write_token="t") as url:
+    with demo_service(
+        tmp_path_factory.mktemp("browser") / "memest.db", write_token="browser-write-token"
+    ) as url:
         yield url
 
 

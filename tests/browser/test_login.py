@@ -18,7 +18,7 @@ READ = "browser-read-token"
 @pytest.fixture(scope="module")
 def guarded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     db = tmp_path_factory.mktemp("guarded") / "memest.db"
-    with demo_service(db, write_token="w", read_token=READ) as url:
+    with demo_service(db, write_token="browser-write-token", read_token=READ) as url:
         yield url
 
 

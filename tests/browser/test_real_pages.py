@@ -41,12 +41,17 @@ WIDTH = 1400
 
 @pytest.fixture(scope="module")
 def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with demo_service(tmp_path_factory.mktemp("real") / "memest.db", write_token="t") as url:
+    with demo_service(
+        tmp_path_factory.mktemp("real") / "memest.db", write_token="browser-write-token"
+    ) as url:
         for path in STARTS:
             r = httpx.post(
                 f"{url}/api/v1/reports",
                 content=path.read_bytes(),
-                headers={"Authorization": "Bearer t", "Content-Type": "application/json"},
+                headers={
+                    "Authorization": "Bearer browser-write-token",
+                    "Content-Type": "application/json",
+                },
                 timeout=30,
             )
             # The demo already holds some of these starts (memest/demo/h200): stored once.

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RAW = ROOT / "tests" / "data" / "starts"
 PLAIN = RAW / "call9.S_llama8b_s128_t4096.apply.report.rank0.json"
 EAGLE = RAW / "call6.C_llama8b_eagle3k3_s64_t4096.apply.report.rank0.json"
-WRITE = "w"
+WRITE = "whatif-write-token"
 READ = "whatif-read-token"
 
 

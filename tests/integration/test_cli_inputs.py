@@ -249,8 +249,12 @@ def test_api_what_if_refuses_grids_vllm_refuses(
     from memest.service.app import create_app
     from memest.service.config import Settings
 
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'm.db'}", write_token="t"))
-    headers = {"Authorization": "Bearer t", "Content-Type": "application/json"}
+    app = create_app(
+        Settings(
+            database_url=f"sqlite:///{tmp_path / 'm.db'}", write_token="cli-inputs-write-token"
+        )
+    )
+    headers = {"Authorization": "Bearer cli-inputs-write-token", "Content-Type": "application/json"}
     with TestClient(app) as client:
         r = client.post("/api/v1/reports", content=S_APPLY.read_bytes(), headers=headers)
         assert r.status_code in (200, 201), r.text

@@ -14,9 +14,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
+from urllib.parse import urlsplit
 
 from memest.errors import ConfigError
 from memest.runid import check_run_id
+
+#: Longest MEMEST_PUSH_TIMEOUT_S: a push holds up the end of vLLM's startup by at most this.
+MAX_PUSH_TIMEOUT_S = 600.0
 
 EstimateMode = Literal["off", "apply", "plan"]
 ESTIMATE_MODES: tuple[EstimateMode, ...] = ("off", "apply", "plan")
@@ -49,14 +53,19 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "MEMEST_SERVICE_URL",
         "",
-        "memest service base URL; reports are POSTed to {url}/api/v1/reports. Empty: no push.",
+        "memest service base URL (http:// or https:// and a host); reports are POSTed to "
+        "{url}/api/v1/reports. Empty, or not such a URL (named in the report's problems): no push.",
     ),
-    EnvVar("MEMEST_TOKEN", "", "Bearer token sent with each push."),
+    EnvVar(
+        "MEMEST_TOKEN",
+        "",
+        "Bearer token sent with each push: the service's push-only MEMEST_PUSH_TOKEN.",
+    ),
     EnvVar(
         "MEMEST_PUSH_TIMEOUT_S",
         "10",
         "Upper bound in seconds on the whole push of one report (every attempt, wait and "
-        "read, and rank 0's delivery of the spool); the report is spooled to "
+        "read, and rank 0's delivery of the spool), at most 600; the report is spooled to "
         "<output dir>/spool/ when it runs out.",
     ),
     EnvVar("MEMEST_PUSH_RETRIES", "3", "Push attempts before spooling (backoff 0.5 s, doubling)."),
@@ -208,15 +217,16 @@ class Settings:
                 problems.append(f"{name}={text!r}: expected an integer >= {minimum}")
                 return int(_default(name))
 
-        def number(name: str) -> float:
+        def number(name: str, maximum: float = math.inf) -> float:
             text = raw(name)
             try:
                 value = float(text)
-                if not math.isfinite(value) or value <= 0:  # float() takes "nan" and "inf"
+                if not math.isfinite(value) or not 0 < value <= maximum:  # float() takes "nan"
                     raise ValueError
                 return value
             except ValueError:
-                problems.append(f"{name}={text!r}: expected a finite positive number")
+                most = f" at most {maximum:g}" if math.isfinite(maximum) else ""
+                problems.append(f"{name}={text!r}: expected a finite positive number{most}")
                 return float(_default(name))
 
         mode_text = raw("MEMEST_ESTIMATE").lower()
@@ -236,9 +246,9 @@ class Settings:
             enabled=raw("MEMEST_ENABLE") == "1",
             output_dir=raw("MEMEST_OUTPUT_DIR") or _default("MEMEST_OUTPUT_DIR"),
             run_id=_run_id(raw("MEMEST_RUN_ID"), problems),
-            service_url=raw("MEMEST_SERVICE_URL").rstrip("/"),
+            service_url=_service_url(raw("MEMEST_SERVICE_URL"), problems),
             token=raw("MEMEST_TOKEN"),
-            push_timeout_s=number("MEMEST_PUSH_TIMEOUT_S"),
+            push_timeout_s=number("MEMEST_PUSH_TIMEOUT_S", MAX_PUSH_TIMEOUT_S),
             push_retries=integer("MEMEST_PUSH_RETRIES", 1),
             history_max_entries=integer("MEMEST_HISTORY_MAX_ENTRIES", 0),
             history_from=history_from,
@@ -256,6 +266,31 @@ class Settings:
             faults=faults,
             problems=tuple(problems),
         )
+
+
+def _service_url(text: str, problems: list[str]) -> str:
+    """MEMEST_SERVICE_URL when it is an http(s) URL with a host (without a trailing slash); else
+    empty (no push), the problem kept: a junk value would fail every push attempt unseen."""
+    if not text:
+        return ""
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        problems.append(
+            f"MEMEST_SERVICE_URL={text[:200]!r}: expected http://HOST[:PORT] or https://...; "
+            "reports are not pushed"
+        )
+        return ""
+    if parts.query or parts.fragment or any(c.isspace() for c in text):
+        problems.append(
+            f"MEMEST_SERVICE_URL={text[:200]!r}: a base URL has no query, fragment or spaces; "
+            "reports are not pushed"
+        )
+        return ""
+    return text.rstrip("/")
 
 
 def _run_id(text: str, problems: list[str]) -> str:

@@ -123,18 +123,24 @@ def _owner_rows(report: RunReport) -> list[tuple[str, str, int]]:
     if bd is None:
         raise ReportFormatError(f"report {report.report_id}: breakdown is missing")
     rows: dict[tuple[str, str], int] = {}
+    charged: dict[str, int] = {}  # per stage, so that the remainder is one look-up per stage
     for t in bd.triggers:
         if t.phase != "capture":
             continue
         rows[(t.stage, t.owner)] = rows.get((t.stage, t.owner), 0) + t.bytes
+        charged[t.stage] = charged.get(t.stage, 0) + t.bytes
     for s in bd.stages:
         if s.phase != "capture":
             continue
-        charged = sum(b for (stage, _), b in rows.items() if stage == s.stage)
-        rest = s.pool_growth_bytes - charged
+        rest = s.pool_growth_bytes - charged.get(s.stage, 0)
         if rest > 0:
             rows[(s.stage, f"unattributed:{s.stage}")] = rest
     return [(stage, owner, b) for (stage, owner), b in rows.items()]
+
+
+def _runner_row(plan: CapturePlan, stage: str) -> RunnerRow | None:
+    """The runner of ``plan`` named ``stage`` (a plan has a handful of runners)."""
+    return next((r for r in plan.runners if r.runner == stage), None)
 
 
 def _predict(
@@ -165,8 +171,7 @@ def _predict(
     if law in ("graph_count", "graph_count_x_layers"):
         before, after = g.total_graphs, g2.total_graphs
     else:
-        row_g = {r.runner: r for r in g.runners}.get(stage)
-        row_g2 = {r.runner: r for r in g2.runners}.get(stage)
+        row_g, row_g2 = _runner_row(g, stage), _runner_row(g2, stage)
         if row_g is None:
             return made(1.0, measured, f"stage {stage} is not a runner of grid G: kept")
         if row_g2 is None:
@@ -189,8 +194,7 @@ def _predict(
 
 def _stage_ratio(stage: str, g: CapturePlan, g2: CapturePlan) -> float:
     """Widest size of a stage under G' over G (the widest replayed graph's scale)."""
-    row_g = {r.runner: r for r in g.runners}.get(stage)
-    row_g2 = {r.runner: r for r in g2.runners}.get(stage)
+    row_g, row_g2 = _runner_row(g, stage), _runner_row(g2, stage)
     if row_g is None or not row_g.sizes:
         return 1.0
     return max(row_g2.sizes) / max(row_g.sizes) if row_g2 is not None and row_g2.sizes else 0.0
@@ -332,8 +336,9 @@ def _replace_stages(
     s: Shapes,
 ) -> list[OwnerPrediction]:
     """``predictions`` with the rows of ``stages`` replaced by the synthetic trace's."""
-    measured = {(p.stage, p.owner): p.measured_bytes for p in predictions if p.stage in stages}
-    kept = [p for p in predictions if p.stage not in stages]
+    replaced = set(stages)
+    measured = {(p.stage, p.owner): p.measured_bytes for p in predictions if p.stage in replaced}
+    kept = [p for p in predictions if p.stage not in replaced]
     return [*kept, *synthetic_rows(stages, measured, plans, configs, s)]
 
 

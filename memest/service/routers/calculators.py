@@ -5,21 +5,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import APIRouter, Body, Query, Response
 
-from memest.estimate import compare
-from memest.estimate.whatif import WhatIfQuestion, answer
-from memest.preflight.calibration import what_if_calibration
 from memest.schema import CapturePlan, EstimateComparison, RunReport, WhatIf
-from memest.service import examples
-from memest.service.deps import ReadAuth, SettingsDep
+from memest.service import calculations, examples, limits
+from memest.service.body import BodyRoute, JsonBody, load_json
+from memest.service.calculations import WhatIfRequest
+from memest.service.deps import ComputeDep, ReadAuth
 from memest.service.errors import Unavailable
-from memest.service.ingest import check_storable, load_json, parse_report, read_body
 from memest.service.plans import resolve_plan
-from memest.service.routers.reports import _REPORT_BODY
 
-router = APIRouter(prefix="/api/v1", tags=["calculators"], dependencies=[ReadAuth])
+router = APIRouter(
+    prefix="/api/v1", tags=["calculators"], dependencies=[ReadAuth], route_class=BodyRoute
+)
 
 _PLAN_EXAMPLE = examples.REPORT["capture_plans"][0] if examples.REPORT["capture_plans"] else None
 
@@ -94,35 +92,43 @@ def _checked_config(text: str | None) -> dict[str, Any] | str | None:
     if text is None:
         return None
     parsed = load_json(text.encode(), field="compilation_config")
-    return parsed if isinstance(parsed, dict) else text
+    if not isinstance(parsed, dict):
+        return text
+    limits.check_compilation_config(parsed, "compilation_config")
+    return parsed
+
+
+CALCULATOR_ANSWERS: dict[int | str, dict[str, Any]] = {
+    413: {"description": "Body larger than MEMEST_MAX_REPORT_BYTES"},
+    415: {"description": "Not application/json"},
+    422: {
+        "description": "A refused field (named in `field`): invalid, past a limit of "
+        "memest.service.limits, or a report the estimator cannot use"
+    },
+    503: {"description": "No calculator worker was free within MEMEST_COMPUTE_DEADLINE_S"},
+    504: {"description": "The computation ran past MEMEST_COMPUTE_DEADLINE_S and was stopped"},
+}
+
+ReportBody = Annotated[
+    JsonBody[RunReport],
+    Body(
+        description="A complete start: phase readings, KV-cache spec and vLLM's figures",
+        openapi_examples={"report": {"value": examples.REPORT}},
+    ),
+]
 
 
 @router.post(
     "/estimate",
     response_model=EstimateComparison,
-    openapi_extra=_REPORT_BODY,
-    responses={
-        **examples.json_example(examples.ESTIMATE),
-        413: {"description": "Body larger than MEMEST_MAX_REPORT_BYTES"},
-        415: {"description": "Not application/json"},
-        422: {"description": "Not a valid RunReport, or the estimator cannot use it (why)"},
-    },
+    responses={**examples.json_example(examples.ESTIMATE), **CALCULATOR_ANSWERS},
 )
-async def estimate(request: Request, settings: SettingsDep) -> EstimateComparison:
+async def estimate(report: ReportBody, pool: ComputeDep) -> Response:
     """KV-budget estimates for a RunReport (not stored): vLLM's, memest's full-initialization one
     and the measured end state, side by side (memest.estimate.compare). The report must be a
     complete start: phase readings, KV-cache spec and vLLM's figures."""
-    body = await read_body(request, settings.max_report_bytes)
-    return compare(parse_report(body))
-
-
-class WhatIfRequest(BaseModel):
-    """A measured start and the capture plan to predict for."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    report: RunReport = Field(description="A complete start under grid G (plan, breakdown, phases)")
-    plan: CapturePlan = Field(description="Grid G' (GET /api/v1/plan output)")
+    body = await pool.run(calculations.estimate_json, report.raw)
+    return Response(body, media_type="application/json")
 
 
 @router.post(
@@ -130,25 +136,11 @@ class WhatIfRequest(BaseModel):
     response_model=WhatIf,
     responses={
         **examples.json_example(examples.WHAT_IF, "Predicted owners and KV budget under G'"),
-        413: {"description": "Body larger than MEMEST_MAX_REPORT_BYTES"},
-        415: {"description": "Not application/json"},
-        422: {"description": "Invalid body, or the estimator cannot use the report (why)"},
-    },
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/WhatIfRequest"}}
-            },
-        }
+        **CALCULATOR_ANSWERS,
     },
 )
-async def what_if_route(request: Request, settings: SettingsDep) -> WhatIf:
+async def what_if_route(req: JsonBody[WhatIfRequest], pool: ComputeDep) -> Response:
     """Predict each owner's pool memory and the KV budget of a measured start under another capture
     plan (memest.estimate.whatif.answer, as the CLI and POST /runs/{id}/estimate ask it)."""
-    body = await read_body(request, settings.max_report_bytes)
-    req = WhatIfRequest.model_validate_json(body)
-    check_storable(req.report)
-    question = WhatIfQuestion(grid=req.plan.model_dump(mode="json"))
-    result = answer(req.report, question, calibration=what_if_calibration(req.report))
-    return result.what_if
+    body = await pool.run(calculations.what_if_json, req.raw)
+    return Response(body, media_type="application/json")

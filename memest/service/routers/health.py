@@ -1,4 +1,4 @@
-"""GET /healthz and GET /metrics."""
+"""GET /healthz (liveness), GET /readyz (readiness: the database) and GET /metrics."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
 
-from memest.service.deps import MetricsDep, ReadAuth, SessionDep
+from memest.service.deps import FactoryDep, MetricsDep, ReadAuth
 from memest.service.metrics_cache import MetricsCache
 
 router = APIRouter(tags=["health"])
@@ -20,10 +22,25 @@ router = APIRouter(tags=["health"])
 
 @router.get(
     "/healthz",
+    responses={200: {"content": {"application/json": {"example": {"status": "ok"}}}}},
+)
+async def healthz() -> Response:
+    """Liveness: the server's event loop answers (always open, no token). It never touches the
+    database, so a database outage fails readiness (/readyz), not liveness: a restart would not
+    bring the database back."""
+    return Response(_OK, media_type="application/json")
+
+
+_OK = json.dumps({"status": "ok"})
+
+
+@router.get(
+    "/readyz",
     responses={
         200: {"content": {"application/json": {"example": {"status": "ok"}}}},
         503: {
-            "description": "The SQLite database's folder cannot be written (a full disk)",
+            "description": "The database cannot be reached, or the SQLite database's folder "
+            "cannot be written (a full disk)",
             "content": {
                 "application/json": {
                     "example": {"status": "not ok", "detail": "database folder: No space left"}
@@ -32,18 +49,29 @@ router = APIRouter(tags=["health"])
         },
     },
 )
-def healthz(session: SessionDep) -> Response:
-    """Liveness, database reachability and, for SQLite, that its folder takes a write (always
-    open, no token)."""
-    session.execute(text("SELECT 1"))
-    url = session.get_bind().engine.url
+def readyz(factory: FactoryDep) -> Response:
+    """Readiness: the database answers a query and, for SQLite, its folder takes a write (always
+    open, no token); 503 while it does not, so that traffic goes to another replica."""
+    problem = _database_problem(factory)
+    if problem is not None:
+        body = json.dumps({"status": "not ok", "detail": problem})
+        return Response(body, status_code=503, media_type="application/json")
+    return Response(_OK, media_type="application/json")
+
+
+def _database_problem(factory: sessionmaker[Session]) -> str | None:
+    try:
+        with factory() as session:
+            session.execute(text("SELECT 1"))
+            url = session.get_bind().engine.url
+    except SQLAlchemyError as exc:
+        return f"database: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     folder = _sqlite_folder(url.get_backend_name(), url.database)
     if folder is not None:
         problem = _write_problem(folder)
         if problem is not None:
-            body = json.dumps({"status": "not ok", "detail": f"database folder: {problem}"})
-            return Response(body, status_code=503, media_type="application/json")
-    return Response(json.dumps({"status": "ok"}), media_type="application/json")
+            return f"database folder: {problem}"
+    return None
 
 
 def _sqlite_folder(backend: str, database: str | None) -> Path | None:

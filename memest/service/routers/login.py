@@ -5,11 +5,6 @@ The cookie names a server-side session (memest.service.sessions) that /logout de
 from __future__ import annotations
 
 import hmac
-import math
-import threading
-import time
-from collections import deque
-from collections.abc import Callable
 from typing import Annotated
 from urllib.parse import parse_qs
 
@@ -18,7 +13,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from memest.service.deps import SettingsDep
-from memest.service.errors import BadRequest, PayloadTooLarge, TooManyRequests
+from memest.service.errors import BadRequest, PayloadTooLarge, RequestTimeout
+from memest.service.ratelimit import client_address, failure_limiter
 from memest.service.routers.dashboard import HTML_PAGE, templates
 from memest.service.sessions import SESSION_COOKIE, SESSION_MAX_AGE_S, SessionStore
 
@@ -26,54 +22,9 @@ router = APIRouter(tags=["login"])
 
 #: Longest login form body accepted (a token and a return path).
 _MAX_FORM_BYTES = 8192
-#: Failed logins one client address may make per LOGIN_WINDOW_S before it is answered 429.
-LOGIN_FAILURES = 10
-LOGIN_WINDOW_S = 60.0
-#: Client addresses with recent failures kept before the quiet ones are dropped.
-_MAX_CLIENTS = 10_000
-
-
-class LoginLimiter:
-    """Failed logins per client address over the last LOGIN_WINDOW_S (in this process): enough
-    to turn guessing a token by the form into a few guesses a minute."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._failures: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()
-
-    def _recent(self, client: str, now: float) -> deque[float]:
-        failures = self._failures.setdefault(client, deque())
-        while failures and failures[0] <= now - LOGIN_WINDOW_S:
-            failures.popleft()
-        return failures
-
-    def wait_s(self, client: str) -> float:
-        """Seconds until ``client`` may try again (0 when it may now)."""
-        with self._lock:
-            now = self._clock()
-            failures = self._recent(client, now)
-            if len(failures) < LOGIN_FAILURES:
-                if not failures:
-                    self._failures.pop(client, None)  # no entry kept for a quiet client
-                return 0.0
-            return failures[0] + LOGIN_WINDOW_S - now
-
-    def failed(self, client: str) -> None:
-        with self._lock:
-            now = self._clock()
-            if len(self._failures) > _MAX_CLIENTS:  # many addresses: drop those gone quiet
-                for quiet in [c for c, f in self._failures.items() if not self._recent(c, now)]:
-                    del self._failures[quiet]
-            self._recent(client, now).append(now)
-
-
-def _limiter(request: Request) -> LoginLimiter:
-    state = request.app.state
-    if not hasattr(state, "login_limiter"):
-        state.login_limiter = LoginLimiter()
-    limiter: LoginLimiter = state.login_limiter
-    return limiter
+#: Seconds a client has to send the whole login form (a few hundred bytes): a client trickling
+#: it cannot hold a connection longer.
+LOGIN_BODY_TIMEOUT_S = 10.0
 
 
 def _sessions(request: Request) -> SessionStore:
@@ -113,12 +64,18 @@ def login_form(request: Request, next: NextQuery = None) -> HTMLResponse:  # noq
 
 async def _read_form(request: Request) -> dict[str, str]:
     body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > _MAX_FORM_BYTES:
-            raise PayloadTooLarge(
-                f"login form is larger than {_MAX_FORM_BYTES} bytes", field="body"
-            )
+    try:
+        with anyio.fail_after(LOGIN_BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > _MAX_FORM_BYTES:
+                    raise PayloadTooLarge(
+                        f"login form is larger than {_MAX_FORM_BYTES} bytes", field="body"
+                    )
+    except TimeoutError:
+        raise RequestTimeout(
+            f"login form not received within {LOGIN_BODY_TIMEOUT_S:g} s", field="body"
+        ) from None
     try:
         fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=10)
     except ValueError:  # more fields than a login form has
@@ -129,15 +86,11 @@ async def _read_form(request: Request) -> dict[str, str]:
 # A browser form, not an API: kept out of the OpenAPI document.
 @router.post("/login", include_in_schema=False)
 async def login(request: Request, settings: SettingsDep) -> Response:
-    """Check the token and set an HttpOnly session cookie; a wrong token shows the form again."""
-    limiter = _limiter(request)
-    client = request.client.host if request.client else "unknown"
-    wait = limiter.wait_s(client)
-    if wait > 0:
-        raise TooManyRequests(
-            f"too many failed logins from this address; try again in {math.ceil(wait)} s",
-            retry_after_s=math.ceil(wait),
-        )
+    """Check the token (read or admin; the push-only token opens no session) and set an
+    HttpOnly session cookie; a wrong token shows the form again. Failed logins and wrong bearer
+    tokens share one limit per client (memest.service.ratelimit)."""
+    limiter, client = failure_limiter(request), client_address(request)
+    limiter.check(client, "logins")
     form = await _read_form(request)
     next_path = safe_next(form.get("next"))
     given = form.get("token", "").encode()

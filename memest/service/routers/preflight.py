@@ -1,19 +1,27 @@
 """POST /api/v1/preflight: the KV budget of a model never started, from its config.json and grid
-(memest.preflight). Bad input is a 422 naming the field; nothing is stored."""
+(memest.preflight), computed in a calculator worker (memest.service.compute). Bad input is a 422
+naming the field; nothing is stored."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
 
-from memest.errors import ConfigError
-from memest.preflight import preflight
+from fastapi import APIRouter, Body, Response
+
 from memest.schema.preflight import PreflightRequest, PreflightResult
-from memest.service import examples
-from memest.service.deps import ReadAuth, SettingsDep
-from memest.service.errors import BadRequest
-from memest.service.ingest import load_json, read_body
+from memest.service import calculations, examples
+from memest.service.body import BodyRoute, JsonBody
+from memest.service.deps import ComputeDep, ReadAuth
+from memest.service.routers.calculators import CALCULATOR_ANSWERS
 
-router = APIRouter(prefix="/api/v1", tags=["calculators"], dependencies=[ReadAuth])
+router = APIRouter(
+    prefix="/api/v1", tags=["calculators"], dependencies=[ReadAuth], route_class=BodyRoute
+)
+
+PreflightBody = Annotated[
+    JsonBody[PreflightRequest],
+    Body(openapi_examples={"llama-8b": {"value": examples.PREFLIGHT_REQUEST}}),
+]
 
 
 @router.post(
@@ -21,31 +29,11 @@ router = APIRouter(prefix="/api/v1", tags=["calculators"], dependencies=[ReadAut
     response_model=PreflightResult,
     responses={
         **examples.json_example(examples.PREFLIGHT, "One rank's predicted terms and KV cache"),
-        413: {"description": "Body larger than MEMEST_MAX_REPORT_BYTES"},
-        415: {"description": "Not application/json"},
-        422: {"description": "Invalid body, config or grid (the field is named)"},
-    },
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {"$ref": "#/components/schemas/PreflightRequest"},
-                    "example": examples.PREFLIGHT_REQUEST,
-                }
-            },
-        }
+        **CALCULATOR_ANSWERS,
     },
 )
-async def preflight_route(request: Request, settings: SettingsDep) -> PreflightResult:
+async def preflight_route(req: PreflightBody, pool: ComputeDep) -> Response:
     """Predict every full-initialization term of one rank and the KV cache it leaves, from the
     model's config.json (inline, field ``model_config``) and vLLM's flags (memest.preflight)."""
-    body = await read_body(request, settings.max_report_bytes)
-    parsed = load_json(body, field="body")
-    req = PreflightRequest.model_validate(parsed)
-    try:
-        return preflight(req)
-    except ConfigError:
-        raise  # a refused field: mapped to a 422 naming it (memest.service.errors)
-    except (ValueError, ArithmeticError) as exc:  # absurd dimensions overflow a figure
-        raise BadRequest(f"the config leads to no valid prediction: {exc}", field="body") from None
+    body = await pool.run(calculations.preflight_json, req.raw)
+    return Response(body, media_type="application/json")

@@ -17,9 +17,9 @@ from memest.preflight import preflight, request_from
 from memest.reporters.preflight import closing_lines, heading_lines, kv_line, term_lines
 from memest.schema.preflight import PreflightResult
 from memest.service import examples
+from memest.service.body import load_json
 from memest.service.deps import ReadAuth, SettingsDep
 from memest.service.errors import BadRequest, PayloadTooLarge
-from memest.service.ingest import load_json
 from memest.service.routers.dashboard import HTML_PAGE, templates
 
 router = APIRouter(tags=["dashboard"], dependencies=[ReadAuth])

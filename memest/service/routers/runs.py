@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request, Response
+import anyio.to_thread
+from fastapi import APIRouter, Body, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -15,24 +16,22 @@ from memest.builds.runs import build_label, run_facts, runner_counts
 from memest.estimate import account, compare
 from memest.reporters.views import notes
 from memest.schema import RunReport
-from memest.service import examples, store
+from memest.service import calculations, examples, store
+from memest.service.body import BodyRoute, JsonBody
+from memest.service.db import read_session
 from memest.service.deps import (
     CacheDep,
+    ComputeDep,
     FactoryDep,
     ReadAuth,
     ResponseCacheDep,
     SessionDep,
-    SettingsDep,
     WriteAuth,
 )
 from memest.service.errors import NotFound
-from memest.service.estimates import (
-    RunEstimateRequest,
-    RunEstimateResponse,
-    run_estimate,
-)
-from memest.service.ingest import load_json, read_body
+from memest.service.estimates import RunEstimateRequest, RunEstimateResponse
 from memest.service.models import Report, Run
+from memest.service.routers.calculators import CALCULATOR_ANSWERS
 from memest.service.schemas import (
     API_OWNERS_PER_STAGE,
     API_STAGES,
@@ -45,8 +44,14 @@ from memest.service.schemas import (
 )
 from memest.service.store import ReportCache
 
-router = APIRouter(prefix="/api/v1/runs", tags=["runs"], dependencies=[ReadAuth])
+router = APIRouter(
+    prefix="/api/v1/runs", tags=["runs"], dependencies=[ReadAuth], route_class=BodyRoute
+)
 
+RunEstimateBody = Annotated[
+    JsonBody[RunEstimateRequest],
+    Body(openapi_examples={"smaller grid": {"value": examples.RUN_ESTIMATE_REQUEST}}),
+]
 RunIdPath = Annotated[
     str,
     Path(description="Run id (RunReport.run_id)", examples=["demo-deepseek-v4-flash-dspark-k7-pr"]),
@@ -129,6 +134,8 @@ def read_run(run_id: RunIdPath, session: SessionDep, cache: CacheDep) -> RunDeta
     estimate block the plugin stored is kept as stored_estimate, superseded by accounting."""
     run = store.get_run(session, run_id)
     rows = store.run_reports(session, run_id)
+    if not rows:  # a run whose reports are being deleted (never stored without one)
+        raise NotFound(f"no run {run_id!r}", field="run_id")
     reports = [cache.get(r) for r in rows]
     lead = reports[0]
     computed, reason = None, None
@@ -190,7 +197,7 @@ def _breakdown_body(
     """The body for the stored report the database names now: bodies are cached by the report's
     id and content digest, so a report deleted or stored again is never answered from the
     cache with its old content."""
-    with factory() as session:
+    with read_session(factory) as session:
         ranks = store.report_keys(session, run_id)
         if not ranks:
             raise NotFound(f"no run {run_id!r}", field="run_id")
@@ -283,47 +290,33 @@ def delete_run(
     response_model=RunEstimateResponse,
     responses={
         **examples.json_example(examples.RUN_ESTIMATE, "Every term and the KV budget at G'"),
+        **CALCULATOR_ANSWERS,
         404: {"description": "No such run or rank"},
-        422: {"description": "A refused field (named), or a report the estimator cannot use"},
-    },
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": RunEstimateRequest.model_json_schema(),
-                    "example": examples.RUN_ESTIMATE_REQUEST,
-                }
-            },
-        }
     },
 )
 async def estimate_run(
     run_id: RunIdPath,
+    body: RunEstimateBody,
     request: Request,
-    settings: SettingsDep,
     factory: FactoryDep,
-    cache: CacheDep,
-) -> RunEstimateResponse:
+    pool: ComputeDep,
+) -> Response:
     """What-if on a stored run: memest's KV budget, tokens and concurrency under grid G' (the
     changes ``memest estimate --grid`` takes), each term at G and G' with its law, and the
-    inverse questions (kv_tokens / concurrency), by memest.estimate. Every refusal is a 4xx
-    {"detail", "field"} naming the request field."""
-    parsed = load_json(await read_body(request, settings.max_report_bytes), field="body")
-    body = RunEstimateRequest.model_validate(parsed)
-    return await run_in_threadpool(_estimate_body, factory, cache, run_id, body)
+    inverse questions (kv_tokens / concurrency), by memest.estimate, in a calculator worker.
+    Every refusal is a 4xx {"detail", "field"} naming the request field."""
+    payloads = await anyio.to_thread.run_sync(
+        _stored_payloads, factory, run_id, limiter=request.app.state.estimate_reads
+    )
+    answer = await pool.run(calculations.run_estimate_json, run_id, payloads, body.raw)
+    return Response(answer, media_type="application/json")
 
 
-def _estimate_body(
-    factory: sessionmaker[Session], cache: ReportCache, run_id: str, body: RunEstimateRequest
-) -> RunEstimateResponse:
-    with factory() as session:
+def _stored_payloads(factory: sessionmaker[Session], run_id: str) -> dict[int, str]:
+    """The stored JSON of each rank of a run: the worker parses the one the request names
+    (parsing it here would hold the server's GIL)."""
+    with read_session(factory) as session:
         rows = store.run_reports(session, run_id)
         if not rows:
             raise NotFound(f"no run {run_id!r}", field="run_id")
-        if body.rank is not None:
-            rows = [r for r in rows if r.rank == body.rank]
-            if not rows:
-                raise NotFound(f"run {run_id!r} has no rank {body.rank}", field="rank")
-        report = cache.get(rows[0])
-    return run_estimate(report, body)
+        return {row.rank: row.payload for row in rows}

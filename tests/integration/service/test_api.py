@@ -77,12 +77,15 @@ def test_server_without_write_token_refuses_writes(make_client: MakeClient) -> N
     assert _count(c) == 0
 
 
+READER = "test-reader-token"
+
+
 def test_read_token_guards_reads_when_set(make_client: MakeClient) -> None:
-    c = make_client(read_token="reader", demo=True)
+    c = make_client(read_token=READER, demo=True)
     assert c.get("/api/v1/models").status_code == 401
     assert c.get("/models/nvidia/MiniMax-M3-NVFP4").status_code == 401
     assert c.get("/metrics").status_code == 401
-    ok = c.get("/api/v1/models", headers={"Authorization": "Bearer reader"})
+    ok = c.get("/api/v1/models", headers={"Authorization": f"Bearer {READER}"})
     assert ok.status_code == 200 and ok.json()["count"] == 5  # 2 published, 3 real H200 models
     assert c.get("/healthz").status_code == 200
 

@@ -47,7 +47,7 @@ def test_an_unexpected_error_is_a_500_with_a_json_body(
     def broken(*_args: object) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(reports, "_parse_and_store", broken)
+    monkeypatch.setattr(reports, "_prepare_and_store", broken)
     quiet = TestClient(client.app, raise_server_exceptions=False)
     answer = quiet.post(
         "/api/v1/reports", content=_body(), headers={**AUTH, "Content-Type": "application/json"}
@@ -57,7 +57,7 @@ def test_an_unexpected_error_is_a_500_with_a_json_body(
     assert answer.json() == {"detail": "internal error (logged on the server)"}
 
 
-def test_healthz_is_not_ok_when_the_database_folder_takes_no_write(
+def test_readyz_is_not_ok_when_the_database_folder_takes_no_write(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import errno
@@ -65,18 +65,20 @@ def test_healthz_is_not_ok_when_the_database_folder_takes_no_write(
 
     from memest.service.routers import health
 
-    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ok"}
 
     def full(_fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(health.os, "fsync", full)
-    answer = client.get("/healthz")
+    answer = client.get("/readyz")
     assert answer.status_code == 503
     assert answer.json() == {
         "status": "not ok",
         "detail": f"database folder: {os.strerror(errno.ENOSPC)}",
     }
+    # Liveness is not readiness: the server itself is fine.
+    assert client.get("/healthz").json() == {"status": "ok"}
 
 
 def test_a_body_trickled_past_the_deadline_is_a_408(
@@ -88,9 +90,9 @@ def test_a_body_trickled_past_the_deadline_is_a_408(
 
     import httpx
 
-    from memest.service import ingest
+    from memest.service import body as body_edge
 
-    monkeypatch.setattr(ingest, "BODY_READ_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(body_edge, "BODY_READ_TIMEOUT_S", 0.5)
     body = _body().encode()
     where = urlsplit(live_server)
     head = (
@@ -107,6 +109,6 @@ def test_a_body_trickled_past_the_deadline_is_a_408(
     status_line, _, rest = answer.partition(b"\r\n")
     assert status_line.split()[1] == b"408", answer[:300]
     assert rest.split(b"\r\n\r\n", 1)[1].startswith(
-        b'{"detail":"report body not received within 0.5 s"'
+        b'{"detail":"request body not received within 0.5 s"'
     )
     assert httpx.get(live_server + "/api/v1/runs/full", timeout=30).status_code == 404

@@ -13,7 +13,7 @@ from memest.service.models import LoginSession
 from memest.service.sessions import SESSION_COOKIE, SessionStore
 from tests.integration.service.conftest import MakeClient
 
-READ = "test-read-token"
+READ = "test-read-token-0"
 TWELVE_HOURS_S = 12 * 60 * 60
 
 

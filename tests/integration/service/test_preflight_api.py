@@ -20,7 +20,9 @@ from memest.service.config import Settings  # noqa: E402
 def test_api_answers_as_the_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     _, out, _ = _run(capsys, "--model-config", str(LLAMA), *GRID, "--json")
     cli = json.loads(out)
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'm.db'}", write_token="t"))
+    app = create_app(
+        Settings(database_url=f"sqlite:///{tmp_path / 'm.db'}", write_token="preflight-write-token")
+    )
     body = {
         "model_config": json.loads(LLAMA.read_text()),
         "max_num_seqs": 128,
@@ -42,7 +44,9 @@ def test_api_answers_as_the_cli(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 
 
 def test_api_does_not_fit_is_422(tmp_path: Path) -> None:
-    app = create_app(Settings(database_url=f"sqlite:///{tmp_path / 'm.db'}", write_token="t"))
+    app = create_app(
+        Settings(database_url=f"sqlite:///{tmp_path / 'm.db'}", write_token="preflight-write-token")
+    )
     body = {"model_config": json.loads(LLAMA.read_text()), "gpu_memory_utilization": 0.05}
     with TestClient(app) as client:
         r = client.post("/api/v1/preflight", json=body)

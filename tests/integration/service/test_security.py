@@ -15,7 +15,7 @@ from memest.demo import demo_report
 from memest.service.middleware import CONTENT_SECURITY_POLICY
 from tests.integration.service.conftest import AUTH, TOKEN, MakeClient
 
-READ = "test-read-token"
+READ = "test-read-token-0"
 DS_PR = "demo-deepseek-v4-flash-dspark-k7-pr"
 
 
@@ -153,11 +153,13 @@ def test_memest_delete_command(live_server: str, capsys: pytest.CaptureFixture[s
 
 
 def test_failed_logins_from_one_address_are_limited(make_client: MakeClient) -> None:
-    from memest.service.routers.login import LOGIN_FAILURES, LOGIN_WINDOW_S, LoginLimiter
+    from memest.service.ratelimit import FAILURE_WINDOW_S as LOGIN_WINDOW_S
+    from memest.service.ratelimit import MAX_FAILURES as LOGIN_FAILURES
+    from memest.service.ratelimit import FailureLimiter
 
     client = make_client(read_token=READ)
     now = [1000.0]
-    client.app.state.login_limiter = LoginLimiter(clock=lambda: now[0])  # type: ignore[attr-defined]
+    client.app.state.failure_limiter = FailureLimiter(clock=lambda: now[0])  # type: ignore[attr-defined]
 
     def attempt(token: str) -> httpx.Response:
         return client.post("/login", data={"token": token, "next": "/"}, follow_redirects=False)

@@ -1,0 +1,179 @@
+"""The calculators' worker processes: every pre-flight, what-if and estimate a request starts runs
+here, never on the event loop, with a deadline per request.
+
+A pool of MEMEST_COMPUTE_WORKERS spawned processes, each fed through a pipe. A request waits for
+a free worker and for its answer within MEMEST_COMPUTE_DEADLINE_S in all: no worker free within
+half of it is a 503 (with Retry-After: the server is busy, the request may be fine); a
+computation that runs past the deadline is a 504 and its worker is killed and replaced, so a request can
+hold a worker (and its memory) for at most the deadline. A worker answers JSON bytes, so the
+event loop only moves bytes; its refusals come back as ServiceErrors (which pickle whole).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from memest.service.errors import BadRequest, DeadlineExceeded, Unavailable, as_service_error
+
+log = logging.getLogger(__name__)
+
+#: Share of the deadline a request may wait for a free worker: one that gets a worker with
+#: less time left than that would mostly run out of it (a 504 after a long wait).
+QUEUE_SHARE = 0.5
+#: Seconds a killed worker gets to exit before it is left to the OS.
+_JOIN_S = 2.0
+
+
+def _serve(conn: Connection) -> None:
+    """A worker's loop: (function, args) in, ("ok", bytes) / ("refused", ServiceError) /
+    ("failed", traceback text) out."""
+    while True:
+        try:
+            fn, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply: tuple[str, Any] = ("ok", fn(*args))
+        except Exception as exc:
+            refusal = as_service_error(exc)
+            if refusal is None and isinstance(exc, ValueError | ArithmeticError | RecursionError):
+                # Absurd dimensions overflow a figure or a pydantic bound: the input's fault.
+                refusal = BadRequest(f"the input leads to no valid answer: {exc}", field="body")
+            reply = (
+                ("refused", refusal) if refusal is not None else ("failed", traceback.format_exc())
+            )
+        conn.send(reply)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("spawn")  # never fork the threaded server
+        self.conn, child = ctx.Pipe()
+        self.process: BaseProcess = ctx.Process(target=_serve, args=(child,), daemon=True)
+        self.process.start()
+        child.close()
+
+    def call(self, fn: Callable[..., bytes], args: tuple[Any, ...], timeout_s: float) -> Any:
+        """The worker's reply, or None when none came within ``timeout_s`` (blocking: called
+        in a thread)."""
+        self.conn.send((fn, args))
+        if not self.conn.poll(max(timeout_s, 0.0)):
+            return None
+        return self.conn.recv()
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join(_JOIN_S)
+        self.conn.close()
+
+
+class ComputePool:
+    """A bounded pool of calculator workers with a per-request deadline; workers start on first
+    use (an app that never computes spawns none)."""
+
+    def __init__(self, workers: int, deadline_s: float) -> None:
+        self.workers = workers
+        self.deadline_s = deadline_s
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._slots: anyio.Semaphore | None = None
+        self._closed = False
+
+    def _semaphore(self) -> anyio.Semaphore:
+        # Made on first use, inside the server's event loop.
+        if self._slots is None:
+            self._slots = anyio.Semaphore(self.workers)
+        return self._slots
+
+    async def run(self, fn: Callable[..., bytes], *args: Any) -> bytes:
+        """``fn(*args)`` in a worker (``fn`` a module-level function returning JSON bytes).
+
+        Raises:
+            Unavailable: no worker was free within the deadline (503, Retry-After).
+            DeadlineExceeded: the computation passed the deadline (504); its worker was killed.
+            ServiceError: the calculator refused the input (4xx naming the field).
+        """
+        start = time.monotonic()
+        slots = self._semaphore()
+        acquired = False
+        with anyio.move_on_after(self.deadline_s * QUEUE_SHARE):
+            await slots.acquire()
+            acquired = True
+        if not acquired:
+            raise Unavailable(
+                f"every calculator worker (MEMEST_COMPUTE_WORKERS={self.workers}) stayed busy "
+                f"for {self.deadline_s * QUEUE_SHARE:g} s (half of MEMEST_COMPUTE_DEADLINE_S); "
+                "try again later",
+                retry_after_s=max(1, math.ceil(self.deadline_s)),
+            )
+        try:
+            return await self._in_worker(fn, args, self.deadline_s - (time.monotonic() - start))
+        finally:
+            slots.release()
+
+    async def _in_worker(
+        self, fn: Callable[..., bytes], args: tuple[Any, ...], left: float
+    ) -> bytes:
+        worker = self._take()
+        reply: Any = None
+        try:
+            # Not cancellable: a client that goes away still frees its worker by the deadline.
+            reply = await anyio.to_thread.run_sync(worker.call, fn, args, left)
+        except (EOFError, OSError):
+            reply = ("died", None)
+        finally:
+            if reply is None or reply[0] == "died":
+                await anyio.to_thread.run_sync(worker.kill)
+            else:
+                self._give_back(worker)
+        if reply is None:
+            raise DeadlineExceeded(
+                f"the computation ran past {self.deadline_s:g} s "
+                "(MEMEST_COMPUTE_DEADLINE_S) and was stopped",
+                field="body",
+            )
+        kind, value = reply
+        if kind == "ok":
+            result: bytes = value
+            return result
+        if kind == "refused":
+            raise value
+        if kind == "died":
+            raise Unavailable("the calculator's worker process died; try again", retry_after_s=1)
+        log.error("calculator %s failed:\n%s", getattr(fn, "__name__", fn), value)
+        raise RuntimeError(f"calculator {getattr(fn, '__name__', fn)} failed")
+
+    def _take(self) -> _Worker:
+        with self._lock:
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.process.is_alive():
+                    return worker
+                worker.conn.close()
+        return _Worker()
+
+    def _give_back(self, worker: _Worker) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(worker)
+                return
+        worker.kill()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.kill()

@@ -1,0 +1,11 @@
+"""A calculator stand-in for the worker-pool tests: importing it costs nothing (a worker
+process imports it to run it)."""
+
+from __future__ import annotations
+
+import time
+
+
+def sleep_then_answer(seconds: float) -> bytes:
+    time.sleep(seconds)
+    return b"{}"
