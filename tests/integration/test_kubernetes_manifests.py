@@ -298,3 +298,53 @@ def test_vllm_image_is_built_from_this_repository() -> None:
     assert copies["/usr/local/bin/memest-preflight-init"] == (
         "deploy/kubernetes/vllm/memest-preflight-init.sh"
     )
+
+
+def _secret_env(container: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Each variable a container takes from a Secret: name -> (Secret, key)."""
+    return {
+        e["name"]: (e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+        for e in container.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+
+
+def test_the_vllm_pods_token_pushes_but_cannot_read_or_delete(
+    rendered: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service configured as the manifest configures it (each token variable from its
+    Secret), asked with the token the vLLM pod holds: it stores a report, and is refused the
+    reads (a read token is set) and the DELETE, which the write token is granted."""
+    from fastapi.testclient import TestClient
+
+    from memest.service import create_app
+    from memest.service.config import Settings
+
+    service = _one(rendered, "Deployment", "memest")["spec"]["template"]["spec"]["containers"][0]
+    vllm = _one(rendered, "Deployment", "vllm")["spec"]["template"]["spec"]["containers"][0]
+    secrets = {
+        ref: f"{ref[0]}-{ref[1]}-0123456789abcdef0123456789"
+        for ref in _secret_env(service).values()
+    }
+    for var, ref in _secret_env(service).items():
+        if var.endswith("_TOKEN"):
+            monkeypatch.setenv(var, secrets[ref])
+    monkeypatch.setenv("MEMEST_DATABASE_URL", f"sqlite:///{tmp_path / 'memest.db'}")
+    pod_token = secrets[_secret_env(vllm)["MEMEST_TOKEN"]]
+    write_token = secrets[_secret_env(service)["MEMEST_WRITE_TOKEN"]]
+    report = ROOT / "memest" / "demo" / "h200" / "call22.S_llama8b_s128_t4096.apply.json"
+    run_id = json.loads(report.read_text())["run_id"]
+    with TestClient(create_app(Settings())) as client:
+        pushed = client.post(
+            "/api/v1/reports",
+            content=report.read_bytes(),
+            headers={"Authorization": f"Bearer {pod_token}", "Content-Type": "application/json"},
+        )
+        assert pushed.status_code == 201, pushed.text
+        as_pod = {"Authorization": f"Bearer {pod_token}"}
+        assert client.get(f"/api/v1/runs/{run_id}", headers=as_pod).status_code in (401, 403)
+        refused = client.delete(f"/api/v1/runs/{run_id}", headers=as_pod)
+        assert refused.status_code in (401, 403), refused.text
+        as_admin = {"Authorization": f"Bearer {write_token}"}
+        assert client.get(f"/api/v1/runs/{run_id}", headers=as_admin).status_code == 200
+        assert client.delete(f"/api/v1/runs/{run_id}", headers=as_admin).status_code == 200
