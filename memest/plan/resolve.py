@@ -173,13 +173,9 @@ def _drafter_rows(src: RunnerSizes, inp: PlanInput, mode: CudaGraphMode) -> list
 
 def _rows(src: RunnerSizes, inp: PlanInput) -> list[RunnerRow]:
     """The rows of one sizing: the target's, then the drafter's."""
-    mode: CudaGraphMode = inp.cudagraph_mode
-    if src.sizing == "vllm-0.33.0":
-        if not src.captures:
-            return []
-        if inp.adaptive_verification and mode != "FULL_DECODE_ONLY":
-            mode = "FULL_AND_PIECEWISE"  # resolve_adaptive_cudagraph_mode, piecewise available
-    return _target_rows(src, inp, mode) + _drafter_rows(src, inp, mode)
+    if not src.captures:
+        return []
+    return _target_rows(src, inp, src.mode) + _drafter_rows(src, inp, src.mode)
 
 
 def _none_row() -> RunnerRow:

@@ -89,12 +89,7 @@ def resolve_seed(inp: PlanInput, vllm: MainSizes) -> RunnerSizes:
     av: list[int] = []
     if inp.adaptive_verification and decode.cap > 0:
         av = av_grid(min(decode.cap * inp.q, inp.max_num_batched_tokens))
-    # The recorded maximum covers every graph kind this configuration captures.
-    drafts_one_token = inp.drafter == "target_dependent_ar" and inp.num_speculative_tokens >= 2
-    recorded_max = max(
-        [0, *prefill[-1:], *av[-1:], *(one_token[-1:] if drafts_one_token else [])]
-        + [t.requests[-1] * t.q for t in tiers if t.requests]
-    )
+    recorded_max = _recorded_max(inp, prefill, av, one_token, tiers)
     tokens = prefill if inp.cudagraph_mode != "NONE" else []
     block: list[DecodeTier] = []
     if inp.drafter == "block":
@@ -102,6 +97,7 @@ def resolve_seed(inp: PlanInput, vllm: MainSizes) -> RunnerSizes:
         block = [DecodeTier(inp.block_q, requests)]
     return RunnerSizes(
         sizing="seed",
+        mode=inp.cudagraph_mode,
         tokens=tokens,
         av_tokens=av,
         decode=tiers,
@@ -114,6 +110,21 @@ def resolve_seed(inp: PlanInput, vllm: MainSizes) -> RunnerSizes:
         recorded=sorted(set(tokens) | set(av) | {n * t.q for t in tiers for n in t.requests}),
         warnings=warnings + list(main.warnings),
         resolved=_resolved_fields(tokens, decode, tiers, budget),
+    )
+
+
+def _recorded_max(
+    inp: PlanInput,
+    prefill: list[int],
+    av: list[int],
+    one_token: list[int],
+    tiers: list[DecodeTier],
+) -> int:
+    """The recorded max_cudagraph_capture_size: the widest graph of every kind captured."""
+    drafts_one_token = inp.drafter == "target_dependent_ar" and inp.num_speculative_tokens >= 2
+    return max(
+        [0, *prefill[-1:], *av[-1:], *(one_token[-1:] if drafts_one_token else [])]
+        + [t.requests[-1] * t.q for t in tiers if t.requests]
     )
 
 

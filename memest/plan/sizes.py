@@ -9,8 +9,12 @@ seed's tiers -> rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from memest.schema.plan import Sizing
+
+if TYPE_CHECKING:  # vllm033.py builds a RunnerSizes itself
+    from memest.plan.vllm033 import CudaGraphMode
 
 ResolvedFields = dict[str, int | list[int] | None]
 
@@ -30,6 +34,8 @@ class RunnerSizes:
 
     Attributes:
         sizing: whose rule sized them.
+        mode: the CUDA-graph mode the runners capture under (vLLM resolves adaptive
+            verification's to FULL_AND_PIECEWISE unless FULL_DECODE_ONLY is asked).
         tokens: PIECEWISE and FULL-mixed token sizes.
         av_tokens: adaptive verification's token sizes.
         decode: uniform-decode tiers of the target's, draft step 0's and multi-module MTP's
@@ -45,6 +51,7 @@ class RunnerSizes:
     """
 
     sizing: Sizing
+    mode: CudaGraphMode
     tokens: list[int]
     av_tokens: list[int]
     decode: list[DecodeTier]

@@ -492,8 +492,12 @@ def _runner_sizes(inp: PlanInput, main: MainSizes) -> RunnerSizes:
             for q in sorted(qs, reverse=True)
         ]
 
+    mode = inp.cudagraph_mode
+    if inp.adaptive_verification and mode != "FULL_DECODE_ONLY":
+        mode = "FULL_AND_PIECEWISE"  # resolve_adaptive_cudagraph_mode, piecewise available
     return RunnerSizes(
         sizing="vllm-0.33.0",
+        mode=mode,
         tokens=sizes,
         av_tokens=[t for t in sizes if t <= seqs * inp.q],
         decode=tiers(inp.q),
