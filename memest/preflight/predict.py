@@ -40,6 +40,7 @@ from memest.preflight.calibration import Calibration, load_calibration
 from memest.schema import FullInitTerms, KVCacheSpec, RunConfig
 from memest.schema.preflight import PreflightRequest, PreflightResult, PreflightTerm
 from memest.units import fmt_gib
+from memest.vllm_versions import VllmVersion, resolve_version
 
 
 def _drafter_config(
@@ -49,6 +50,12 @@ def _drafter_config(
         return dict(req.draft_model_config)
     arch = "LlamaForCausalLMEagle3" if method == "eagle3" else f"{method}-drafter"
     return {**target_cfg, "num_hidden_layers": 1, "architectures": [arch]}
+
+
+def calibrated_vllm(gpu: str) -> VllmVersion:
+    """The vLLM release the GPU kind's calibration models: its defaults fill every flag the
+    request leaves unset (memest.vllm_versions, one row per release)."""
+    return resolve_version(load_calibration(gpu).vllm_version)
 
 
 def setup(req: PreflightRequest) -> Setup:
@@ -62,13 +69,17 @@ def setup(req: PreflightRequest) -> Setup:
     target = model_shape(
         cfg, tp=req.tensor_parallel_size, dtype=req.dtype, quantization=req.quantization
     )
-    seqs, mbt = SERVE_DEFAULTS[sm100]
+    vllm = calibrated_vllm(req.gpu)
+    serve = vllm.serve_defaults
+    seqs, mbt = (
+        SERVE_DEFAULTS[sm100] if sm100 else (serve.max_num_seqs, serve.max_num_batched_tokens)
+    )
     base = RunConfig(
         model=target.architecture,
         max_num_seqs=req.max_num_seqs or seqs,
         max_num_batched_tokens=req.max_num_batched_tokens or mbt,
         max_model_len=_max_model_len(req, cfg, target),
-        gpu_memory_utilization=req.gpu_memory_utilization,
+        gpu_memory_utilization=vllm.gpu_memory_utilization(req.gpu_memory_utilization),
         tensor_parallel_size=req.tensor_parallel_size,
         kv_cache_dtype=req.kv_cache_dtype,
         quantization=req.quantization or (target.fp8 and "fp8"),
@@ -273,7 +284,8 @@ def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> 
     cal = calibration or load_calibration(req.gpu)
     s = setup(req)
     laws = catalog.laws(s, cal.coefficients)
-    util = req.gpu_memory_utilization
+    util = s.config.gpu_memory_utilization
+    assert util is not None
     terms = FullInitTerms(
         requested_bytes=budget_bytes(cal.total_bytes, util),
         **{name: value for name, (value, _) in laws.items()},
@@ -293,7 +305,7 @@ def _result(
     notes: list[str],
 ) -> PreflightResult:
     spec = kv_spec(s)
-    require_fit(non_kv_bytes(terms), terms.requested_bytes, value=req.gpu_memory_utilization)
+    require_fit(non_kv_bytes(terms), terms.requested_bytes, value=s.config.gpu_memory_utilization)
     budget = full_init_kv_budget(terms)
     length = s.config.max_model_len or 1
     require_max_model_len(spec, budget, length)
@@ -313,7 +325,7 @@ def _result(
         max_num_seqs=s.plan.max_num_seqs,
         max_num_batched_tokens=s.mbt,
         max_model_len=length,
-        gpu_memory_utilization=req.gpu_memory_utilization,
+        gpu_memory_utilization=s.config.gpu_memory_utilization,
         speculative_method=s.config.speculative_method,
         num_speculative_tokens=s.config.num_speculative_tokens,
         total_graphs=s.plan.total_graphs,

@@ -155,3 +155,15 @@ def test_bad_input_is_one_line_and_exit_2(
         assert err.count("\n") == 1 and err.startswith("preflight_check: "), err
     assert pc.main([str(tmp_path / "missing.jsonl")]) == 2
     assert pc.main([str(RAW / "results.call9.jsonl")]) == 2  # only configurations not in CONFIGS
+
+
+def test_leaving_the_grid_out_predicts_a_calibration_grid_without_its_starts() -> None:
+    """E's grid is a calibration grid: left out, its prediction comes from a fit without E's
+    starts and without any EAGLE3 start, so it moves; the family table names the drafter."""
+    shipped = pc.check([CALL8])
+    held = pc.check([CALL8], leave_out=True)
+    assert [r.predicted_kv_bytes for r in held.rows] != [r.predicted_kv_bytes for r in shipped.rows]
+    families = pc.family_summary(held.rows)
+    assert list(families) == ["eagle3"]
+    worst = families["eagle3"]["worst_error_bytes"]
+    assert worst == max((r.error_bytes for r in held.rows), key=abs)
