@@ -338,7 +338,8 @@ def family_of(name: str, result: PreflightResult) -> str:
         return "serve defaults"
     if result.speculative_method:
         return result.speculative_method
-    if cfg.get("kv_cache_dtype", "auto") != "auto" or "fp8" in name:
+    fp8_weights = "quantization_config" in _model_config(cfg["model"])
+    if cfg.get("kv_cache_dtype", "auto") != "auto" or fp8_weights:
         return "fp8"
     if result.model.startswith("DeepseekV32"):
         return "dsa"

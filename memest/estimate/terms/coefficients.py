@@ -25,21 +25,28 @@ class Coefficients(MemestModel):
     """
 
     baseline_bytes: int = Field(
-        description="Allocator reservation before the weights beyond the grid-sized buffers"
+        description="Allocator reservation before the weights beyond the grid-sized buffers: "
+        "the cuBLAS workspaces of device init (library handles: no vLLM code sizes them)"
     )
     baseline_drafter_bytes: int = Field(description="Added with a drafter, beyond its buffers")
     weights_rest_bytes: int = Field(
         description="Weights phase beyond the parameters and the grid-sized buffers"
     )
     activation_factor: float = Field(
-        description="Activation headroom over max_num_batched_tokens x one layer's token bytes"
+        description="The forward's activation headroom over max_num_batched_tokens x one "
+        "layer's token bytes (not yet an allocator replay of vLLM's forward; the sampler's "
+        "reserve beside it is derived)"
     )
     activation_drafter_factor: float = Field(
         description="The drafter's share, over max_num_batched_tokens x its layer's token bytes"
     )
-    outside_bytes: int = Field(description="Memory outside PyTorch with no graphs (context)")
+    outside_bytes: int = Field(
+        description="Memory outside PyTorch with no graphs: the CUDA context and library "
+        "handles (no vLLM code sizes them)"
+    )
     outside_per_graph_layer_bytes: float = Field(
-        description="Outside PyTorch per captured graph and decoder layer (graph objects)"
+        description="Outside PyTorch per captured graph and decoder layer: the CUDA graph "
+        "objects the driver holds (no vLLM code sizes them)"
     )
     residue_bytes: int = Field(description="Profiling residue beyond the sampler's buffer")
     residue_factor: float = Field(
