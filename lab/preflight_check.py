@@ -504,6 +504,43 @@ def pairs(c: Check, paths: Sequence[Path]) -> list[Pair]:
     return out
 
 
+def serve_pairs(c: Check, paths: Sequence[Path]) -> list[Pair]:
+    """The what-if from each memest-apply report of a `vllm serve` default-flags model to those
+    defaults (the pre-flight's resolution of a question with no flag), against their starts."""
+    out: list[Pair] = []
+    for name, model in SERVE_STARTS.items():
+        truths = [s.truth_kv_bytes for s in c.serve if s.config == name]
+        if not truths:
+            continue
+        to = preflight(request_from({"model_config": _model_config(model), "gpu": GPU}))
+        grid = {
+            "max_num_seqs": to.max_num_seqs,
+            "max_num_batched_tokens": to.max_num_batched_tokens,
+            "max_model_len": to.max_model_len,
+            "gpu_memory_utilization": to.gpu_memory_utilization,
+        }
+        for other, rep_path in sorted(_reports_by_config(paths).items()):
+            cfg = CONFIGS.get(other)
+            if cfg is None or Path(cfg["model"]).name != model:
+                continue
+            if cfg.get("spec") or cfg.get("compilation"):
+                continue
+            report = RunReport.model_validate_json(rep_path.read_text())
+            w = what_if(report, grid_changes(report.config) | grid)
+            if w.kv_budget_bytes_to is not None:
+                out.append(
+                    Pair(
+                        "serve defaults",
+                        other,
+                        name,
+                        rep_path.name,
+                        w.kv_budget_bytes_to,
+                        min(truths),
+                    )
+                )
+    return out
+
+
 def pair_table(ps: Sequence[Pair]) -> list[str]:
     out = [
         "| family | G (its memest-apply report) | G' | predicted KV GiB | truth GiB | error GiB |",
@@ -756,6 +793,7 @@ def main(argv: list[str] | None = None) -> int:
         c = check(paths, leave_out=True)
         c.pairs = pairs(c, paths)
         c.serve = serve_rows(paths)
+        c.pairs += serve_pairs(c, paths)
     except MemestError as exc:
         print(f"preflight_check: {exc}", file=sys.stderr)
         return 2
