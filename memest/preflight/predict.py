@@ -19,6 +19,7 @@ from memest.errors import ConfigError, first_error
 from memest.estimate.indexer import kernel_element_bytes
 from memest.estimate.kv import (
     indexer_kv_extra,
+    kv_cache_bytes,
     kv_cache_dtype_bytes,
     kv_page_bytes,
     kv_tokens,
@@ -35,11 +36,13 @@ from memest.estimate.terms import catalog, dsa
 from memest.estimate.terms.setup import Setup
 from memest.plan import SERVE_DEFAULTS, gpu_preset
 from memest.plan.overlay import overlay_plan
+from memest.preflight import hybrid
 from memest.preflight.backends import kv_block_size
-from memest.preflight.calibration import Calibration, load_calibration
+from memest.preflight.calibration import Calibration, calibration_of, load_calibration
+from memest.preflight.growable import with_release
 from memest.schema import FullInitTerms, KVCacheSpec, RunConfig
 from memest.schema.preflight import PreflightRequest, PreflightResult, PreflightTerm
-from memest.units import fmt_gib
+from memest.units import fmt_gib, kv_cache_memory_flag
 from memest.vllm_versions import VllmVersion, resolve_version
 
 
@@ -53,9 +56,11 @@ def _drafter_config(
 
 
 def calibrated_vllm(gpu: str) -> VllmVersion:
-    """The vLLM release the GPU kind's calibration models: its defaults fill every flag the
-    request leaves unset (memest.vllm_versions, one row per release)."""
-    return resolve_version(load_calibration(gpu).vllm_version)
+    """The vLLM release the GPU kind's calibration models (an uncalibrated kind: the installed
+    release, else the newest): its defaults fill every flag the request leaves unset
+    (memest.vllm_versions, one row per release)."""
+    cal = calibration_of(gpu)
+    return resolve_version(cal.vllm_version if cal is not None else None)
 
 
 def setup(req: PreflightRequest) -> Setup:
@@ -281,6 +286,7 @@ def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> 
     Raises:
         ConfigError: the config, a flag, the grid or the GPU kind is refused (named).
     """
+    row = resolve_version(req.vllm_version)
     cal = calibration or load_calibration(req.gpu)
     s = setup(req)
     laws = catalog.laws(s, cal.coefficients)
@@ -292,7 +298,8 @@ def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> 
         source=f"pre-flight ({cal.label})",
     )
     unc, notes = _uncertainties(s, cal, laws)
-    return _result(req, s, cal, terms, laws, unc, [*s.notes, *notes])
+    result = _result(req, s, cal, terms, laws, unc, [*s.notes, *notes])
+    return with_release(result, row, req, cal.total_bytes)
 
 
 def _result(
@@ -304,13 +311,14 @@ def _result(
     unc: Mapping[str, int],
     notes: list[str],
 ) -> PreflightResult:
-    spec = kv_spec(s)
+    spec = hybrid.kv_spec(req.model_config_json, s, kv_spec(s))
     require_fit(non_kv_bytes(terms), terms.requested_bytes, value=s.config.gpu_memory_utilization)
     budget = full_init_kv_budget(terms)
     length = s.config.max_model_len or 1
     require_max_model_len(spec, budget, length)
-    tokens = kv_tokens(spec, budget)
+    tokens = kv_tokens(spec, budget, length, s.mbt)
     spread = sum(unc.values())
+    kv_cache = kv_cache_bytes(spec, budget)
     details = [
         PreflightTerm(name=n, bytes=v, uncertainty_bytes=unc[n], law=law)
         for n, (v, law) in laws.items()
@@ -335,11 +343,12 @@ def _result(
         term_details=details,
         non_kv_bytes=non_kv_bytes(terms),
         kv_budget_bytes=budget,
-        kv_cache_bytes=tokens // spec.block_size * kv_page_bytes(spec),
+        kv_cache_bytes=kv_cache,
+        kv_cache_flag=kv_cache_memory_flag(kv_cache),
         kv_cache_uncertainty_bytes=spread,
         kv_tokens=tokens,
-        kv_tokens_low=kv_tokens(spec, max(budget - spread, 0)),
-        kv_tokens_high=kv_tokens(spec, budget + spread),
+        kv_tokens_low=kv_tokens(spec, max(budget - spread, 0), length, s.mbt),
+        kv_tokens_high=kv_tokens(spec, budget + spread, length, s.mbt),
         kv_bytes_per_token=kv_page_bytes(spec) // spec.block_size,
         max_concurrency=tokens / length,
         kv_cache=spec,
