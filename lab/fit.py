@@ -16,9 +16,11 @@ from typing import Any
 
 from memest.estimate.accounting import account
 from memest.estimate.phases import TERM_FIELDS, phase
-from memest.preflight.calibration import Calibration, Coefficients
-from memest.preflight.predict import Setup, preflight, setup
-from memest.preflight.shape import layer_token_bytes, parameter_bytes
+from memest.estimate.terms.coefficients import Coefficients
+from memest.estimate.terms.setup import Setup
+from memest.estimate.terms.shape import layer_token_bytes, parameter_bytes
+from memest.preflight.calibration import Calibration
+from memest.preflight.predict import preflight, setup
 from memest.schema import FullInitTerms, RunReport, StartAccounting
 from memest.schema.preflight import PreflightRequest, VllmOvershoot
 

@@ -9,7 +9,7 @@ routers and MLA's down-projections are replicated.
 The pre-flight (memest.preflight) and the what-if (memest.estimate.whatif) read the same shape: the
 synthetic graph trace (memest.estimate.synthetic_trace) and the activation law
 (memest.estimate.activation) are written in its dimensions. Parameter bytes (the pre-flight's
-weights law) are memest.preflight.shape's.
+weights law) are memest.estimate.terms.shape's.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ capture, end) and its stage breakdown, each term of ``FullInitTerms`` is read as
 - graph pools: reserved growth per capture stage (breakdown), or private-pool readings;
 - runner buffers: allocated bytes added over ``kv_cache_alloc`` minus the KV cache itself, plus
   default-pool allocations made after it (warm-up, graph outputs) and still live at the end;
-- profiling residue: allocations live when the KV cache is allocated that weights do not explain.
+- profiling residue: the reservation when the KV cache is allocated beyond the baseline and the
+  weights (memest.estimate.terms.catalog: the one definition, the plugin's too).
+
+Each term's reader is memest.estimate.terms.catalog's; this module reads the phases they take.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ import math
 
 from memest.errors import InvariantError, ReportFormatError
 from memest.estimate.kv import kv_page_bytes
-from memest.estimate.mla_context import run_mla_context_bytes
 from memest.schema import SCHEMA_VERSION, FullInitTerms, MemoryReading, PhaseRecord, RunReport
 from memest.snapshot.tags import DEFAULT_POOL
 
@@ -205,36 +207,23 @@ def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerm
     Raises:
         ReportFormatError: a phase, reading or figure the model needs is missing.
     """
+    from memest.estimate.terms.catalog import ReportReadings, read_terms
+
     check_report(report)
     if margin_bytes < 0:
         raise ReportFormatError(f"margin_bytes={margin_bytes}: must not be negative")
-    weights = _require_phase(report, "weights")
-    profile = _require_phase(report, "profile_run")
-    kv_alloc = _require_phase(report, "kv_cache_alloc")
-    final = final_reading(report)
-    used_end = device_used(final, report, "the final reading")
-
-    weights_bytes = max(weights.end.torch_allocated_bytes - weights.start.torch_allocated_bytes, 0)
-    activation = activation_headroom(report, profile)
-    outside = max(used_end - final.torch_reserved_bytes, 0)
-    by_stage = graph_pool_by_stage(report)
-    kv_bytes = measured_kv_bytes(report)
-    kv_added = kv_alloc.end.torch_allocated_bytes - kv_alloc.start.torch_allocated_bytes
-    runner = max(kv_added - kv_bytes, 0) + kept_after_kv(report, kv_alloc, final)
-    residue = max(kv_alloc.start.torch_allocated_bytes - weights.end.torch_allocated_bytes, 0)
-    block_size = report.kv_cache.block_size if report.kv_cache is not None else 16
+    readings = ReportReadings(
+        report,
+        _require_phase(report, "weights"),
+        _require_phase(report, "profile_run"),
+        _require_phase(report, "kv_cache_alloc"),
+        final_reading(report),
+    )
     return FullInitTerms(
         requested_bytes=requested_bytes(report),
-        weights_bytes=weights_bytes,
-        profile_peak_activation_bytes=activation,
-        mla_context_bytes=run_mla_context_bytes(report.config, block_size),
-        outside_torch_bytes=outside,
-        graph_pool_bytes=sum(by_stage.values()),
-        graph_pool_by_stage_bytes=by_stage,
-        runner_buffer_bytes=runner,
-        profiling_residue_bytes=residue,
+        **read_terms(readings),
+        graph_pool_by_stage_bytes=graph_pool_by_stage(report),
         margin_bytes=margin_bytes,
-        baseline_torch_bytes=weights.start.torch_reserved_bytes,
         source=f"report {report.report_id}",
     )
 

@@ -31,9 +31,10 @@ class ProfilingReadings:
     margin_bytes: int = 0
     stage_pool_bytes: dict[str, int] = field(default_factory=dict)
     mla_context_bytes: int = 0  # memest.estimate.mla_context for this start's configuration
+    before_weights: MemoryReading | None = None  # unread: the residue holds the baseline
 
 
-def _by_stage(r: ProfilingReadings) -> tuple[int, dict[str, int]]:
+def pool_by_stage(r: ProfilingReadings) -> tuple[int, dict[str, int]]:
     """Pool growth split by stage; growth no stage window saw becomes ``between_stages``."""
     by_stage = dict(r.stage_pool_bytes)
     staged = sum(by_stage.values())
@@ -70,23 +71,14 @@ def _capture_outside(r: ProfilingReadings) -> int:
 
 
 def profiling_terms(r: ProfilingReadings, *, source: str) -> FullInitTerms:
-    """The full-initialization terms of a start, before its KV cache is allocated."""
-    details = capture_details(r)
-    pool, by_stage = _by_stage(r)
-    used_now = r.now.device_used_bytes or 0
-    reserved_now = r.now.torch_reserved_bytes
+    """The full-initialization terms of a start, before its KV cache is allocated (each term's
+    plugin reading: memest.estimate.terms.catalog)."""
+    from memest.estimate.terms.catalog import plugin_terms
+
     return FullInitTerms(
         requested_bytes=r.requested_bytes,
-        weights_bytes=r.weights_bytes,
-        profile_peak_activation_bytes=r.activation_bytes,
-        mla_context_bytes=r.mla_context_bytes,
-        outside_torch_bytes=max(used_now - reserved_now, 0)
-        + details["capture_outside_torch_bytes"],
-        graph_pool_bytes=pool,
-        graph_pool_by_stage_bytes=by_stage,
-        runner_buffer_bytes=details["profiling_runner_buffer_bytes"]
-        + details["capture_default_pool_bytes"],
-        profiling_residue_bytes=max(reserved_now - r.weights_bytes, 0),
+        **plugin_terms(r),
+        graph_pool_by_stage_bytes=pool_by_stage(r)[1],
         margin_bytes=r.margin_bytes,
         source=source,
     )

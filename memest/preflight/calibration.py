@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import Field
 
 from memest.errors import ConfigError
+from memest.estimate.terms.coefficients import Coefficients
 from memest.estimate.whatif.models import WhatIfCalibration
 from memest.schema import RunReport
 from memest.schema._base import MemestModel
@@ -22,43 +23,6 @@ from memest.units import fmt_gib
 
 #: Calibration files shipped with memest, by GPU kind.
 CALIBRATIONS = {"h200": "h200-vllm-0.33.0.json"}
-
-
-class Coefficients(MemestModel):
-    """The laws' coefficients (see memest.preflight.predict for the laws).
-
-    The grid-sized runner buffers of vLLM 0.33.0 (memest.estimate.runner_buffers) are not fitted:
-    they are computed from the grid and the model and added to the term of the phase that
-    allocates them; the coefficients fit what each term holds beyond them.
-    """
-
-    baseline_bytes: int = Field(
-        description="Allocator reservation before the weights beyond the grid-sized buffers"
-    )
-    baseline_drafter_bytes: int = Field(description="Added with a drafter, beyond its buffers")
-    weights_rest_bytes: int = Field(
-        description="Weights phase beyond the parameters and the grid-sized buffers"
-    )
-    activation_factor: float = Field(
-        description="Activation headroom over max_num_batched_tokens x one layer's token bytes"
-    )
-    activation_drafter_factor: float = Field(
-        description="The drafter's share, over max_num_batched_tokens x its layer's token bytes"
-    )
-    outside_bytes: int = Field(description="Memory outside PyTorch with no graphs (context)")
-    outside_per_graph_layer_bytes: float = Field(
-        description="Outside PyTorch per captured graph and decoder layer (graph objects)"
-    )
-    residue_bytes: int = Field(description="Profiling residue beyond the sampler's buffer")
-    residue_factor: float = Field(
-        description="Profiling residue beyond the sampler's buffer, over max_num_batched_tokens "
-        "x hidden x dtype bytes"
-    )
-    residue_drafter_bytes: int = Field(description="Profiling residue a drafter adds")
-    runner_rest_bytes: int = Field(
-        description="Runner buffers (KV allocation phase) beyond the block tables, no drafter"
-    )
-    runner_rest_drafter_bytes: int = Field(description="The same with a drafter")
 
 
 class Calibration(MemestModel):

@@ -30,7 +30,7 @@ from memest.preflight.backends import KERNEL_BLOCKS
 from memest.schema import KVCacheSpec
 
 if TYPE_CHECKING:
-    from memest.preflight.predict import Setup
+    from memest.estimate.terms.setup import Setup
 
 #: vLLM 0.33.0 enables prefix caching for decoder models by default, so state layers run in
 #: ``align`` mode (MambaModelConfig.verify_and_update_config).

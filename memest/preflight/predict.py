@@ -1,50 +1,21 @@
 """Predict every full-initialization term of one rank from a config.json and the grid.
 
-=============================  =====================================================================
-term                           law (coefficients: memest.preflight.calibration, fitted from starts)
-=============================  =====================================================================
-baseline_torch_bytes           input, request-state and drafter buffers + fitted constant
-weights_bytes                  parameter shapes x dtype bytes / TP (memest.preflight.shape;
-                               FP8 linear layers: 1 B per weight + float32 scales)
-                               + penalties and structured-output masks + fitted constant
-profile_peak_activation_bytes  factor x max_num_batched_tokens x one layer's token bytes (+ drafter;
-                               memest.estimate.activation); a MoE layer's routed experts counted
-                               by their shared experts only (their caches are the workspace's)
-mla_context_bytes              MLA's prefill up-projection (memest.estimate.mla_context); its range
-                               holds FA2's padded v when FA3 is assumed and a second full chunk
-outside_torch_bytes            context constant + per graph and decoder layer (graph objects)
-                               + at TP > 1 NCCL's ring and vLLM's all-reduce buffers, derived
-                               (memest.estimate.parallel; custom all-reduce's rank_data goes to
-                               the baseline: it is a torch tensor)
-graph_pool_bytes               synthetic per-graph request trace, allocator replay
-                               (memest.estimate.synthetic_trace)
-runner_buffer_bytes            block tables + fitted constant (with or without a drafter)
-profiling_residue_bytes        the sampler's top-k/top-p buffer + the fused-MoE workspace (MoE
-                               models) + fitted line in max_num_batched_tokens x hidden x dtype
-                               bytes (+ drafter)
-=============================  =====================================================================
-
-The grid-sized buffers are vLLM 0.33.0's, computed by memest.estimate.runner_buffers (the what-if
-moves them by the same function) and charged to the term of the phase that allocates them; the
-fit sees only what each term holds beyond them. The KV block size is vLLM 0.33.0's choice for the
-attention backend (memest.preflight.backends). The KV budget is
-memest.estimate.full_init_kv_budget of those terms and the tokens are memest.estimate.kv_tokens of
-a KV-cache spec built from the config: the same arithmetic as for a measured start.
+The request is resolved once into a Setup (memest.estimate.terms.setup: shapes, vLLM 0.33.0's
+defaults and sizing, the capture plan, the KV block size of the attention backend,
+memest.preflight.backends); every term's law and range is memest.estimate.terms.catalog's, the
+what-if's too: this module holds no law of its own. The calibration (memest.preflight.calibration)
+gives the coefficients where vLLM's code cannot give the number and each term's uncertainty. The
+KV budget is memest.estimate.full_init_kv_budget of those terms and the tokens are
+memest.estimate.kv_tokens of a KV-cache spec built from the config: the same arithmetic as for a
+measured start.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from memest.errors import ConfigError, first_error
-from memest.estimate.activation import (
-    activation_bytes,
-    activation_shape,
-    profile_pass_bytes,
-    sampler_reserve,
-)
 from memest.estimate.indexer import kernel_element_bytes
 from memest.estimate.kv import (
     indexer_kv_extra,
@@ -57,106 +28,22 @@ from memest.estimate.kv import (
     require_fit,
     require_max_model_len,
 )
-from memest.estimate.mla_context import profile_standin_bytes
 from memest.estimate.model_shape import VLLM_DEFAULT_MAX_MODEL_LEN, ModelShape, model_shape
 from memest.estimate.parallel import ParallelBytes, ParallelLayout, check_env, parallel_bytes
 from memest.estimate.phases import budget_bytes, full_init_kv_budget, non_kv_bytes
-from memest.estimate.runner_buffers import (
-    BUFFER_TERMS,
-    ModelDims,
-    RunnerGrid,
-    runner_buffer_bytes,
-    term_bytes,
-)
-from memest.estimate.synthetic_trace import GraphPoolPrediction, IndexerDecode, pool_bytes
+from memest.estimate.synthetic_trace import IndexerDecode
+from memest.estimate.terms import catalog, dsa
+from memest.estimate.terms.setup import Setup
 from memest.plan import SERVE_DEFAULTS, gpu_preset
 from memest.plan.overlay import overlay_plan
-from memest.preflight import dsa, hybrid
+from memest.preflight import hybrid
 from memest.preflight.backends import kv_block_size
-from memest.preflight.calibration import Calibration, load_calibration
-from memest.preflight.context import context_law, context_range, workspace_tokens
+from memest.preflight.calibration import Calibration, calibration_of, load_calibration
 from memest.preflight.growable import with_release
-from memest.preflight.shape import parameter_bytes
-from memest.schema import CapturePlan, FullInitTerms, KVCacheSpec, RunConfig
+from memest.schema import FullInitTerms, KVCacheSpec, RunConfig
 from memest.schema.preflight import PreflightRequest, PreflightResult, PreflightTerm
 from memest.units import fmt_gib, kv_cache_memory_flag
-from memest.vllm_versions import resolve_version
-
-#: Drafter methods whose graphs the synthetic trace writes as measured (EAGLE3).
-MEASURED_DRAFTER_PROGRAM = ("eagle3",)
-
-
-@dataclass(frozen=True, slots=True)
-class Setup:
-    """What the laws read: the shapes, the resolved grid and its capture plan."""
-
-    target: ModelShape
-    drafter: ModelShape | None
-    config: RunConfig
-    plan: CapturePlan
-    gpu: str
-    block_size: int
-    attention_backend: str
-    notes: tuple[str, ...] = ()
-    mla_v_padded: bool = False  # MLA prefill pads v (FlashAttention 2)
-    parallel: ParallelBytes = ParallelBytes({}, 0, 0, 0)  # what TP adds (estimate/parallel.py)
-    indexer: IndexerDecode | None = None  # a DSA model's decode logits in FULL graphs
-
-    @property
-    def mbt(self) -> int:
-        assert self.config.max_num_batched_tokens is not None
-        return self.config.max_num_batched_tokens
-
-    @property
-    def mla_workspace_tokens(self) -> int:
-        """Tokens of MLA's chunked-prefill workspace (memest.estimate.mla_context)."""
-        c = self.config
-        assert c.max_model_len is not None and c.max_num_seqs is not None
-        return workspace_tokens(self.target, c, self.block_size)
-
-    @property
-    def draft_steps(self) -> int:
-        return max(self.config.num_speculative_tokens - 1, 1)
-
-    def pools(self) -> GraphPoolPrediction:
-        """The graph pools of the synthetic request trace (memest.estimate.synthetic_trace)."""
-        return pool_bytes(
-            self.plan,
-            self.target,
-            self.drafter,
-            draft_steps=self.draft_steps,
-            indexer=self.indexer,
-            method=self.config.speculative_method,
-        )
-
-    def _runner(self) -> tuple[ModelDims, RunnerGrid]:
-        t, d = self.target, self.drafter
-        dims = ModelDims(
-            hidden_size=t.hidden,
-            vocab_size=t.vocab,
-            dtype_bytes=t.dtype_bytes,
-            drafter_hidden_size=d.hidden if d is not None else None,
-            shape=t,
-        )
-        return dims, RunnerGrid.from_config(self.config, block_size=self.block_size)
-
-    def buffers(self) -> dict[str, int]:
-        """vLLM 0.33.0's grid-sized buffers summed per term (memest.estimate.runner_buffers)."""
-        return term_bytes(*self._runner())
-
-    def buffer_names(self, term: str) -> str:
-        """The grid-sized buffers charged to ``term`` in this setup, by name."""
-        sizes = runner_buffer_bytes(*self._runner())
-        return ", ".join(n for n, b in sizes.items() if b and BUFFER_TERMS[n] == term)
-
-    def graph_layers(self) -> int:
-        """Captured graphs times the decoder layers each runs (drafter rows: its layers)."""
-        total = 0
-        for row in self.plan.runners:
-            shape = self.target if row.runner.startswith("target") else self.drafter
-            layers = shape.num_layers if shape is not None else 0
-            total += row.graph_count * layers * (self.draft_steps if ".steps" in row.runner else 1)
-        return total
+from memest.vllm_versions import VllmVersion, resolve_version
 
 
 def _drafter_config(
@@ -166,6 +53,14 @@ def _drafter_config(
         return dict(req.draft_model_config)
     arch = "LlamaForCausalLMEagle3" if method == "eagle3" else f"{method}-drafter"
     return {**target_cfg, "num_hidden_layers": 1, "architectures": [arch]}
+
+
+def calibrated_vllm(gpu: str) -> VllmVersion:
+    """The vLLM release the GPU kind's calibration models (an uncalibrated kind: the installed
+    release, else the newest): its defaults fill every flag the request leaves unset
+    (memest.vllm_versions, one row per release)."""
+    cal = calibration_of(gpu)
+    return resolve_version(cal.vllm_version if cal is not None else None)
 
 
 def setup(req: PreflightRequest) -> Setup:
@@ -179,13 +74,17 @@ def setup(req: PreflightRequest) -> Setup:
     target = model_shape(
         cfg, tp=req.tensor_parallel_size, dtype=req.dtype, quantization=req.quantization
     )
-    seqs, mbt = SERVE_DEFAULTS[sm100]
+    vllm = calibrated_vllm(req.gpu)
+    serve = vllm.serve_defaults
+    seqs, mbt = (
+        SERVE_DEFAULTS[sm100] if sm100 else (serve.max_num_seqs, serve.max_num_batched_tokens)
+    )
     base = RunConfig(
         model=target.architecture,
         max_num_seqs=req.max_num_seqs or seqs,
         max_num_batched_tokens=req.max_num_batched_tokens or mbt,
         max_model_len=_max_model_len(req, cfg, target),
-        gpu_memory_utilization=req.gpu_memory_utilization,
+        gpu_memory_utilization=vllm.gpu_memory_utilization(req.gpu_memory_utilization),
         tensor_parallel_size=req.tensor_parallel_size,
         kv_cache_dtype=req.kv_cache_dtype,
         quantization=req.quantization or (target.fp8 and "fp8"),
@@ -311,93 +210,6 @@ def kv_spec(s: Setup) -> KVCacheSpec:
     )
 
 
-def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
-    """Each term's predicted bytes and the law that gave it."""
-    c = cal.coefficients
-    d = s.drafter
-    buf = s.buffers()
-    pools = s.pools()
-    seqs = s.plan.max_num_seqs
-    activation = profile_pass_bytes(
-        s.mbt, seqs, s.target, c.activation_factor, d, c.activation_drafter_factor
-    )
-    reserve = sampler_reserve(s.target, seqs, s.mbt)
-    if not s.target.index_topk:  # DSA layers allocate no stand-in in the profile run
-        activation += profile_standin_bytes(s.target, s.mla_workspace_tokens)
-    activation += dsa.activation_bytes(s.target)
-    residue = c.residue_bytes + c.residue_factor * s.mbt * s.target.hidden * s.target.dtype_bytes
-    mml, moe = s.config.max_model_len or 1, runner_buffer_bytes(*s._runner())
-    residue += dsa.residue_bytes(s.target, s.mbt, mml, s.attention_backend, moe)
-    weights = parameter_bytes(s.target) + c.weights_rest_bytes
-    if d is not None:
-        residue += c.residue_drafter_bytes
-        weights += parameter_bytes(d, target_vocab=s.target.vocab)
-    outside = c.outside_bytes + c.outside_per_graph_layer_bytes * s.graph_layers()
-    outside += s.parallel.outside_torch_bytes
-    base = c.baseline_bytes + (c.baseline_drafter_bytes if d else 0)
-    base += s.parallel.inside_torch_bytes
-    rest = c.runner_rest_drafter_bytes if d else c.runner_rest_bytes
-    return {
-        "baseline_torch_bytes": (
-            base + buf.get("baseline_torch_bytes", 0),
-            f"{s.buffer_names('baseline_torch_bytes')} + fitted constant (cuBLAS workspaces)"
-            + (" + custom all-reduce's rank_data" if s.parallel.inside_torch_bytes else ""),
-        ),
-        "weights_bytes": (
-            weights + buf.get("weights_bytes", 0),
-            f"parameter shapes x dtype bytes / TP + {s.buffer_names('weights_bytes')}",
-        ),
-        "profile_peak_activation_bytes": (
-            activation,
-            f"{c.activation_factor:.3f} x max_num_batched_tokens x layer token bytes"
-            + (
-                f" + the sampler's {seqs}-row reserve over the forward's freed segments"
-                if reserve
-                else ""
-            )
-            + (
-                " + the profile run's MLA context stand-in"
-                if s.target.family == "mla" and not s.target.index_topk
-                else ""
-            )
-            + (dsa.ACTIVATION_LAW if s.target.sparse else ""),
-        ),
-        "mla_context_bytes": context_law(s.target, s.config, s.block_size, v_padded=s.mla_v_padded),
-        "outside_torch_bytes": (
-            round(outside),
-            f"context + {c.outside_per_graph_layer_bytes:.0f} B x graphs x layers "
-            f"({s.graph_layers()})"
-            + (f" + TP's communicators ({s.parallel.describe()})" if s.parallel.parts else ""),
-        ),
-        "graph_pool_bytes": (
-            sum(pools.by_stage.values()),
-            f"synthetic request trace of {s.plan.total_graphs} graphs, allocator replay"
-            + dsa.pool_law(s.plan, s.target, s.indexer, pools),
-        ),
-        "runner_buffer_bytes": (
-            rest + buf.get("runner_buffer_bytes", 0),
-            f"{s.buffer_names('runner_buffer_bytes')} ({s.block_size}-token blocks) "
-            "+ fitted constant",
-        ),
-        "profiling_residue_bytes": (
-            round(residue) + buf.get("profiling_residue_bytes", 0),
-            f"{s.buffer_names('profiling_residue_bytes')} + fitted constant + "
-            f"{c.residue_factor:.3f} x max_num_batched_tokens x hidden x dtype bytes"
-            + (dsa.RESIDUE_LAW if s.target.sparse else ""),
-        ),
-    }
-
-
-def _routed_cache_activation(s: Setup, cal: Calibration) -> int:
-    """What the law would add for the routed experts' caches: the MoE activation's range."""
-    if not s.target.moe_layers:
-        return 0
-    full = activation_bytes(s.mbt, s.target, cal.coefficients.activation_factor)
-    return full - activation_bytes(
-        s.mbt, activation_shape(s.target), cal.coefficients.activation_factor
-    )
-
-
 def _unmeasured(s: Setup, cal: Calibration) -> tuple[dict[str, float], list[str]]:
     """Relative widening per term for what no calibration start measured, and the notes."""
     widen: dict[str, float] = {}
@@ -432,7 +244,7 @@ def _uncertainties(
     for term, (value, _) in laws.items():
         u = cal.uncertainty_bytes.get(term, 0)
         out[term] = u + round(widen.get(term, 0.0) * value)
-    family = _family_ranges(s, cal)
+    family = catalog.law_ranges(s, cal.coefficients)
     for term, extra in family.items():
         out[term] = out.get(term, 0) + extra
     notes += _family_notes(s, family)
@@ -448,20 +260,6 @@ def _uncertainties(
             "the topology; its device code is not sized)"
         )
     return out, notes
-
-
-def _family_ranges(s: Setup, cal: Calibration) -> dict[str, int]:
-    """Ranges derived from vLLM's code for MoE, MLA and DSA, beyond the calibration's."""
-    out: dict[str, int] = {}
-    routed = _routed_cache_activation(s, cal)
-    if routed:
-        out["profile_peak_activation_bytes"] = routed
-    mla = context_range(s.target, s.config, s.block_size, v_padded=s.mla_v_padded)
-    if mla:
-        out["mla_context_bytes"] = mla
-    if s.indexer is not None:
-        out["graph_pool_bytes"] = dsa.pool_range(s.plan, s.indexer, s.pools())
-    return out
 
 
 def _family_notes(s: Setup, ranges: Mapping[str, int]) -> list[str]:
@@ -491,8 +289,9 @@ def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> 
     row = resolve_version(req.vllm_version)
     cal = calibration or load_calibration(req.gpu)
     s = setup(req)
-    laws = _laws(s, cal)
-    util = req.gpu_memory_utilization
+    laws = catalog.laws(s, cal.coefficients)
+    util = s.config.gpu_memory_utilization
+    assert util is not None
     terms = FullInitTerms(
         requested_bytes=budget_bytes(cal.total_bytes, util),
         **{name: value for name, (value, _) in laws.items()},
@@ -513,7 +312,7 @@ def _result(
     notes: list[str],
 ) -> PreflightResult:
     spec = hybrid.kv_spec(req.model_config_json, s, kv_spec(s))
-    require_fit(non_kv_bytes(terms), terms.requested_bytes, value=req.gpu_memory_utilization)
+    require_fit(non_kv_bytes(terms), terms.requested_bytes, value=s.config.gpu_memory_utilization)
     budget = full_init_kv_budget(terms)
     length = s.config.max_model_len or 1
     require_max_model_len(spec, budget, length)
@@ -534,7 +333,7 @@ def _result(
         max_num_seqs=s.plan.max_num_seqs,
         max_num_batched_tokens=s.mbt,
         max_model_len=length,
-        gpu_memory_utilization=req.gpu_memory_utilization,
+        gpu_memory_utilization=s.config.gpu_memory_utilization,
         speculative_method=s.config.speculative_method,
         num_speculative_tokens=s.config.num_speculative_tokens,
         total_graphs=s.plan.total_graphs,

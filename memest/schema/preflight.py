@@ -40,7 +40,13 @@ class PreflightRequest(MemestModel):
     max_num_seqs: int | None = Field(default=None, ge=1, le=MAX_NUM_SEQS_LIMIT)
     max_num_batched_tokens: int | None = Field(default=None, ge=1, le=MAX_NUM_BATCHED_TOKENS_LIMIT)
     max_model_len: int | None = Field(default=None, ge=1, le=MAX_MODEL_LEN_LIMIT)
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Unset: the calibrated vLLM release's default (memest.vllm_versions; 0.92 "
+        "on vLLM 0.33.0)",
+    )
     speculative_config: dict[str, Any] | None = Field(
         default=None, description="vLLM's --speculative-config: method, num_speculative_tokens"
     )

@@ -1,4 +1,4 @@
-"""Term movers: every full-initialization term of G moved to G' by the law that sizes it.
+"""The what-if's shared predictions for the term movers (memest.estimate.terms.catalog).
 
 The profile pass's activations follow max_num_batched_tokens (and an added or dropped drafter's
 share, with the calibration's factor); the budget follows gpu_memory_utilization; the
@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 
 from memest.analysis.owners import COMPILED_PIECE, CUBLAS_WORKSPACE
-from memest.estimate.activation import sampler_reserve
-from memest.estimate.mla_context import run_mla_context_bytes
 from memest.estimate.parallel import parallel_bytes, start_layout
 from memest.estimate.phases import budget_bytes, phase, total_bytes
 from memest.estimate.runner_buffers import (
@@ -24,92 +22,26 @@ from memest.estimate.runner_buffers import (
     RunnerGrid,
     runner_buffer_bytes,
 )
+from memest.estimate.terms import catalog
 from memest.estimate.whatif.grid import Grids
 from memest.estimate.whatif.models import WhatIfCalibration
 from memest.estimate.whatif.pools import Pools
 from memest.estimate.whatif_synthetic import Shapes, drafter_activation
-from memest.schema import CapturePlan, FullInitTerms, RunConfig, RunReport
+from memest.schema import FullInitTerms, RunConfig, RunReport
 
 #: Compiled drafter models that keep a default-pool workspace (vLLM 0.33.0 EAGLE3: the step-0
 #: PIECEWISE model and the later-step FULL model; real H200 starts C and E).
 DRAFTER_COMPILED_MODELS = 2
 
 
-def _activation(
-    terms: FullInitTerms,
-    plans: tuple[CapturePlan, CapturePlan],
-    configs: tuple[RunConfig, RunConfig],
-    s: Shapes,
-    drafter_factor: float | None,
-    notes: list[str],
-) -> tuple[int, str | None]:
-    """The profile pass's activation headroom at G' and the law that moved it.
-
-    The profile pass runs max_num_batched_tokens tokens: its forward's activations are that many
-    rows wide (real vLLM, Llama-8B shape: 300 MiB at 2,048 tokens, 592 MiB at 4,096), then its
-    sampler samples max_num_seqs rows, whose reserve over the forward's freed segments is
-    derived at each grid (memest.estimate.sampler; needs the model's shape). A drafter added or
-    dropped adds or removes its share (memest.estimate.activation with ``drafter_factor``).
-    """
-    act = terms.profile_peak_activation_bytes
-    mbt, mbt2 = plans[0].max_num_batched_tokens, plans[1].max_num_batched_tokens
-    seqs, seqs2 = plans[0].max_num_seqs, plans[1].max_num_seqs
-    had, has = configs[0].speculative_method, configs[1].speculative_method
-    laws: list[str] = []
-    if had and not has and mbt:
-        share = drafter_activation(mbt, s, drafter_factor, had, notes)
-        if share is not None:
-            act = max(act - share, 0)
-            laws.append(f"drafter's share removed ({share} B at G)")
-    reserve = reserve2 = 0
-    if s.target is not None and mbt and mbt2:
-        reserve, reserve2 = (
-            sampler_reserve(s.target, seqs, mbt),
-            sampler_reserve(s.target, seqs2, mbt2),
-        )
-    forward = max(act - reserve, 0)
-    out = forward
-    if mbt and mbt2 and mbt != mbt2:
-        out = round(forward * mbt2 / mbt)
-        laws.insert(0, "max_num_batched_tokens")
-        notes.append(
-            f"activation headroom {forward} -> {out} B "
-            f"(scales with max_num_batched_tokens {mbt} -> {mbt2})"
-        )
-    out += reserve2
-    if reserve2 != reserve:
-        laws.append(f"the sampler's {seqs2}-row reserve (memest.estimate.sampler)")
-        notes.append(
-            f"the full-batch sampler's reserve {reserve} -> {reserve2} B ({seqs} -> {seqs2} "
-            "rows sampled over the forward's freed segments)"
-        )
-    if has and not had and mbt2:
-        share = drafter_activation(mbt2, s, drafter_factor, has, notes)
-        if share is not None:
-            out += share
-            laws.append(
-                f"drafter: {drafter_factor:.3f} x max_num_batched_tokens x its layer's token bytes"
-            )
-    return out, "; ".join(laws) or None
-
-
-def _mla_context_to(report: RunReport, terms: FullInitTerms, config: RunConfig) -> int:
-    """MLA's prefill-over-context term at G' (memest.estimate.mla_context): its workspace follows
-    max_model_len and max_num_seqs."""
-    if not terms.mla_context_bytes:
-        return 0
-    block = report.kv_cache.block_size if report.kv_cache is not None else 16
-    return run_mla_context_bytes(config, block)
-
-
-def _buffer_terms(
+def _buffer_deltas(
     report: RunReport,
-    terms: FullInitTerms,
     configs: tuple[RunConfig, RunConfig],
     dims: ModelDims | None,
     notes: list[str],
 ) -> tuple[dict[str, int], dict[str, str]]:
-    """The terms grid-sized runner buffers move, at G', and the law that moved each."""
+    """What the grid-sized runner buffers and a drafter's moves change per term, f(G') - f(G),
+    and the law of each."""
     if dims is None:
         notes.append(
             "model dimensions not recorded in the report nor given (the model's config.json): "
@@ -141,9 +73,7 @@ def _buffer_terms(
     for term, law in drafter_laws.items():
         moved[term] = moved.get(term, 0) + drafter_moves.get(term, 0)
         laws[term] = "; ".join(x for x in (laws.get(term), law) if x)
-    values = terms.model_dump()
-    out = {term: max(int(values[term]) + change, 0) for term, change in moved.items()}
-    return out, laws
+    return moved, laws
 
 
 def _has_moe_owner(report: RunReport) -> bool:
@@ -308,30 +238,11 @@ def _parallel_moves(
     }
 
 
-def _laws(
-    terms: FullInitTerms,
-    terms_to: FullInitTerms,
-    pools: Pools,
-    replayed: bool,
-    moved: dict[str, str],
-) -> dict[str, str]:
-    """The law that moved each term (a term left out is constant)."""
-    laws = {
-        "graph_pool_bytes": "per-owner pool laws"
-        + (" (allocator replay)" if replayed else "")
-        + (f"; synthetic request trace: {', '.join(pools.synthetic)}" if pools.synthetic else ""),
-        "outside_torch_bytes": "graph objects (graph profiling and capture) scale with the "
-        "graph count x the layers each graph holds",
-        **(
-            {"mla_context_bytes": "MLA's chunked-prefill workspace (max_model_len, max_num_seqs)"}
-            if terms_to.mla_context_bytes != terms.mla_context_bytes
-            else {}
-        ),
-    }
-    laws.update(moved)
-    if terms_to.requested_bytes != terms.requested_bytes:
-        laws["requested_bytes"] = "gpu_memory_utilization"
-    return laws
+def _merge(moves: dict[str, int], laws: dict[str, str], more: dict[str, int], law: str) -> None:
+    for term, change in more.items():
+        if change:
+            moves[term] = moves.get(term, 0) + change
+            laws[term] = "; ".join(x for x in (laws.get(term), law) if x)
 
 
 def move_terms(
@@ -346,46 +257,56 @@ def move_terms(
     *,
     replayed: bool,
 ) -> tuple[FullInitTerms, FullInitTerms, dict[str, str]]:
-    """(terms at G as the KV budget reads them, terms at G', the law of each moved term)."""
+    """(terms at G as the KV budget reads them, terms at G', the law of each moved term): each
+    term's mover is memest.estimate.terms.catalog's; this module predicts once what several
+    movers read (the grid-sized buffers, a drafter's and TP's moves)."""
     if pools.bytes_from != terms.graph_pool_bytes:
         notes.append(
             f"owner rows sum to {pools.bytes_from} B, stage rows to {terms.graph_pool_bytes} B; "
             "the KV budget uses the owner rows"
         )
-    factor = calibration.drafter_activation_factor
-    activation_to, activation_law = _activation(terms, pair.plans, pair.configs, s, factor, notes)
-    requested_to = _requested_to(report, terms, pair.configs, notes)
-    buffers_to, moved = _buffer_terms(report, terms, pair.configs, dims, notes)
-    objects = pools.objects
+    deltas, delta_laws = _buffer_deltas(report, pair.configs, dims, notes)
     tp_moves = _parallel_moves(report, pair.configs, dims, notes)
     if tp_moves:
-        moved["outside_torch_bytes"] = (
+        delta_laws["outside_torch_bytes"] = (
             "graph objects x graphs x layers; TP's NCCL and all-reduce buffers "
             "(memest.estimate.parallel)"
         )
-        if tp_moves["baseline_torch_bytes"]:
-            baseline = buffers_to.get("baseline_torch_bytes", terms.baseline_torch_bytes)
-            buffers_to["baseline_torch_bytes"] = baseline + tp_moves["baseline_torch_bytes"]
-            law = "custom all-reduce's rank_data (memest.estimate.parallel)"
-            moved["baseline_torch_bytes"] = "; ".join(
-                x for x in (moved.get("baseline_torch_bytes"), law) if x
-            )
+        deltas["outside_torch_bytes"] = tp_moves["outside_torch_bytes"]
+        law = "custom all-reduce's rank_data (memest.estimate.parallel)"
+        _merge(deltas, delta_laws, {"baseline_torch_bytes": tp_moves["baseline_torch_bytes"]}, law)
+    factor = calibration.drafter_activation_factor
+    block = report.kv_cache.block_size if report.kv_cache is not None else 16
+    pool_law = (
+        "per-owner pool laws"
+        + (" (allocator replay)" if replayed else "")
+        + (f"; synthetic request trace: {', '.join(pools.synthetic)}" if pools.synthetic else "")
+    )
+    move = catalog.Move(
+        terms=terms,
+        plans=pair.plans,
+        configs=pair.configs,
+        block_size=block,
+        target=s.target,
+        drafter_share=lambda tokens, method: drafter_activation(tokens, s, factor, method, notes),
+        drafter_factor=factor,
+        deltas=deltas,
+        delta_laws=delta_laws,
+        pools_to=pools.bytes_to,
+        pool_law=pool_law,
+        objects_change=pools.objects.predicted_bytes - pools.objects.measured_bytes,
+        notes=notes,
+    )
+    values, laws = catalog.moved_terms(move)
+    requested_to = _requested_to(report, terms, pair.configs, notes)
+    if requested_to != terms.requested_bytes:
+        laws["requested_bytes"] = "gpu_memory_utilization"
     terms_to = FullInitTerms.model_validate(
         {
             **terms.model_dump(),
-            **buffers_to,
-            "mla_context_bytes": _mla_context_to(report, terms, pair.configs[1]),
+            **values,
             "requested_bytes": requested_to,
-            "profile_peak_activation_bytes": activation_to,
-            "graph_pool_bytes": pools.bytes_to,
             "graph_pool_by_stage_bytes": pools.by_stage_to(),
-            "outside_torch_bytes": max(
-                terms.outside_torch_bytes
-                - objects.measured_bytes
-                + objects.predicted_bytes
-                + tp_moves.get("outside_torch_bytes", 0),
-                0,
-            ),
             "source": f"what-if from {terms.source}",
         }
     )
@@ -396,6 +317,4 @@ def move_terms(
             "graph_pool_by_stage_bytes": {},
         }
     )
-    if activation_law is not None:
-        moved["profile_peak_activation_bytes"] = activation_law
-    return terms_from, terms_to, _laws(terms, terms_to, pools, replayed, moved)
+    return terms_from, terms_to, laws

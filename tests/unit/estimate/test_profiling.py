@@ -9,9 +9,12 @@ from memest.schema import MemoryReading
 MiB = 1 << 20
 
 
-def _at(used: int, reserved: int) -> MemoryReading:
+def _at(used: int, reserved: int, allocated: int | None = None) -> MemoryReading:
     return MemoryReading(
-        time_ns=0, device_used_bytes=used * MiB, torch_reserved_bytes=reserved * MiB
+        time_ns=0,
+        device_used_bytes=used * MiB,
+        torch_reserved_bytes=reserved * MiB,
+        torch_allocated_bytes=(reserved if allocated is None else allocated) * MiB,
     )
 
 
@@ -21,7 +24,7 @@ def _readings(stages: dict[str, int]) -> ProfilingReadings:
     return ProfilingReadings(
         start=_at(1000, 800),
         end=_at(1300, 1000),
-        now=_at(1100, 900),
+        now=_at(1100, 900, 880),  # 20 MiB of slack in partly used segments
         pool_growth_bytes=150 * MiB,
         kv_init_added_bytes=70 * MiB,
         profiling_kv_bytes=40 * MiB,
@@ -42,10 +45,19 @@ def test_each_term_is_read_from_its_own_readings() -> None:
     }
     assert terms.outside_torch_bytes == (200 + 100) * MiB
     assert terms.runner_buffer_bytes == (30 + 50) * MiB
-    assert terms.profiling_residue_bytes == (900 - 600) * MiB
-    # 5000 - (600 weights + 120 activation + 300 outside + 150 pool + 80 runner + 300 residue
+    # allocated beyond the weights: the slack is no term's (later allocations fill it)
+    assert terms.profiling_residue_bytes == (880 - 600) * MiB
+    # 5000 - (600 weights + 120 activation + 300 outside + 150 pool + 80 runner + 280 residue
     # + 10 margin)
-    assert full_init_kv_budget(terms) == 3440 * MiB
+    assert full_init_kv_budget(terms) == 3460 * MiB
+
+
+def test_a_reading_before_the_weights_splits_the_baseline_from_the_residue() -> None:
+    base = _readings({})
+    split = ProfilingReadings(**{**base.__dict__, "before_weights": _at(40, 34, 33)})
+    terms = profiling_terms(split, source="test")
+    assert terms.baseline_torch_bytes == 34 * MiB
+    assert terms.profiling_residue_bytes == (880 - 33 - 600) * MiB
 
 
 def test_stage_windows_that_saw_more_than_the_pool_reading_win() -> None:

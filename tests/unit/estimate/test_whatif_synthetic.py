@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import memest.estimate.synthetic_trace as estimate_trace
-import memest.preflight.predict as preflight_predict
+import memest.estimate.terms.setup as terms_setup
 from memest.estimate import account, full_init_kv_budget, full_init_terms, what_if
 from memest.estimate.runner_buffers import ModelDims
 from memest.preflight.calibration import load_calibration, what_if_calibration
@@ -53,7 +53,7 @@ def _predict(g: RunReport, g2: RunReport, *, drafter: bool = True, factor: bool 
 
 
 def test_preflight_and_what_if_share_one_trace() -> None:
-    assert preflight_predict.pool_bytes is estimate_trace.pool_bytes
+    assert terms_setup.pool_bytes is estimate_trace.pool_bytes
 
 
 @pytest.mark.parametrize(("plain", "eagle"), [(S, C), (S, E), (B, C), (B, E)])

@@ -12,9 +12,10 @@ from lab import preflight_fit
 from lab.fit import TERMS, Start, calibrate, fit_coefficients, leave_one_out
 from memest.estimate import account
 from memest.estimate.synthetic_trace import pool_bytes
-from memest.preflight.calibration import Coefficients, load_calibration
+from memest.estimate.terms.coefficients import Coefficients
+from memest.estimate.terms.shape import layer_token_bytes, parameter_bytes
+from memest.preflight.calibration import load_calibration
 from memest.preflight.predict import preflight, setup
-from memest.preflight.shape import layer_token_bytes, parameter_bytes
 from memest.schema import FullInitTerms, RunReport
 from memest.schema.preflight import PreflightRequest
 

@@ -14,6 +14,7 @@ import pytest
 
 from lab import preflight_check as pc
 from memest.cli import main as memest_main
+from memest.preflight import preflight
 from memest.preflight.calibration import load_calibration
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -155,3 +156,35 @@ def test_bad_input_is_one_line_and_exit_2(
         assert err.count("\n") == 1 and err.startswith("preflight_check: "), err
     assert pc.main([str(tmp_path / "missing.jsonl")]) == 2
     assert pc.main([str(RAW / "results.call9.jsonl")]) == 2  # only configurations not in CONFIGS
+
+
+def test_leaving_the_grid_out_predicts_a_calibration_grid_without_its_starts() -> None:
+    """E's grid is a calibration grid: left out, its prediction comes from a fit without E's
+    starts and without any EAGLE3 start, so it moves; the family table names the drafter."""
+    shipped = pc.check([CALL8])
+    held = pc.check([CALL8], leave_out=True)
+    assert [r.predicted_kv_bytes for r in held.rows] != [r.predicted_kv_bytes for r in shipped.rows]
+    families = pc.family_summary(held.rows)
+    assert list(families) == ["eagle3"]
+    worst = families["eagle3"]["worst_error_bytes"]
+    assert worst == max((r.error_bytes for r in held.rows), key=abs)
+
+
+def test_each_configuration_tests_one_family() -> None:
+    """From each configuration's config.json and grid: 8 experts are few, 128 many; MLA by its
+    heads; an index_topk model is DSA; vLLM's own grid or utilization is serve defaults."""
+    expected = {
+        "X_mixtral4l_s64_t2048": "moe few experts",
+        "M_qwen3moe8l_s64_t2048": "moe many experts",
+        "L_dsv2lite8l_s64_t2048_fa": "mla 16 heads",
+        "K_mla64h8l_s64_t2048_fa": "mla 64 heads",
+        "V3_dsv3mla5l_s64_t2048_fa": "mla 128 heads",
+        "S_dsv32_4l_s64_t2048_ctxdense": "dsa",
+        "C_llama8b_eagle3k3_s64_t4096": "eagle3",
+        "Q8_llama8b_fp8w_s128_t4096": "fp8",
+        "X_mixtral4l_s1024_t8192": "serve defaults",
+        "A_llama8b_s128_t4096_udef": "serve defaults",
+        "A_llama8b_s128_t4096": "dense",
+    }
+    got = {name: pc.family_of(name, preflight(pc.question(name))) for name in expected}
+    assert got == expected

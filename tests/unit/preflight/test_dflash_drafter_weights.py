@@ -10,7 +10,7 @@ vocabulary x markov_rank matrices.
 from __future__ import annotations
 
 from memest.estimate.model_shape import model_shape
-from memest.preflight.shape import parameter_bytes
+from memest.estimate.terms.shape import parameter_bytes
 
 #: The lab's DSpark draft for the Qwen3-8B target (lab/models/dspark_qwen3_8b_2l/config.json).
 DSPARK = {

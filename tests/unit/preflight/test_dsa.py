@@ -24,10 +24,10 @@ import pytest
 
 from memest.errors import ConfigError
 from memest.estimate.synthetic_trace import synthetic_trace
+from memest.estimate.terms.dsa import indexer_pool_bytes
+from memest.estimate.terms.shape import model_shape, parameter_bytes
 from memest.preflight.backends import kv_block_size
-from memest.preflight.dsa import indexer_pool_bytes
 from memest.preflight.predict import preflight, request_from, setup
-from memest.preflight.shape import model_shape, parameter_bytes
 
 ROOT = Path(__file__).resolve().parents[3]
 DSV32 = json.loads((ROOT / "lab/models/dsv32_4l/config.json").read_text())

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from memest.preflight.shape import model_shape, parameter_bytes
+from memest.estimate.terms.shape import model_shape, parameter_bytes
 from tests.conftest import require_or_skip
 
 pytestmark = pytest.mark.vllm

@@ -11,8 +11,8 @@ import pytest
 from memest.estimate import account
 from memest.estimate.poolreplay import pool_trace
 from memest.estimate.synthetic_trace import pool_bytes, synthetic_trace
+from memest.estimate.terms.shape import model_shape
 from memest.estimate.whatif import measured_plan
-from memest.preflight.shape import model_shape
 from memest.schema import RunReport
 from memest.snapshot import load_snapshot
 

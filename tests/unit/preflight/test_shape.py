@@ -9,8 +9,8 @@ import pytest
 
 from memest.errors import ConfigError
 from memest.estimate.kv import kv_bytes_per_token
+from memest.estimate.terms.shape import model_shape, parameter_bytes
 from memest.preflight.predict import kv_spec, setup
-from memest.preflight.shape import model_shape, parameter_bytes
 from memest.schema import RunReport
 from memest.schema.preflight import PreflightRequest
 

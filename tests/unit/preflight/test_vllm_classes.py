@@ -18,9 +18,9 @@ import pytest
 
 from memest.estimate.fused_moe import fused_moe_workspace_bytes
 from memest.estimate.kv import kv_bytes_per_token
+from memest.estimate.terms.shape import model_shape, parameter_bytes
 from memest.preflight.backends import KERNEL_BLOCKS, kv_block_size, preferred, supports
 from memest.preflight.predict import kv_spec, setup
-from memest.preflight.shape import model_shape, parameter_bytes
 from memest.schema.preflight import PreflightRequest
 from tests.conftest import require_or_skip
 

@@ -5,7 +5,7 @@ layer. Beside the MLA terms the pre-flight already has:
 
 - KV cache: each layer's indexer key cache, index_head_dim FP8 values and a float32 scale per 128
   of them per token (memest.estimate.kv), in blocks of 64 tokens (memest.preflight.backends);
-- weights: the indexer's wq_b, wk_weights_proj and k_norm (memest.preflight.shape);
+- weights: the indexer's wq_b, wk_weights_proj and k_norm (memest.estimate.terms.shape);
 - graph pools: every FULL graph's decode logits, tokens x max_model_len per layer, FP32 on SM90,
   BF16 plus vLLM's FP32 copy on SM100 (memest.estimate.synthetic_trace with
   memest.estimate.indexer's law);
