@@ -313,3 +313,34 @@ def _kind(spec: Any) -> str:
         "MLAAttentionSpec": "mla",
         "MambaSpec": "mamba",
     }[name]
+
+
+@pytest.mark.parametrize("name", ["gemma3_12l", "qwen3next_8l", "kimi_linear_4l", "granite4_8l"])
+def test_the_plugin_records_vllms_groups(
+    vllm: types.SimpleNamespace, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """The plugin's groups, read from vLLM's own KVCacheConfig, give vLLM's capacity."""
+    from memest_instrumentation.vllm import collect
+
+    v, cfg, grid = vllm, _cfg(name), GRIDS[1]
+    arch = MODELS[name][0]
+    kinds = _vllm_kinds(v, name, cfg)
+    vc = _stand_in(v, cfg, arch, grid, mla="mla" in kinds)
+    _align_block(v, vc, kinds, arch, monkeypatch)
+    specs = _vllm_specs(v, vc, kinds, arch, cfg)
+    config = v.planning.get_kv_cache_config_from_groups(
+        vc, v.planning.get_kv_cache_groups(vc, specs), grid[2]
+    )
+    tokens, concurrency = v.utils.get_kv_cache_capacity(vc, config)
+    groups = collect.kv_groups(types.SimpleNamespace(vllm_config=vc), config)
+    spec = kv_groups.hybrid_spec(
+        predict.kv_spec(
+            predict.setup(predict.request_from({"model_config_json": cfg, "gpu": "h200"}))
+        ),
+        groups,
+    )
+    lengths = kv_groups.Lengths(grid[0], grid[1])
+    assert spec.groups == _memest(name, cfg, grid).groups
+    assert kv_groups.num_blocks(spec, grid[2]) == config.num_blocks
+    assert kv_groups.kv_tokens(spec, grid[2], lengths) == tokens
+    assert kv_groups.max_concurrency(spec, grid[2], lengths) == pytest.approx(concurrency)
