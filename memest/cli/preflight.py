@@ -34,10 +34,13 @@ import argparse
 from typing import Any
 
 from memest.errors import CommandError
+from memest.estimate.kv_groups import Lengths, group_rows
 from memest.estimate.phases import TERM_LABELS
 from memest.files import load_json_object
 from memest.preflight import preflight, request_from
 from memest.preflight.calibration import overshoot_line
+from memest.reporters.kv_groups import kv_groups_table
+from memest.reporters.table import text_lines
 from memest.schema.preflight import PreflightResult
 from memest.units import concurrency_text, fmt_gib
 
@@ -177,9 +180,17 @@ def render(r: PreflightResult) -> str:
         "",
         f"KV cache per rank: {fmt_gib(r.kv_cache_bytes)} GiB ± "
         f"{fmt_gib(r.kv_cache_uncertainty_bytes)}: {r.kv_tokens:,} tokens "
-        f"({r.kv_tokens_low:,} to {r.kv_tokens_high:,}), {r.kv_bytes_per_token:,} B per token, "
+        f"({r.kv_tokens_low:,} to {r.kv_tokens_high:,}), {r.kv_bytes_per_token:,} B per token"
+        f"{' of the block pool' if r.kv_cache.groups else ''}, "
         f"max concurrency {concurrency_text(r.max_concurrency, r.max_model_len)}",
     ]
+    lengths = Lengths(r.max_model_len, r.max_num_batched_tokens)
+    groups = kv_groups_table(
+        group_rows(r.kv_cache, r.kv_budget_bytes, lengths) if r.kv_cache.groups else [],
+        r.max_model_len,
+    )
+    if groups is not None:
+        lines += ["", *text_lines([groups])]
     if r.vllm_overshoot is not None:
         lines.append(overshoot_line(r.vllm_overshoot))
     lines += [f"note: {n}" for n in r.notes]
