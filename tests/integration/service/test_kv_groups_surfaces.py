@@ -72,3 +72,33 @@ def test_every_surface_shows_the_groups(
     shares = [line for line in metrics.splitlines() if line.startswith("memest_kv_group_share{")]
     assert len(shares) == 2
     assert any('kind="sliding_window"' in line for line in shares)
+
+
+@pytest.mark.parametrize(
+    ("changes", "lengths", "more"),
+    [
+        # 2,048 tokens: the window's blocks (cdiv(2,047, 16) + 1 = 129) exceed the full group's
+        ({"max_model_len": 2048}, (2048, 4096), False),
+        # 512 batched tokens: the window keeps 1,023 + 2 x 512 tokens, 129 blocks against 256
+        ({"max_num_batched_tokens": 512}, (4096, 512), True),
+    ],
+)
+def test_the_what_if_moves_window_groups_by_the_new_lengths(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    changes: dict[str, int],
+    lengths: tuple[int, int],
+    more: bool,
+) -> None:
+    raw = _hybrid()
+    path = tmp_path / "hybrid.report.rank0.json"
+    path.write_text(json.dumps(raw))
+    assert main(["estimate", "--from", str(path), "--grid", json.dumps(changes), "--json"]) == 0
+    w = json.loads(capsys.readouterr().out)["what_if"]
+    spec = RunReport.model_validate(raw).kv_cache
+    assert spec is not None
+    want = kv_groups.kv_tokens(spec, w["kv_budget_bytes_to"], Lengths(*lengths))
+    assert w["kv_tokens_to"] == want
+    # every layer as full attention: two 16-layer halves of each block id per 16 tokens
+    dense = kv_groups.num_blocks(spec, w["kv_budget_bytes_to"]) // 2 * 16
+    assert (want > dense) == more
