@@ -30,6 +30,8 @@ from memest.schema.report import (
     CompiledFile,
     CompiledNode,
     CompiledSite,
+    ExtensibleKvSizing,
+    ExtensibleSizedBy,
     GpuInfo,
     KVCacheGroup,
     KVCacheSpec,
@@ -75,6 +77,8 @@ __all__ = [
     "TriggerRow",
     "UnattributedRow",
     "VllmFigures",
+    "ExtensibleKvSizing",
+    "ExtensibleSizedBy",
     "VllmGraphProfile",
     "WhatIf",
 ]

@@ -33,7 +33,7 @@ from memest.estimate.phases import total_bytes
 from memest.reporters import plots, plots_gpu, plots_history
 from memest.reporters.kv_groups import kv_groups_table
 from memest.reporters.owners import owner_label
-from memest.reporters.recommend import kv_cache_flag
+from memest.reporters.recommend import estimator_note, estimator_words, recommendation
 from memest.reporters.regression import (
     KV_FIGURES,
     PAGE_THRESHOLDS,
@@ -104,6 +104,8 @@ templates.env.filters.update(
     model_name=model_name,
     short_paths=short_paths,
     sizing_words=sizing_words,
+    estimator_words=estimator_words,
+    estimator_note=estimator_note,
 )
 
 
@@ -276,8 +278,7 @@ def _model_page(
         runners=runner_counts(rep),
         facts=facts,
         accounting=accounting,
-        kv_flag=kv_cache_flag(accounting),
-        vllm_kv_bytes=_vllm_kv_bytes(accounting),
+        rec=recommendation(accounting),
         kv_groups_html=_kv_groups_html(accounting),
         phases=phase_rows(bd.phases, rep.phases) if bd else [],
         negative_note=NEGATIVE_NOTE,
@@ -295,12 +296,6 @@ def _kv_groups_html(accounting: StartAccounting) -> str | None:
     """A hybrid start's KV cache per group (tokens and share of the budget), or None."""
     table = kv_groups_table(accounting.kv_groups, accounting.max_model_len)
     return to_html([table]) if table is not None else None
-
-
-def _vllm_kv_bytes(accounting: StartAccounting) -> int | None:
-    """The KV cache vLLM's own estimate gives (its estimator record), beside the recommendation."""
-    record = accounting.estimator("vllm")
-    return record.kv_cache_bytes if record is not None else None
 
 
 def _whole_gpu(report: RunReport, accounting: StartAccounting, sized_by: str | None) -> str | None:
