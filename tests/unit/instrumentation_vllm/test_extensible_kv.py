@@ -130,3 +130,25 @@ def test_the_report_follows_extend_kv_cache(
     sizing = report["vllm"]["extensible_kv"]
     assert (sizing["committed_blocks"], sizing["committed_bytes"]) == (16_000, 16_000 * (2 << 20))
     assert report["vllm"]["num_gpu_blocks"] == 16_000
+
+
+def test_apply_without_memests_headroom_keeps_vllms_sizing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """memest's margin (0 by default) stands only beside its measured transient: with no warm
+    profile pass measured, vLLM's own margin and transient size the cache."""
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    monkeypatch.setenv("MEMEST_ESTIMATE", "apply")
+    blocks = _sizing(memest_headroom=None)
+    sizing = state().vllm.extensible_kv
+    assert sizing is not None and sizing.sized_by == "vllm"
+    assert blocks == int(33.5 * GIB) // (2 << 20)  # as vLLM alone, above
+    assert any("not measured" in n for n in state().notes)
+
+
+def test_an_unset_utilization_is_read_as_vllm_resolves_it() -> None:
+    """0.34's CacheConfig leaves gpu_memory_utilization None; the report takes the resolved one."""
+    from memest_instrumentation.vllm.collect import resolved_utilization
+    from vllm.config import CacheConfig
+
+    assert CacheConfig().gpu_memory_utilization is None
+    assert resolved_utilization(CacheConfig()) == CacheConfig().resolved_gpu_memory_utilization
+    assert resolved_utilization(CacheConfig(gpu_memory_utilization=0.8)) == 0.8
