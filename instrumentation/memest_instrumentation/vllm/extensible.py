@@ -12,8 +12,9 @@ the minimum block count over ranks. memest's hooks:
 - ``measure_kv_cache_bytes``: the readings it sized from. With ``MEMEST_ESTIMATE=apply`` memest
   passes its own terms through the function's own parameters: ``transient_peak_bytes`` the
   larger of vLLM's measured peak and memest's warm profile pass's activation headroom,
-  ``margin_floor_bytes`` memest's margin (``MEMEST_MARGIN_BYTES``) and ``margin_fraction`` 0,
-  so the margin is memest's instead of vLLM's guess. (``kv_cache_memory_bytes`` would turn the
+  ``margin_floor_bytes`` memest's margin (vLLM's 512 MiB non-torch reserve, which caps torch's
+  allocator, plus ``MEMEST_MARGIN_BYTES``) and ``margin_fraction`` 0, so the margin is memest's
+  instead of vLLM's guess. (``kv_cache_memory_bytes`` would turn the
   growable cache off; ``gpu_memory_utilization`` only caps the budget, and
   ``reserved_headroom_bytes`` scales vLLM's margin with it.)
 - ``Worker.extend_kv_cache``: phase ``kv_cache_extend``; the report is written after it, since
@@ -91,9 +92,16 @@ def _memest_terms(kwargs: dict[str, Any]) -> dict[str, Any] | None:
         return None
     return {
         "transient_peak_bytes": transient,
-        "margin_floor_bytes": state().settings.margin_bytes,
+        "margin_floor_bytes": memest_margin_bytes(),
         "margin_fraction": 0.0,
     }
+
+
+def memest_margin_bytes() -> int:
+    """memest's margin: MEMEST_MARGIN_BYTES on top of vLLM's non-torch reserve. vLLM caps torch's
+    allocator at what the sizing leaves free less that reserve, so a margin below it would cap
+    torch under the transient it was sized for (the first step then fails to allocate)."""
+    return _constants().non_torch_reserve_bytes + state().settings.margin_bytes
 
 
 def wrap_measure_kv_cache_blocks(orig: Callable[..., Any]) -> Callable[..., Any]:
