@@ -74,7 +74,9 @@ from memest.estimate.whatif import TermRow, WhatIfAnswer, WhatIfQuestion, answer
 from memest.files import load_json_file, load_json_object
 from memest.preflight.calibration import what_if_calibration
 from memest.reporters.estimate import render_accounting, render_what_if
+from memest.reporters.kv_groups import kv_groups_table
 from memest.reporters.recommend import kv_cache_flag, recommended_kv_cache_bytes
+from memest.reporters.table import text_lines
 from memest.schema import EstimateComparison, RunReport, WhatIf
 from memest.snapshot import load_snapshot
 from memest.units import gib_cell, kv_cache_memory_flag, parse_bytes
@@ -301,6 +303,9 @@ def _as_json(out: dict[str, Any]) -> str:
 def _as_text(out: dict[str, Any]) -> str:
     grid_result: WhatIf | None = out["what_if"]
     parts = [render_accounting(out["accounting"])]
+    groups = kv_groups_table(out["accounting"].kv_groups, out["accounting"].max_model_len)
+    if groups is not None:
+        parts.append("\n" + "\n".join(text_lines([groups])) + "\n")
     if grid_result is not None:
         parts.append("\nWhat-if\n\n" + render_what_if(grid_result))
         parts.append(_render_terms(out["terms"]))

@@ -21,7 +21,10 @@ element), and the vLLM flag that gives each GPU that KV cache (--kv-cache-memory
 size is vLLM 0.33.0's for the attention backend (16 on an H200 unless --attention-backend FLASHMLA
 (64) or FLASHINFER_MLA (32), or --block-size, says otherwise; 64 for a DSA model's sparse MLA,
 whose indexer adds its key cache, weights, decode logits in FULL graphs and prefill logits
-bound). Coefficients come
+bound). A hybrid (sliding-window, linear-attention or Mamba layers beside attention ones) gets
+vLLM's KV-cache groups: tokens and max concurrency as vLLM logs them, and a table of each
+group's blocks per request, share of the budget and tokens (memest.estimate.kv_groups); a layer
+kind memest does not model is refused by name. Coefficients come
 from measured starts on that GPU kind (reports/preflight/). An architecture, drafter or TP size
 no start measured gets a wider range and a note; at TP > 1 the outside term holds what NCCL and
 vLLM's all-reduce buffers take per rank (memest.estimate.parallel; --env passes the NCCL_* and

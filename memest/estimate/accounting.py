@@ -14,6 +14,8 @@ from typing import cast, get_args
 
 from memest.errors import MemestError
 from memest.estimate.compare import compare
+from memest.estimate.kv import hybrid_lengths
+from memest.estimate.kv_groups import group_rows
 from memest.estimate.phases import (
     TERM_FIELDS,
     TERM_LABELS,
@@ -24,6 +26,7 @@ from memest.estimate.startup_plan import graph_profiling_kept
 from memest.schema import (
     EstimateComparison,
     EstimateRecord,
+    KVGroupShare,
     KvSizedBy,
     RunReport,
     StartAccounting,
@@ -101,6 +104,15 @@ def _concurrency(report: RunReport, kv_tokens: int | None) -> float | None:
     return kv_tokens / length
 
 
+def _kv_groups(report: RunReport, kv_bytes: int) -> list[KVGroupShare]:
+    """A hybrid start's KV cache per group at its own lengths (none for one group)."""
+    spec, c = report.kv_cache, report.config
+    if spec is None or not spec.groups:
+        return []
+    lengths = hybrid_lengths(spec, c.max_model_len, c.max_num_batched_tokens)
+    return group_rows(spec, kv_bytes, lengths)
+
+
 def _current(report: RunReport, comparison: EstimateComparison) -> StartAccounting:
     terms = comparison.full_init
     measured = next(r for r in comparison.records if r.estimator == "measured")
@@ -125,6 +137,7 @@ def _current(report: RunReport, comparison: EstimateComparison) -> StartAccounti
         kv_blocks=spec.num_blocks if spec is not None else None,
         max_model_len=report.config.max_model_len,
         max_concurrency=_concurrency(report, measured.kv_tokens),
+        kv_groups=_kv_groups(report, measured.kv_cache_bytes),
         non_kv_bytes=measured.non_kv_cache_bytes,
         graph_pool_bytes=terms.graph_pool_bytes,
         graph_pool_by_stage_bytes=terms.graph_pool_by_stage_bytes,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memest.estimate.kv import kv_page_bytes, kv_tokens, require_fit
+from memest.estimate.kv import config_kv_tokens, kv_cache_bytes, require_fit
 from memest.estimate.phases import (
     device_used,
     final_reading,
@@ -66,8 +66,7 @@ def usage_bytes(report: RunReport, terms: FullInitTerms) -> int:
 
 def _allocated(spec: KVCacheSpec, kv_bytes: int) -> int:
     """Bytes the KV cache really takes for a budget of ``kv_bytes``: whole blocks only."""
-    page = kv_page_bytes(spec)
-    return (kv_bytes // page) * page
+    return kv_cache_bytes(spec, kv_bytes)
 
 
 def _vllm_record(report: RunReport, requested: int, retained_non_kv: int) -> EstimateRecord:
@@ -107,7 +106,7 @@ def _vllm_record(report: RunReport, requested: int, retained_non_kv: int) -> Est
         cudagraph_estimate_bytes=cg,
         non_kv_cache_bytes=non_kv,
         kv_cache_bytes=kv,
-        kv_tokens=kv_tokens(spec, kv),
+        kv_tokens=config_kv_tokens(spec, kv, report.config),
         usage_minus_budget_bytes=retained_non_kv + allocated - requested,
         note=note,
     )
@@ -146,7 +145,7 @@ def compare(report: RunReport, *, margin_bytes: int = 0) -> EstimateComparison:
         cudagraph_estimate_bytes=terms.graph_pool_bytes,
         non_kv_cache_bytes=non_kv_bytes(terms),
         kv_cache_bytes=memest_kv,
-        kv_tokens=kv_tokens(spec, memest_kv),
+        kv_tokens=config_kv_tokens(spec, memest_kv, report.config),
         usage_minus_budget_bytes=retained_non_kv + _allocated(spec, memest_kv) - requested,
         note="full initialization: requested - (torch baseline + weights + activation peak + "
         "outside torch + graph pools by reservation + runner buffers + profiling residue + "
@@ -156,7 +155,7 @@ def compare(report: RunReport, *, margin_bytes: int = 0) -> EstimateComparison:
         estimator="measured",
         non_kv_cache_bytes=retained_non_kv,
         kv_cache_bytes=kv_measured,
-        kv_tokens=kv_tokens(spec, kv_measured),
+        kv_tokens=config_kv_tokens(spec, kv_measured, report.config),
         usage_minus_budget_bytes=usage_end - requested,
         note="end of initialization: device memory in use (plus the activation peak not yet "
         "cached) minus the budget",

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from memest.errors import ConfigError, ReportFormatError
-from memest.estimate.kv import kv_page_bytes
+from memest.estimate import kv_groups
+from memest.estimate.kv import hybrid_lengths, kv_page_bytes
 from memest.estimate.phases import total_bytes
 from memest.schema import KVCacheSpec, RunReport, WhatIf
 
@@ -33,13 +34,17 @@ def kv_bytes_for_tokens(
         raise ReportFormatError(f"report {report.report_id}: kv_cache spec is missing")
     if tokens <= 0:
         raise ConfigError(field, tokens, "must be positive")
+    if spec.groups:  # a hybrid holds tokens / max_model_len requests of every group
+        c = report.config
+        lengths = hybrid_lengths(spec, c.max_model_len, c.max_num_batched_tokens)
+        return kv_groups.bytes_for_requests(spec, tokens / lengths.max_model_len, lengths)
     return math.ceil(tokens / spec.block_size) * kv_page_bytes(spec)
 
 
 def _spec_to(report: RunReport, result: WhatIf) -> KVCacheSpec | None:
     """The KV-cache spec at G': the start's, with G''s bytes per token."""
     spec = report.kv_cache
-    if spec is None or result.kv_bytes_per_token_to is None:
+    if spec is None or spec.groups or result.kv_bytes_per_token_to is None:
         return spec
     page = result.kv_bytes_per_token_to * spec.block_size
     return spec.model_copy(update={"page_size_bytes": page, "num_blocks": None, "kv_tokens": None})

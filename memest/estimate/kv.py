@@ -7,7 +7,7 @@ from typing import Any
 from memest.errors import ConfigError, DoesNotFitError
 from memest.estimate import kv_groups
 from memest.estimate.model_shape import ModelShape
-from memest.schema import KVCacheSpec
+from memest.schema import KVCacheSpec, RunConfig
 from memest.units import fmt_gib
 
 # KVCacheSpec.extra's keys read here: MLA stores one latent vector per token and layer
@@ -207,6 +207,11 @@ def hybrid_lengths(
             )
     assert max_model_len is not None and max_num_batched_tokens is not None
     return kv_groups.Lengths(max_model_len, max_num_batched_tokens)
+
+
+def config_kv_tokens(spec: KVCacheSpec, kv_bytes: int, config: RunConfig) -> int:
+    """kv_tokens at ``config``'s lengths (what a hybrid's tokens depend on)."""
+    return kv_tokens(spec, kv_bytes, config.max_model_len, config.max_num_batched_tokens)
 
 
 def kv_tokens(

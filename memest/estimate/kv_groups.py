@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from memest.errors import ConfigError
-from memest.schema import KVCacheGroup, KVCacheSpec
+from memest.schema import KVCacheGroup, KVCacheSpec, KVGroupShare
 
 #: vLLM's heuristic: cut buckets by the largest layer count when under this times the smallest.
 GROUP_SIZE_SLACK = 1.5
@@ -214,3 +214,36 @@ def mamba_attention_block_size(
     size = alignment * cdiv(state_bytes, alignment * attn_page_per_token)
     size = backend_alignment * cdiv(size, backend_alignment)
     return max(size, block_size)
+
+
+def group_rows(spec: KVCacheSpec, kv_bytes: int, lengths: Lengths) -> list[KVGroupShare]:
+    """Each group's blocks per request, share of the budget, bytes and tokens held.
+
+    A sliding-window group keeps at most window - 1 + the in-flight tokens of a request, a
+    state group a fixed number of states: why a hybrid holds more requests than a dense model.
+    """
+    allocated = num_blocks(spec, kv_bytes) * bytes_per_block(spec)
+    concurrency = max_concurrency(spec, kv_bytes, lengths)
+    rows = []
+    for group, share in zip(spec.groups, group_shares(spec, lengths), strict=True):
+        per_request: int | None = lengths.max_model_len
+        if group.kind == "mamba":
+            per_request = None
+        elif group.kind == "sliding_window":
+            assert group.sliding_window is not None
+            window = group.sliding_window - 1 + lengths.in_flight_tokens
+            per_request = min(window, lengths.max_model_len)
+        rows.append(
+            KVGroupShare(
+                kind=group.kind,
+                num_layers=group.num_layers,
+                block_size=group.block_size,
+                sliding_window=group.sliding_window,
+                blocks_per_request=group_blocks_per_request(group, lengths),
+                share=share,
+                kv_bytes=round(allocated * share),
+                tokens_per_request=per_request,
+                tokens=None if per_request is None else int(concurrency * per_request),
+            )
+        )
+    return rows

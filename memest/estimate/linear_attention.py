@@ -18,10 +18,10 @@ model's dtype (--mamba-cache-dtype auto); the recurrent state in --mamba-ssm-cac
 the conv state's dtype, except KDA (float32) and Nemotron-H (the config's mamba_ssm_cache_dtype,
 else float32).
 
-Prefill: vLLM's chunked kernels (FLA's chunk_gated_delta_rule, Mamba2's chunked scan) cut a
-prefill into chunks of ``CHUNK_SIZE`` tokens; in ``align`` mode (prefix caching on, vLLM's
-default) a request also keeps the state at the last block boundary and, where the prefill kernel
-exports one (Mamba2; FlashInfer's GDN prefill), a checkpoint state.
+In ``align`` mode (prefix caching on, vLLM's default) a request also keeps the state at its
+last block boundary and, where the prefill kernel exports one (Mamba2; FlashInfer's GDN
+prefill, on a 64-token grid), a checkpoint state. The chunked prefill kernels' own workspaces
+(FLA's chunk_gated_delta_rule, Mamba2's chunked scan) are activations, not sized here.
 """
 
 from __future__ import annotations
@@ -33,9 +33,6 @@ from typing import Any
 from memest.errors import ConfigError
 from memest.estimate.layer_kinds import LayerKind
 
-#: Tokens per chunk of vLLM's chunked linear-attention and Mamba2 prefill kernels
-#: (FLA chunk_gated_delta_rule / chunk_kda, mamba_chunk_scan_combined's chunk_size default).
-CHUNK_SIZE = 64
 #: vLLM 0.33.0's FlashInfer GDN prefill checkpoints land on this token grid (gdn_attn.py).
 FLASHINFER_GDN_CHECKPOINT_ALIGNMENT = 64
 FLOAT32_BYTES = 4
@@ -153,11 +150,7 @@ def state_blocks(
 def checkpoint_alignment(kinds: set[LayerKind], *, flashinfer_gdn: bool = True) -> int:
     """The token grid align mode keeps blocks on (get_mamba_prefill_checkpoint_alignment): the
     lcm of the state layers' checkpoint alignments, 1 when one layer exports none."""
-    if "gated_delta_net" in kinds and flashinfer_gdn:
+    states = kinds & {"gated_delta_net", "kda", "mamba2"}
+    if states == {"gated_delta_net"} and flashinfer_gdn:
         return FLASHINFER_GDN_CHECKPOINT_ALIGNMENT
     return 1
-
-
-def prefill_chunks(tokens: int) -> int:
-    """Chunks of ``CHUNK_SIZE`` tokens a prefill of ``tokens`` is scanned in."""
-    return -(-tokens // CHUNK_SIZE)

@@ -29,10 +29,12 @@ def predict_growable(
     total_bytes: int,
     gpu_memory_utilization: float | None,
     memest_margin_bytes: int = 0,
+    lengths: tuple[int | None, int | None] = (None, None),
 ) -> GrowableKvPrediction | None:
     """Both sizings of a growable cache on ``row``'s release; None where it has none.
 
     ``gpu_memory_utilization``: as the start passes it (None: unset, 1.0 on 0.34).
+    ``lengths``: max_model_len and max_num_batched_tokens, which a hybrid's tokens depend on.
     """
     kv = row.extensible_kv
     if kv is None:
@@ -58,8 +60,8 @@ def predict_growable(
         memest_margin_bytes=memest_margin_bytes,
         vllm_kv_bytes=theirs,
         memest_kv_bytes=ours,
-        vllm_kv_tokens=kv_tokens(spec, theirs),
-        memest_kv_tokens=kv_tokens(spec, ours),
+        vllm_kv_tokens=kv_tokens(spec, theirs, *lengths),
+        memest_kv_tokens=kv_tokens(spec, ours, *lengths),
     )
 
 
@@ -74,5 +76,6 @@ def with_release(
         result.kv_cache,
         total_bytes=total_bytes,
         gpu_memory_utilization=req.gpu_memory_utilization if given else None,
+        lengths=(result.max_model_len, result.max_num_batched_tokens),
     )
     return result.model_copy(update={"vllm_version": row.version, "growable_kv": growable})

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from memest.estimate.kv_groups import Lengths, group_rows
 from memest.estimate.phases import TERM_LABELS
 from memest.preflight.calibration import overshoot_line
+from memest.reporters.kv_groups import kv_groups_table
+from memest.reporters.table import text_lines
 from memest.schema.preflight import PreflightResult, PreflightTerm
 from memest.units import concurrency_text, fmt_gib
 
@@ -70,7 +73,8 @@ def kv_line(r: PreflightResult) -> str:
     return (
         f"KV cache per rank: {fmt_gib(r.kv_cache_bytes)} GiB ± "
         f"{fmt_gib(r.kv_cache_uncertainty_bytes)}: {r.kv_tokens:,} tokens "
-        f"({r.kv_tokens_low:,} to {r.kv_tokens_high:,}), {r.kv_bytes_per_token:,} B per token, "
+        f"({r.kv_tokens_low:,} to {r.kv_tokens_high:,}), {r.kv_bytes_per_token:,} B per token"
+        f"{' of the block pool' if r.kv_cache.groups else ''}, "
         f"max concurrency {concurrency_text(r.max_concurrency, r.max_model_len)}"
     )
 
@@ -103,5 +107,14 @@ def render(r: PreflightResult) -> str:
         unc = "" if row.uncertainty_bytes is None else f"{fmt_gib(row.uncertainty_bytes):>9}"
         law = f"  {row.law}" if row.law else ""
         lines.append(f"{row.label:<42}{fmt_gib(row.bytes):>9}{unc}{law}".rstrip())
-    lines += ["", kv_line(r), f"vLLM flag: {r.kv_cache_flag}", *closing_lines(r)]
+    lines += ["", kv_line(r), f"vLLM flag: {r.kv_cache_flag}", *group_lines(r), *closing_lines(r)]
     return "\n".join(lines)
+
+
+def group_lines(r: PreflightResult) -> list[str]:
+    """A hybrid's KV cache per group (memest.reporters.kv_groups); none for one group."""
+    if not r.kv_cache.groups:
+        return []
+    lengths = Lengths(r.max_model_len, r.max_num_batched_tokens)
+    table = kv_groups_table(group_rows(r.kv_cache, r.kv_budget_bytes, lengths), r.max_model_len)
+    return ["", *text_lines([table])] if table is not None else []

@@ -22,6 +22,26 @@ UsageKind = Literal[
 ]
 
 
+class KVGroupShare(MemestModel):
+    """One KV-cache group's part of a hybrid's KV cache (memest.estimate.kv_groups.group_rows)."""
+
+    kind: str = Field(description="KVCacheGroup.kind")
+    num_layers: int = Field(ge=1)
+    block_size: int = Field(ge=1)
+    sliding_window: int | None = Field(default=None, ge=1)
+    blocks_per_request: int = Field(ge=1, description="Blocks a request of max_model_len holds")
+    share: float = Field(
+        ge=0, le=1, description="Of the budget: the group's blocks over a request's blocks"
+    )
+    kv_bytes: NonNegativeBytes = Field(description="Of the allocated KV cache (by share)")
+    tokens_per_request: int | None = Field(
+        default=None, ge=0, description="Tokens a request keeps here; None: a state group"
+    )
+    tokens: int | None = Field(
+        default=None, ge=0, description="tokens_per_request times max concurrency"
+    )
+
+
 class StartAccounting(MemestModel):
     """Where one start's memory went and how much KV cache it holds, every figure defined once.
 
@@ -55,6 +75,11 @@ class StartAccounting(MemestModel):
     max_model_len: int | None = Field(default=None, ge=1)
     max_concurrency: float | None = Field(
         default=None, ge=0, description="Requests of max_model_len tokens the KV cache holds"
+    )
+    kv_groups: list[KVGroupShare] = Field(
+        default_factory=list,
+        description="Hybrid models: each KV-cache group's blocks, share of the budget and "
+        "tokens (empty: one group)",
     )
     non_kv_bytes: Bytes | None = Field(
         default=None, description="usage - KV cache: every byte the start keeps besides the KV"

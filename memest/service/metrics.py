@@ -89,6 +89,20 @@ def _families() -> dict[str, GaugeMetricFamily]:
         "non_kv_bytes": _gauge(
             "memest_non_kv_bytes", "Usage minus the KV cache: every other byte kept"
         ),
+        "kv_group_share": _gauge(
+            "memest_kv_group_share",
+            "Hybrid models: the share of the KV budget a request at max_model_len takes in each "
+            "KV-cache group (group: its index in vLLM's groups, kind: full_attention, "
+            "sliding_window, mla, mamba)",
+            "group",
+            "kind",
+        ),
+        "kv_group_tokens": _gauge(
+            "memest_kv_group_tokens",
+            "Hybrid models: tokens each attention KV-cache group holds at max concurrency",
+            "group",
+            "kind",
+        ),
         "error": _gauge(
             "memest_estimator_error_bytes",
             "Usage minus budget (positive = over budget), per estimator; 'measured' is the start "
@@ -121,6 +135,10 @@ def _add_start(families: dict[str, GaugeMetricFamily], labels: list[str], rep: R
         value = getattr(acc, field)
         if value is not None:
             families[field].add_metric(labels, value)
+    for i, g in enumerate(acc.kv_groups):
+        families["kv_group_share"].add_metric([*labels, str(i), g.kind], g.share)
+        if g.tokens is not None:
+            families["kv_group_tokens"].add_metric([*labels, str(i), g.kind], g.tokens)
     for rec in acc.estimators:
         if rec.usage_minus_budget_bytes is not None:
             families["error"].add_metric([*labels, rec.estimator], rec.usage_minus_budget_bytes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from memest.identity import public_model_name
-from memest.schema import KVCacheSpec, RunConfig
+from memest.schema import KVCacheGroup, KVCacheSpec, RunConfig
 from memest_instrumentation.vllm.state import guarded, state
 
 
@@ -183,3 +183,66 @@ def after_kv(worker: Any, kv_cache_config: Any) -> None:
         page_size_bytes=sum(int(s.page_size_bytes) for s in layers),
         extra={"uniform": len({(type(s), int(s.page_size_bytes)) for s in layers}) == 1},
     )
+    groups = guarded("kv_groups", kv_groups, worker, kv_cache_config)
+    if groups:
+        from memest.estimate.kv_groups import hybrid_spec
+
+        st.kv.spec = hybrid_spec(st.kv.spec, groups)
+
+
+#: vLLM's spec classes and the KVCacheGroup kind each is (subclasses by their first match).
+GROUP_KINDS = (
+    ("MambaSpec", "mamba"),
+    ("SlidingWindowSpec", "sliding_window"),
+    ("ChunkedLocalAttentionSpec", "chunked_local"),
+    ("MLAAttentionSpec", "mla"),
+    ("FullAttentionSpec", "full_attention"),
+)
+
+
+def _group_kind(spec: Any) -> str | None:
+    names = {c.__name__ for c in type(spec).__mro__}
+    return next((kind for cls, kind in GROUP_KINDS if cls in names), None)
+
+
+def _layer_spec(spec: Any) -> Any:
+    """One layer's spec of a group (UniformTypeKVCacheSpecs holds one per layer)."""
+    per_layer = getattr(spec, "kv_cache_specs", None)
+    return next(iter(per_layer.values())) if per_layer else spec
+
+
+def kv_groups(worker: Any, kv_cache_config: Any) -> list[KVCacheGroup]:
+    """vLLM's KV-cache groups of a hybrid model (none for one full-attention or MLA group)."""
+    raw = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    specs = [_layer_spec(g.kv_cache_spec) for g in raw]
+    kinds = [_group_kind(s) for s in specs]
+    if not raw or (len(raw) == 1 and kinds[0] in ("full_attention", "mla")):
+        return []
+    if None in kinds:
+        name = type(specs[kinds.index(None)]).__name__
+        state().notes.append(f"KV-cache group spec {name} is not modelled by memest")
+        return []
+    size = max(len(g.layer_names) for g in raw)
+    out = []
+    for g, spec, kind in zip(raw, specs, kinds, strict=True):
+        page = int(spec.page_size_bytes)
+        blocks = None
+        if kind == "mamba":  # states a request holds: max_memory_usage_bytes / page
+            usage = int(spec.max_memory_usage_bytes(worker.vllm_config))
+            blocks = -(-usage // page)
+        out.append(
+            KVCacheGroup(
+                kind=kind,
+                num_layers=len(g.layer_names),
+                padding_layers=size - len(g.layer_names),
+                block_size=int(spec.block_size),
+                page_size_bytes=page,
+                real_page_size_bytes=_int(getattr(spec, "real_page_size_bytes", None))
+                if kind == "mamba"
+                else None,
+                sliding_window=_int(getattr(spec, "sliding_window", None)),
+                attention_chunk_size=_int(getattr(spec, "attention_chunk_size", None)),
+                state_blocks=blocks,
+            )
+        )
+    return out

@@ -13,9 +13,9 @@ from typing import Any
 from memest.errors import ConfigError, ReportFormatError
 from memest.estimate.inverse import concurrency_at
 from memest.estimate.kv import (
+    config_kv_tokens,
     kv_bytes_per_token,
     kv_cache_dtype_bytes,
-    kv_tokens,
     layer_kv_bytes,
     require_fit,
     rescale_kv_dtype,
@@ -92,6 +92,12 @@ def kv_spec_to(
     had, has = configs[0].speculative_method, configs[1].speculative_method
     if spec is None or bool(had) == bool(has):
         return spec
+    if spec.groups:
+        raise ConfigError(
+            "grid.speculative_config",
+            has or had,
+            "a hybrid's drafter KV layers are not grouped by memest",
+        )
     layers, per_token = _drafter_kv(spec, s, notes)
     sign = 1 if has else -1
     bytes_to = kv_bytes_per_token(spec) + sign * per_token
@@ -228,8 +234,9 @@ def _result(
 ) -> WhatIf:
     """The WhatIf: pool rows by owner, the KV budget, tokens and requests at G and G'."""
     spec = report.kv_cache
-    tokens_from = kv_tokens(spec, budgets[0]) if spec is not None else None
-    tokens_to = kv_tokens(spec_to, budgets[1]) if spec_to is not None else None
+    # a hybrid's sliding and state groups move with G''s lengths (memest.estimate.kv_groups)
+    tokens_from = config_kv_tokens(spec, budgets[0], pair.configs[0]) if spec else None
+    tokens_to = config_kv_tokens(spec_to, budgets[1], pair.configs[1]) if spec_to else None
     _check_model_len(pair.configs, dims, tokens_to)
     len_from, len_to = pair.configs[0].max_model_len, pair.configs[1].max_model_len
     owners = [*pools.rows, pools.objects]

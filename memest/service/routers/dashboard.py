@@ -31,6 +31,7 @@ from memest.errors import MemestError
 from memest.estimate import account, budget_splits, gpu_parts
 from memest.estimate.phases import total_bytes
 from memest.reporters import plots, plots_gpu, plots_history
+from memest.reporters.kv_groups import kv_groups_table
 from memest.reporters.owners import owner_label
 from memest.reporters.recommend import estimator_note, estimator_words, recommendation
 from memest.reporters.regression import (
@@ -41,6 +42,7 @@ from memest.reporters.regression import (
     mode_of,
     page_verdict,
 )
+from memest.reporters.table import to_html
 from memest.reporters.views import (
     NEGATIVE_NOTE,
     NESTED_NOTE,
@@ -277,6 +279,7 @@ def _model_page(
         facts=facts,
         accounting=accounting,
         rec=recommendation(accounting),
+        kv_groups_html=_kv_groups_html(accounting),
         phases=phase_rows(bd.phases, rep.phases) if bd else [],
         negative_note=NEGATIVE_NOTE,
         definition_line=definition_line(rep, accounting),
@@ -287,6 +290,12 @@ def _model_page(
         if bars
         else None,
     )
+
+
+def _kv_groups_html(accounting: StartAccounting) -> str | None:
+    """A hybrid start's KV cache per group (tokens and share of the budget), or None."""
+    table = kv_groups_table(accounting.kv_groups, accounting.max_model_len)
+    return to_html([table]) if table is not None else None
 
 
 def _whole_gpu(report: RunReport, accounting: StartAccounting, sized_by: str | None) -> str | None:
