@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memest.schema import ExtensibleKvSizing
+from memest.units import fmt_gib
 from memest.vllm_versions import ExtensibleKV, resolve_version
 from memest_instrumentation.vllm.state import guarded, state
 
@@ -131,9 +132,22 @@ def _record_sizing(kv_cache: Any, blocks: int) -> None:
         torch_memory_limit_bytes=getattr(kv_cache, "torch_memory_limit", None),
         sized_by="vllm" if ours is None else "memest",
     )
-    st.notes.append(
-        f"growable KV cache sized by {st.vllm.extensible_kv.sized_by}: {blocks} blocks "
-        f"measured on this rank"
+    st.notes.append(_sizing_note(st.vllm.extensible_kv, blocks))
+
+
+def _sizing_note(sizing: ExtensibleKvSizing, blocks: int) -> str:
+    """One line for every surface that shows a report's notes."""
+    line = (
+        f"vLLM's growable KV cache: {fmt_gib(sizing.vllm_kv_bytes)} GiB by vLLM's sizing, "
+        f"keeping its {fmt_gib(sizing.transient_peak_bytes)} GiB measured transient peak and a "
+        f"{fmt_gib(sizing.margin_bytes)} GiB margin free"
+    )
+    if sizing.memest_kv_bytes is None:
+        return f"{line}; {blocks} blocks on this rank"
+    return (
+        f"{line}; memest's sizing {fmt_gib(sizing.memest_kv_bytes)} GiB (transient "
+        f"{fmt_gib(sizing.memest_transient_peak_bytes or 0)} GiB, margin "
+        f"{fmt_gib(sizing.memest_margin_bytes or 0)} GiB); {blocks} blocks on this rank"
     )
 
 

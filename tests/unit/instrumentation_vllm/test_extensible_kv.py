@@ -104,6 +104,11 @@ def test_apply_passes_memests_transient_and_margin(monkeypatch: pytest.MonkeyPat
     assert blocks == int(35.25 * GIB) // (2 << 20)
     assert sizing.vllm_kv_bytes == int(33.5 * GIB)  # what vLLM alone would have committed
     assert (sizing.memest_transient_peak_bytes, sizing.memest_margin_bytes) == (5 * GIB, GIB // 4)
+    assert state().notes[-1] == (
+        "vLLM's growable KV cache: 33.500 GiB by vLLM's sizing, keeping its 4.000 GiB measured "
+        "transient peak and a 3.000 GiB margin free; memest's sizing 35.250 GiB (transient "
+        "5.000 GiB, margin 0.250 GiB); 18048 blocks on this rank"
+    )
 
 
 def test_the_report_follows_extend_kv_cache(
