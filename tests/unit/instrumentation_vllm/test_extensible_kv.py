@@ -111,10 +111,12 @@ def test_apply_passes_memests_transient_and_margin(monkeypatch: pytest.MonkeyPat
     )
 
 
+@pytest.mark.parametrize(("mode", "sized_by"), [("plan", "vllm"), ("apply", "memest")])
 def test_the_report_follows_extend_kv_cache(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode: str, sized_by: str
 ) -> None:
     monkeypatch.setenv("MEMEST_ENABLE", "1")
+    monkeypatch.setenv("MEMEST_ESTIMATE", mode)
     _sizing()
     worker_patches = {p.name: p for p in PATCHES_BY_VERSION["0.34.0"] if p.owner == "Worker"}
     kv_cache = _kv_cache()
@@ -135,3 +137,4 @@ def test_the_report_follows_extend_kv_cache(
     sizing = report["vllm"]["extensible_kv"]
     assert (sizing["committed_blocks"], sizing["committed_bytes"]) == (16_000, 16_000 * (2 << 20))
     assert report["vllm"]["num_gpu_blocks"] == 16_000
+    assert (sizing["sized_by"], report["kv_sized_by"]) == (sized_by, sized_by)
