@@ -194,6 +194,15 @@ def kept_after_kv(report: RunReport, kv_alloc: PhaseRecord, final: MemoryReading
     return max(grown - live_in_pools, 0)
 
 
+def growable_kv_bytes(report: RunReport) -> int:
+    """Committed bytes of vLLM 0.34's growable KV cache (driver-mapped, outside PyTorch's
+    allocator; ``report.vllm.extensible_kv``), 0 for a KV cache PyTorch allocated."""
+    sizing = report.vllm.extensible_kv if report.vllm is not None else None
+    if sizing is None or sizing.committed_bytes is None:
+        return 0
+    return sizing.committed_bytes
+
+
 def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerms:
     """Read the full-initialization terms of one complete start.
 
@@ -220,7 +229,12 @@ def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerm
     by_stage = graph_pool_by_stage(report)
     kv_bytes = measured_kv_bytes(report)
     kv_added = kv_alloc.end.torch_allocated_bytes - kv_alloc.start.torch_allocated_bytes
-    runner = max(kv_added - kv_bytes, 0) + kept_after_kv(report, kv_alloc, final)
+    # vLLM 0.34's growable KV cache maps driver memory outside PyTorch's allocator: none of it
+    # is in kv_added, all of its committed bytes are in the device's used memory.
+    growable = growable_kv_bytes(report)
+    in_torch = 0 if growable else kv_bytes
+    outside = max(outside - growable, 0)
+    runner = max(kv_added - in_torch, 0) + kept_after_kv(report, kv_alloc, final)
     residue = max(kv_alloc.start.torch_allocated_bytes - weights.end.torch_allocated_bytes, 0)
     block_size = report.kv_cache.block_size if report.kv_cache is not None else 16
     return FullInitTerms(

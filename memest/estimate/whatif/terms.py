@@ -138,13 +138,15 @@ def _has_moe_owner(report: RunReport) -> bool:
 
 def _kv_alloc_extra(report: RunReport) -> int:
     """Bytes allocated with the KV cache beyond the KV cache itself (the kv_cache_alloc phase)."""
-    from memest.estimate.phases import measured_kv_bytes
+    from memest.estimate.phases import growable_kv_bytes, measured_kv_bytes
 
     record = phase(report, "kv_cache_alloc")
     if record is None or report.kv_cache is None:
         return 0
     added = record.end.torch_allocated_bytes - record.start.torch_allocated_bytes
-    return max(added - measured_kv_bytes(report), 0)
+    # vLLM 0.34's growable KV cache is outside PyTorch's allocator: not in ``added``.
+    in_torch = 0 if growable_kv_bytes(report) else measured_kv_bytes(report)
+    return max(added - in_torch, 0)
 
 
 def _drafter_workspaces(report: RunReport) -> dict[str, tuple[int, int]]:
