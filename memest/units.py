@@ -103,6 +103,11 @@ def ratio_cell(value: float | None) -> str:
     return MISSING if value is None else f"{value:.2f}×"
 
 
+def kv_cache_memory_flag(n_bytes: int) -> str:
+    """vLLM's flag that fixes one GPU's KV cache at ``n_bytes``, as every surface prints it."""
+    return f"--kv-cache-memory-bytes={n_bytes}"
+
+
 def concurrency_text(value: float | None, max_model_len: int | None) -> str:
     """Max concurrency as every surface words it: ``204.11× at max_model_len 4,096``."""
     return f"{ratio_cell(value)} at max_model_len {count_cell(max_model_len)}"

@@ -44,10 +44,14 @@ max_num_batched_tokens, that still holds them at G's utilization.
 --write-startup-plan writes the startup-plan file (VLLM_ENABLE_STARTUP_PLAN=1) of the vLLM
 release that made the report (build.vllm_version: schema 1 for 0.33.0, 2 for 0.34.0) into
 DIR, which should be {VLLM_CACHE_ROOT}/startup_plan; the report must carry the worker's plan
-fingerprint and free-memory baseline (estimate.startup_plan). DIR must exist unless --create-dir
+fingerprint and free-memory baseline (estimate.startup_plan). A plan file of that name already
+in DIR (the plugin's, say) is never replaced: the command stops with an error naming it. DIR
+must exist unless --create-dir
 is given (an unset $VLLM_CACHE_ROOT would otherwise write /startup_plan). A plan for G' cannot
 be written (its fingerprint is computed by vLLM's worker). The matching vLLM flag is printed
-either way: --kv-cache-memory-bytes=N, for G and, after a what-if, for G'.
+either way: --kv-cache-memory-bytes=N, memest's recommendation for G (the startup plan the
+plugin wrote after the start, when the report carries it, else memest's budget in the start)
+and, after a what-if, memest's budget for G'.
 --json prints {"accounting": the start's figures as every memest surface shows them,
 "comparison": the estimators and terms, "kv_cache_memory_bytes", "startup_plan_path"}, plus
 "what_if" and "kv_cache_memory_bytes_to" with --grid and "inverse" with --kv-tokens or
@@ -73,7 +77,7 @@ from memest.reporters.estimate import render_accounting, render_what_if
 from memest.reporters.recommend import kv_cache_flag, recommended_kv_cache_bytes
 from memest.schema import EstimateComparison, RunReport, WhatIf
 from memest.snapshot import load_snapshot
-from memest.units import gib_cell, parse_bytes
+from memest.units import gib_cell, kv_cache_memory_flag, parse_bytes
 
 
 def load_grid(text: str) -> dict[str, Any]:
@@ -268,7 +272,13 @@ def _write_plan(
     document = startup_plan_document(
         inputs.fingerprint, kv_bytes, inputs.free_memory_baseline_bytes, vllm_version=vllm_version
     )
-    return write_startup_plan(args.write_startup_plan, document)
+    try:
+        return write_startup_plan(args.write_startup_plan, document, replace=False)
+    except FileExistsError as exc:
+        raise CommandError(
+            f"--write-startup-plan: {exc.filename2} exists (a plan for this configuration, "
+            "perhaps the plugin's); remove it first to replace it"
+        ) from None
 
 
 def _as_json(out: dict[str, Any]) -> str:
@@ -296,11 +306,11 @@ def _as_text(out: dict[str, Any]) -> str:
         parts.append(_render_terms(out["terms"]))
     flag = kv_cache_flag(out["accounting"])
     if flag:
-        parts.append(f"\nvLLM flag for memest's budget: {flag}\n")
+        parts.append(f"\nvLLM flag memest recommends: {flag}\n")
     if grid_result is not None and grid_result.kv_budget_bytes_to:
         parts.append(
             "vLLM flag for memest's budget under G': "
-            f"--kv-cache-memory-bytes={grid_result.kv_budget_bytes_to}\n"
+            f"{kv_cache_memory_flag(grid_result.kv_budget_bytes_to)}\n"
         )
     if out["inverse"] is not None:
         parts.append(_render_inverse(out["inverse"]))

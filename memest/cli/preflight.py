@@ -1,6 +1,7 @@
 """KV budget before any start: every full-initialization term predicted from config.json and the grid.
 
-memest preflight --model-config PATH/config.json --gpu h200 [--tensor-parallel-size N]
+memest preflight (--model-config PATH/config.json | --model ID_OR_FOLDER [--revision REV])
+                 --gpu h200 [--tensor-parallel-size N]
                  [--max-num-seqs N] [--max-num-batched-tokens N] [--max-model-len N]
                  [--gpu-memory-utilization F] [--speculative-config JSON]
                  [--compilation-config JSON] [--draft-model-config PATH] [--dtype DTYPE]
@@ -16,7 +17,7 @@ request trace replayed through the allocator model), runner buffers and profilin
 with its uncertainty; vLLM 0.33.0's grid-sized buffers are computed as the what-if computes them
 (memest.estimate.runner_buffers), each in the term of the phase that allocates it. Then the KV
 budget, KV bytes, tokens and max concurrency (--kv-cache-dtype fp8: one byte per K and V
-element). The KV block
+element), and the vLLM flag that gives each GPU that KV cache (--kv-cache-memory-bytes=N). The KV block
 size is vLLM 0.33.0's for the attention backend (16 on an H200 unless --attention-backend FLASHMLA
 (64) or FLASHINFER_MLA (32), or --block-size, says otherwise; 64 for a DSA model's sparse MLA,
 whose indexer adds its key cache, weights, decode logits in FULL graphs and prefill logits
@@ -26,6 +27,12 @@ no start measured gets a wider range and a note; at TP > 1 the outside term hold
 vLLM's all-reduce buffers take per rank (memest.estimate.parallel; --env passes the NCCL_* and
 VLLM_ALLREDUCE_* variables that size them). Flags default as `vllm serve` does
 (1024 seqs, 8192 batched tokens, utilization 0.9, max_model_len from the config).
+
+--model takes what `vllm serve` takes: a model folder (its config.json) or a Hugging Face id, whose
+config.json is read from the hub cache (HF_HUB_CACHE, else HF_HOME/hub, else
+~/.cache/huggingface/hub) at --revision (default main); nothing is downloaded (`hf download ID
+config.json` puts it there).
+
 --vllm-version picks the release whose rules apply (0.33.0 or 0.34.0; default: the installed
 vLLM, else the newest supported). On 0.34.0 the result adds its growable KV cache: the KV bytes
 vLLM 0.34's default sizing commits after capture (utilization unset: 1.0; its margin of
@@ -39,17 +46,22 @@ import argparse
 from typing import Any
 
 from memest.errors import CommandError
-from memest.estimate.phases import TERM_LABELS
 from memest.files import load_json_object
+from memest.model_source import model_config_path
 from memest.preflight import preflight, request_from
-from memest.preflight.calibration import overshoot_line
-from memest.schema.preflight import PreflightResult
-from memest.units import concurrency_text, fmt_gib
+from memest.reporters.preflight import render
 
 
 def _json_file(flag: str, path: str) -> dict[str, Any]:
     """A config.json given by path (never inline), refused in one line naming ``flag``."""
     return load_json_object(flag, path, error=CommandError, inline=False)
+
+
+def _model_config(args: argparse.Namespace) -> dict[str, Any]:
+    """--model-config's file, or the config.json of --model (its folder or the hub cache)."""
+    if args.model_config is not None:
+        return _json_file("--model-config", args.model_config)
+    return _json_file("--model", str(model_config_path(args.model, args.revision)))
 
 
 def _inline(flag: str, text: str | None) -> dict[str, Any] | None:
@@ -72,7 +84,17 @@ class _Preflight:
     help = __doc__ or ""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--model-config", required=True, metavar="PATH", help="config.json")
+        source = parser.add_mutually_exclusive_group(required=True)
+        source.add_argument("--model-config", metavar="PATH", help="config.json")
+        source.add_argument(
+            "--model",
+            metavar="ID_OR_FOLDER",
+            help="what vllm serve takes: a model folder, or a Hugging Face id read from the hub "
+            "cache",
+        )
+        parser.add_argument(
+            "--revision", default="main", help="with a Hugging Face --model: the revision (main)"
+        )
         parser.add_argument("--gpu", default="h200", help="GPU kind of the calibration (h200)")
         parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N")
         parser.add_argument("--max-num-seqs", type=int, metavar="N")
@@ -146,7 +168,7 @@ class _Preflight:
 
     def run(self, args: argparse.Namespace) -> int:
         fields: dict[str, Any] = {
-            "model_config": _json_file("--model-config", args.model_config),
+            "model_config": _model_config(args),
             "gpu": args.gpu,
             "tensor_parallel_size": args.tensor_parallel_size,
             "max_num_seqs": args.max_num_seqs,
@@ -174,52 +196,6 @@ class _Preflight:
         result = preflight(request_from(fields))
         print(result.model_dump_json(indent=2) if args.json else render(result))
         return 0
-
-
-def render(r: PreflightResult) -> str:
-    """The result as a text table (figures formatted by memest.units)."""
-    spec = f" + {r.speculative_method} K={r.num_speculative_tokens}" if r.speculative_method else ""
-    lines = [
-        f"{r.model} ({r.family}){spec} on {r.gpu}, TP {r.tensor_parallel_size}, per rank; "
-        f"calibration {r.calibration}",
-        f"grid: {r.max_num_seqs} seqs, {r.max_num_batched_tokens} batched tokens, "
-        f"max_model_len {r.max_model_len}, utilization {r.gpu_memory_utilization}, "
-        f"{r.total_graphs} CUDA graphs, {r.block_size}-token KV blocks ({r.attention_backend})",
-        "",
-        f"{'term':<42}{'GiB':>9}{'± GiB':>9}  law",
-        f"{TERM_LABELS['requested_bytes']:<42}{fmt_gib(r.terms.requested_bytes):>9}",
-    ]
-    for t in r.term_details:
-        label = TERM_LABELS.get(t.name, t.name)
-        lines.append(f"{label:<42}{fmt_gib(t.bytes):>9}{fmt_gib(t.uncertainty_bytes):>9}  {t.law}")
-    lines += [
-        f"{'non-KV':<42}{fmt_gib(r.non_kv_bytes):>9}",
-        "",
-        f"KV cache per rank: {fmt_gib(r.kv_cache_bytes)} GiB ± "
-        f"{fmt_gib(r.kv_cache_uncertainty_bytes)}: {r.kv_tokens:,} tokens "
-        f"({r.kv_tokens_low:,} to {r.kv_tokens_high:,}), {r.kv_bytes_per_token:,} B per token, "
-        f"max concurrency {concurrency_text(r.max_concurrency, r.max_model_len)}",
-    ]
-    if r.vllm_overshoot is not None:
-        lines.append(overshoot_line(r.vllm_overshoot))
-    lines += _growable_lines(r)
-    lines += [f"note: {n}" for n in r.notes]
-    return "\n".join(lines)
-
-
-def _growable_lines(r: PreflightResult) -> list[str]:
-    """vLLM 0.34's growable KV cache: its own sizing beside memest's (none on other releases)."""
-    g = r.growable_kv
-    if g is None:
-        return []
-    return [
-        f"vLLM {r.vllm_version}, growable KV cache at utilization {g.gpu_memory_utilization}: "
-        f"vLLM's sizing commits {fmt_gib(g.vllm_kv_bytes)} GiB ({g.vllm_kv_tokens:,} tokens), "
-        f"keeping the {fmt_gib(g.transient_peak_bytes)} GiB transient peak and a "
-        f"{fmt_gib(g.vllm_margin_bytes)} GiB margin free; memest's sizing commits "
-        f"{fmt_gib(g.memest_kv_bytes)} GiB ({g.memest_kv_tokens:,} tokens, margin "
-        f"{fmt_gib(g.memest_margin_bytes)} GiB) with {g.memest_flag}",
-    ]
 
 
 COMMAND = _Preflight()

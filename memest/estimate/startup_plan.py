@@ -80,14 +80,16 @@ def startup_plan_document(
     }
 
 
-def write_startup_plan(directory: Path, document: dict[str, Any]) -> Path:
+def write_startup_plan(directory: Path, document: dict[str, Any], *, replace: bool = True) -> Path:
     """Write ``document`` atomically (temp file + ``os.replace``) as vLLM names it in ``directory``.
 
     ``directory`` is the plan folder itself (``startup_plan_dir(VLLM_CACHE_ROOT)``); it is created
-    if missing. Returns the path written.
+    if missing. Returns the path written. With ``replace=False`` a plan already there is kept
+    (the temp file is linked in, which fails when the name exists).
 
     Raises:
         ConfigError: the document is not a valid plan.
+        FileExistsError: ``replace=False`` and a plan of this fingerprint exists.
         OSError: the folder cannot be written.
     """
     releases = {schema: version for version, schema in PLAN_SCHEMAS.items()}
@@ -107,10 +109,12 @@ def write_startup_plan(directory: Path, document: dict[str, Any]) -> Path:
     try:
         with os.fdopen(fd, "w") as handle:
             json.dump(doc, handle)
-        os.replace(tmp, target)
-    except BaseException:
+        if replace:
+            os.replace(tmp, target)
+        else:
+            os.link(tmp, target)
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise
     return target
 
 

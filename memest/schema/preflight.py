@@ -170,6 +170,10 @@ class PreflightResult(MemestModel):
     kv_cache_bytes: NonNegativeBytes = Field(
         description="KV cache of one rank: the budget in whole blocks"
     )
+    kv_cache_flag: str = Field(
+        description="vLLM's flag that gives each GPU this KV cache: --kv-cache-memory-bytes=N "
+        "(memest.units.kv_cache_memory_flag of kv_cache_bytes)"
+    )
     kv_cache_uncertainty_bytes: NonNegativeBytes = Field(
         description="Half-width of the KV range: the sum of the terms' uncertainties"
     )

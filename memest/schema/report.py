@@ -28,6 +28,34 @@ class GpuInfo(MemestModel):
     driver_version: str | None = None
 
 
+class KVCacheGroup(MemestModel):
+    """One KV-cache group of vLLM's hybrid allocator: layers of one kind that share one block
+    table; every group draws its block ids from the one pool (KVCacheSpec.num_blocks)."""
+
+    kind: Literal["full_attention", "sliding_window", "chunked_local", "mla", "mamba"] = Field(
+        description="vLLM's spec: FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, "
+        "MLAAttentionSpec or MambaSpec (linear attention, gated delta net, Mamba2 state)"
+    )
+    num_layers: int = Field(ge=1, description="Layers whose block table this group's is")
+    padding_layers: int = Field(
+        default=0, ge=0, description="Empty slots vLLM pads the group with (same layers per group)"
+    )
+    block_size: int = Field(ge=1, description="Tokens per block (after page-size unification)")
+    page_size_bytes: NonNegativeBytes = Field(
+        description="Bytes of one layer's block: its unified page (padded where vLLM pads it)"
+    )
+    real_page_size_bytes: NonNegativeBytes | None = Field(
+        default=None, description="The page's content before padding (a Mamba state, per layer)"
+    )
+    sliding_window: int | None = Field(default=None, ge=1)
+    attention_chunk_size: int | None = Field(default=None, ge=1)
+    state_blocks: int | None = Field(
+        default=None,
+        ge=1,
+        description="Mamba groups: blocks (states) one request holds whatever its length",
+    )
+
+
 class KVCacheSpec(MemestModel):
     kind: str = Field(
         default="full_attention", description="full_attention, mla, sliding_window, ..."
@@ -44,6 +72,11 @@ class KVCacheSpec(MemestModel):
     num_blocks: int | None = Field(default=None, ge=0)
     kv_tokens: int | None = Field(default=None, ge=0)
     extra: dict[str, Any] = Field(default_factory=dict, description="MLA latent / indexer caches")
+    groups: list[KVCacheGroup] = Field(
+        default_factory=list,
+        description="Hybrid models: vLLM's KV-cache groups (empty: one full-attention or MLA "
+        "group of num_layers layers); kind is then 'hybrid'",
+    )
 
 
 class ModelShape(MemestModel):

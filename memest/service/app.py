@@ -34,6 +34,7 @@ from memest.service.routers import (
     login,
     models,
     preflight,
+    preflight_page,
     reports,
     runs,
 )
@@ -164,6 +165,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         preflight,
         health,
         dashboard,
+        preflight_page,
         login,
     ):
         app.include_router(router.router)

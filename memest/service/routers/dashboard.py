@@ -32,7 +32,7 @@ from memest.estimate import account, budget_splits, gpu_parts
 from memest.estimate.phases import total_bytes
 from memest.reporters import plots, plots_gpu, plots_history
 from memest.reporters.owners import owner_label
-from memest.reporters.recommend import kv_cache_flag
+from memest.reporters.recommend import estimator_note, estimator_words, recommendation
 from memest.reporters.regression import (
     KV_FIGURES,
     PAGE_THRESHOLDS,
@@ -102,6 +102,8 @@ templates.env.filters.update(
     model_name=model_name,
     short_paths=short_paths,
     sizing_words=sizing_words,
+    estimator_words=estimator_words,
+    estimator_note=estimator_note,
 )
 
 
@@ -274,8 +276,7 @@ def _model_page(
         runners=runner_counts(rep),
         facts=facts,
         accounting=accounting,
-        kv_flag=kv_cache_flag(accounting),
-        vllm_kv_bytes=_vllm_kv_bytes(accounting),
+        rec=recommendation(accounting),
         phases=phase_rows(bd.phases, rep.phases) if bd else [],
         negative_note=NEGATIVE_NOTE,
         definition_line=definition_line(rep, accounting),
@@ -286,12 +287,6 @@ def _model_page(
         if bars
         else None,
     )
-
-
-def _vllm_kv_bytes(accounting: StartAccounting) -> int | None:
-    """The KV cache vLLM's own estimate gives (its estimator record), beside the recommendation."""
-    record = accounting.estimator("vllm")
-    return record.kv_cache_bytes if record is not None else None
 
 
 def _whole_gpu(report: RunReport, accounting: StartAccounting, sized_by: str | None) -> str | None:

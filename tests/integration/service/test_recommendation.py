@@ -23,7 +23,7 @@ def _cli_flag(path: Path, capsys: pytest.CaptureFixture[str]) -> str | None:
     if code == 2:
         return None
     assert code == 0
-    found = re.search(r"^vLLM flag for memest's budget: (\S+)$", out, re.M)
+    found = re.search(r"^vLLM flag memest recommends: (\S+)$", out, re.M)
     return found.group(1) if found else None
 
 
