@@ -28,16 +28,18 @@ def predict_growable(
     *,
     total_bytes: int,
     gpu_memory_utilization: float | None,
-    memest_margin_bytes: int = 0,
+    margin_bytes: int = 0,
 ) -> GrowableKvPrediction | None:
     """Both sizings of a growable cache on ``row``'s release; None where it has none.
 
     ``gpu_memory_utilization``: as the start passes it (None: unset, 1.0 on 0.34).
+    ``margin_bytes``: MEMEST_MARGIN_BYTES (memest's margin adds vLLM's non-torch reserve).
     """
     kv = row.extensible_kv
     if kv is None:
         return None
     util = row.gpu_memory_utilization(gpu_memory_utilization, extensible=True)
+    memest_margin_bytes = kv.memest_margin_bytes(margin_bytes)
     transient = transient_bytes(terms)
     resident = non_kv_bytes(terms) - transient
     readings = {

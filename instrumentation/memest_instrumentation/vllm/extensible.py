@@ -12,8 +12,9 @@ the minimum block count over ranks. memest's hooks:
 - ``measure_kv_cache_bytes``: the readings it sized from. With ``MEMEST_ESTIMATE=apply`` memest
   passes its own terms through the function's own parameters: ``transient_peak_bytes`` the
   larger of vLLM's measured peak and memest's warm profile pass's activation headroom,
-  ``margin_floor_bytes`` memest's margin (``MEMEST_MARGIN_BYTES``) and ``margin_fraction`` 0,
-  so the margin is memest's instead of vLLM's guess. (``kv_cache_memory_bytes`` would turn the
+  ``margin_floor_bytes`` vLLM's non-torch reserve plus ``MEMEST_MARGIN_BYTES``
+  (``ExtensibleKV.memest_margin_bytes``) and ``margin_fraction`` 0, so the margin is memest's
+  instead of vLLM's guess. (``kv_cache_memory_bytes`` would turn the
   growable cache off; ``gpu_memory_utilization`` only caps the budget, and
   ``reserved_headroom_bytes`` scales vLLM's margin with it.)
 - ``Worker.extend_kv_cache``: phase ``kv_cache_extend``; the report is written after it, since
@@ -80,7 +81,7 @@ def _memest_terms(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The measure_kv_cache_bytes arguments memest replaces in apply mode."""
     return {
         "transient_peak_bytes": memest_transient_bytes(kwargs.get("transient_peak_bytes", 0)),
-        "margin_floor_bytes": state().settings.margin_bytes,
+        "margin_floor_bytes": _constants().memest_margin_bytes(state().settings.margin_bytes),
         "margin_fraction": 0.0,
     }
 

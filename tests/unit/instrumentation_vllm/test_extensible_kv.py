@@ -99,15 +99,19 @@ def test_apply_passes_memests_transient_and_margin(monkeypatch: pytest.MonkeyPat
     blocks = _sizing(memest_headroom=5 * GIB)  # memest's warm pass saw more than vLLM
     sizing = state().vllm.extensible_kv
     assert sizing is not None and sizing.sized_by == "memest"
-    # headroom 40.5 GiB less memest's 0.25 GiB margin, less its 5 GiB transient
-    assert sizing.memest_kv_bytes == int(35.25 * GIB)
-    assert blocks == int(35.25 * GIB) // (2 << 20)
+    # headroom 40.5 GiB less memest's margin (vLLM's 0.5 GiB non-torch reserve + 0.25 GiB),
+    # less its 5 GiB transient
+    assert sizing.memest_kv_bytes == int(34.75 * GIB)
+    assert blocks == int(34.75 * GIB) // (2 << 20)
     assert sizing.vllm_kv_bytes == int(33.5 * GIB)  # what vLLM alone would have committed
-    assert (sizing.memest_transient_peak_bytes, sizing.memest_margin_bytes) == (5 * GIB, GIB // 4)
+    assert (sizing.memest_transient_peak_bytes, sizing.memest_margin_bytes) == (
+        5 * GIB,
+        3 * GIB // 4,
+    )
     assert state().notes[-1] == (
         "vLLM's growable KV cache: 33.500 GiB by vLLM's sizing, keeping its 4.000 GiB measured "
-        "transient peak and a 3.000 GiB margin free; memest's sizing 35.250 GiB (transient "
-        "5.000 GiB, margin 0.250 GiB); 18048 blocks on this rank"
+        "transient peak and a 3.000 GiB margin free; memest's sizing 34.750 GiB (transient "
+        "5.000 GiB, margin 0.750 GiB); 17792 blocks on this rank"
     )
 
 
