@@ -21,6 +21,7 @@ import pytest
 from memest.plan import SIZING_BY_VERSION
 from memest.plan.inputs import PlanInput
 from memest.plan.seed import resolve_seed
+from memest.plan.vllm033 import vllm_sizes
 from tests.conftest import require_or_skip
 
 pytestmark = [pytest.mark.vllm, pytest.mark.vllm_release("0.34.0")]
@@ -130,10 +131,16 @@ def _memest_fields(
         performance_mode=perf,  # type: ignore[arg-type]
         **compilation,
     )
-    seed = resolve_seed(inp)
+    seed = resolve_seed(inp, vllm_sizes(inp).main)
+    fields = seed.resolved
     # Later draft steps exist with K >= 2 (EAGLE3 runs steps 1..K-1 as one-token decodes).
-    steps = list(seed.one_token_requests) if k >= 2 else []
-    return list(seed.prefill_tokens), list(seed.decode_source), seed.recorded_max_tokens, steps
+    steps = list(seed.one_token) if k >= 2 else []
+    return (
+        list(fields["prefill_cudagraph_capture_token_sizes"]),  # type: ignore[arg-type]
+        list(fields["decode_cudagraph_capture_request_sizes"]),  # type: ignore[arg-type]
+        seed.max_size,
+        steps,
+    )
 
 
 def test_the_034_row_is_the_five_field_sizing() -> None:

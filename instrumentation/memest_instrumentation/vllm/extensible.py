@@ -45,11 +45,13 @@ def _constants() -> ExtensibleKV:
     return kv
 
 
-def memest_transient_bytes(vllm_transient_bytes: int) -> int:
+def memest_transient_bytes(vllm_transient_bytes: int) -> int | None:
     """The transient peak memest has vLLM keep free: the larger of vLLM's own measurement and
-    memest's warm profile pass's activation headroom (unmeasured: vLLM's alone)."""
+    memest's warm profile pass's activation headroom; None where memest did not measure it."""
     ours = state().figures.profile_headroom_bytes
-    return max(int(vllm_transient_bytes), int(ours or 0))
+    if ours is None:
+        return None
+    return max(int(vllm_transient_bytes), int(ours))
 
 
 def wrap_measure_kv_cache_bytes(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -77,10 +79,20 @@ def wrap_measure_kv_cache_bytes(orig: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _memest_terms(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The measure_kv_cache_bytes arguments memest replaces in apply mode."""
+def _memest_terms(kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """The measure_kv_cache_bytes arguments memest replaces in apply mode, or None (vLLM's own
+    sizing stands) when memest has not measured its transient: its margin of
+    MEMEST_MARGIN_BYTES is safe only beside a measured transient, and torch's reservation is
+    capped by what the sizing keeps free, so a short transient fails serving's first step."""
+    transient = memest_transient_bytes(kwargs.get("transient_peak_bytes", 0))
+    if transient is None:
+        state().notes.append(
+            "growable KV cache: memest's activation headroom was not measured; "
+            "vLLM's own sizing kept"
+        )
+        return None
     return {
-        "transient_peak_bytes": memest_transient_bytes(kwargs.get("transient_peak_bytes", 0)),
+        "transient_peak_bytes": transient,
         "margin_floor_bytes": _constants().memest_margin_bytes(state().settings.margin_bytes),
         "margin_fraction": 0.0,
     }

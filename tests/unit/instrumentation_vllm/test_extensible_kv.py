@@ -121,7 +121,7 @@ def test_the_report_follows_extend_kv_cache(
 ) -> None:
     monkeypatch.setenv("MEMEST_ENABLE", "1")
     monkeypatch.setenv("MEMEST_ESTIMATE", mode)
-    _sizing()
+    _sizing(memest_headroom=5 * GIB)  # apply sizes with memest's terms beside a measured one
     worker_patches = {p.name: p for p in PATCHES_BY_VERSION["0.34.0"] if p.owner == "Worker"}
     kv_cache = _kv_cache()
     kv_cache.num_committed_blocks, kv_cache.physical_bytes = 16_000, 16_000 * (2 << 20)
@@ -142,3 +142,25 @@ def test_the_report_follows_extend_kv_cache(
     assert (sizing["committed_blocks"], sizing["committed_bytes"]) == (16_000, 16_000 * (2 << 20))
     assert report["vllm"]["num_gpu_blocks"] == 16_000
     assert (sizing["sized_by"], report["kv_sized_by"]) == (sized_by, sized_by)
+
+
+def test_apply_without_memests_headroom_keeps_vllms_sizing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """memest's margin stands only beside its measured transient: with no warm profile pass
+    measured, vLLM's own margin and transient size the cache."""
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    monkeypatch.setenv("MEMEST_ESTIMATE", "apply")
+    blocks = _sizing(memest_headroom=None)
+    sizing = state().vllm.extensible_kv
+    assert sizing is not None and sizing.sized_by == "vllm"
+    assert blocks == int(33.5 * GIB) // (2 << 20)  # as vLLM alone, above
+    assert any("not measured" in n for n in state().notes)
+
+
+def test_an_unset_utilization_is_read_as_vllm_resolves_it() -> None:
+    """0.34's CacheConfig leaves gpu_memory_utilization None; the report takes the resolved one."""
+    from memest_instrumentation.vllm.collect import resolved_utilization
+    from vllm.config import CacheConfig
+
+    assert CacheConfig().gpu_memory_utilization is None
+    assert resolved_utilization(CacheConfig()) == CacheConfig().resolved_gpu_memory_utilization
+    assert resolved_utilization(CacheConfig(gpu_memory_utilization=0.8)) == 0.8
