@@ -71,6 +71,16 @@ class ExtensibleKV:
         share = self.margin_fraction if fraction is None else fraction
         return max(floor, int(transient_peak_bytes * share))
 
+    def memest_margin_bytes(self, margin_bytes: int = 0) -> int:
+        """The margin memest has the sizing keep instead of vLLM's guess: the non-torch reserve
+        plus ``margin_bytes`` (MEMEST_MARGIN_BYTES).
+
+        The reserve because vLLM caps PyTorch's allocator at what stays free less it
+        (``measure_kv_cache_blocks``): a smaller margin would cap PyTorch below the transient
+        peak the sizing keeps free, and serving's first full-size step would fail there.
+        """
+        return self.non_torch_reserve_bytes + margin_bytes
+
     def warmup_reserve_bytes(self, reserved_headroom_bytes: int, headroom_bytes: int) -> int:
         """What warm-up keeps uncommitted (``ExtensibleKVCache.committable_blocks``): the larger
         of the profiled peak and ``warmup_reserve_fraction`` of the headroom (free + committed)."""

@@ -29,4 +29,4 @@ fi
 "$VENV/bin/python" -m pytest -m vllm -p no:cacheprovider \
   tests/unit/instrumentation_vllm tests/unit/test_vllm_versions.py \
   tests/unit/estimate/test_startup_plan.py tests/integration/test_vllm_plugin.py \
-  tests/integration/test_vllm_oracle.py "$@"
+  tests/integration/test_vllm_oracle.py tests/integration/test_vllm034_oracle.py "$@"

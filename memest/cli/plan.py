@@ -3,7 +3,7 @@
 memest plan [--gpu gb200|b200|h100|h200] [--max-num-seqs N] [--max-num-batched-tokens N]
             [--spec-method METHOD --num-spec-tokens K] [--dynamic-sd TIERS]
             [--adaptive-verification] [--interactivity] [--compilation-config JSON]
-            [--prefill-batches DIST] [--decode-batches DIST] [--json]
+            [--prefill-batches DIST] [--decode-batches DIST] [--vllm-version X.Y.Z] [--json]
 
 Prints one row per runner (per dynamic-SD tier): graph count, widest shape (requests × q =
 tokens) and the sum of captured tokens, for two sizings: "seed" (the seed's proposal: five
@@ -25,6 +25,10 @@ take "uniform:LOW-HIGH" or a JSON histogram {"size": weight}; the expected padde
 step are then printed for both sizings: --prefill-batches on target PIECEWISE, --decode-batches
 on target FULL. "padding" is over the steps a graph covers; "of all tokens" also counts the
 steps wider than the grid, which run unpadded.
+--vllm-version (0.33.0 or 0.34.0) adds a line naming the sizing that release runs
+(memest.plan.SIZING_BY_VERSION): vLLM 0.33.0 runs "main"; vLLM 0.34.0 sizes with the five fields,
+resolved off SM100 as the seed resolves them (its SM100 prefill grid differs); --json adds
+"vllm_version" and "vllm_sizing".
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from memest.plan import (
     expected_padding,
     gpu_preset,
     plan_input_from_compilation_config,
+    release_sizing,
     resolve_both,
     uniform_histogram,
 )
@@ -180,11 +185,17 @@ class PlanCommand:
         parser.add_argument("--compilation-config", default=None, help="JSON, as vLLM's flag")
         parser.add_argument("--prefill-batches", default=None, help="tokens per mixed step")
         parser.add_argument("--decode-batches", default=None, help="requests per decode step")
+        parser.add_argument(
+            "--vllm-version",
+            metavar="X.Y.Z",
+            help="name the sizing this vLLM release runs (0.33.0: main, 0.34.0: the five fields)",
+        )
         parser.add_argument("--json", action="store_true", help="print both plans as JSON")
 
     def run(self, args: argparse.Namespace) -> int:
         inp = _plan_input(args, args.compilation_config)
         plans = resolve_both(inp)
+        release = None if args.vllm_version is None else release_sizing(args.vllm_version)
         prefill = (
             None
             if args.prefill_batches is None
@@ -203,9 +214,15 @@ class PlanCommand:
             }
             if padding:
                 doc["padding"] = padding
+            if release is not None:
+                doc["vllm_version"], doc["vllm_sizing"] = args.vllm_version, release
             json.dump(doc, sys.stdout, indent=2)
             sys.stdout.write("\n")
             return 0
+        if release is not None:
+            sys.stdout.write(
+                f"vLLM {args.vllm_version} runs the {SIZING_NAMES[release]} sizing below\n"
+            )
         if args.compilation_config is not None:
             sys.stdout.write(_override_line(args, plans))
         sys.stdout.write(PlanTable.from_plans(*plans).render())

@@ -196,6 +196,23 @@ def kept_after_kv(report: RunReport, kv_alloc: PhaseRecord, final: MemoryReading
     return max(grown - live_in_pools, 0)
 
 
+def growable_kv_bytes(report: RunReport) -> int:
+    """Committed bytes of vLLM 0.34's growable KV cache (driver-mapped, outside PyTorch's
+    allocator; ``report.vllm.extensible_kv``), 0 for a KV cache PyTorch allocated."""
+    sizing = report.vllm.extensible_kv if report.vllm is not None else None
+    if sizing is None or sizing.committed_bytes is None:
+        return 0
+    return sizing.committed_bytes
+
+
+def kv_phase_extra_bytes(report: RunReport, kv_alloc: PhaseRecord) -> int:
+    """Bytes the kv_cache_alloc phase allocated beyond the KV cache itself. vLLM 0.34's growable
+    KV cache maps driver memory outside PyTorch's allocator, so none of it is in that phase."""
+    added = kv_alloc.end.torch_allocated_bytes - kv_alloc.start.torch_allocated_bytes
+    in_torch = 0 if growable_kv_bytes(report) else measured_kv_bytes(report)
+    return max(added - in_torch, 0)
+
+
 def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerms:
     """Read the full-initialization terms of one complete start.
 

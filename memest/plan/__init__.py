@@ -30,7 +30,15 @@ from memest.plan.inputs import (
     plan_input_from_compilation_config,
 )
 from memest.plan.padding import PaddingCost, expected_padding, uniform_histogram
-from memest.plan.resolve import SIZING_LEGEND, SIZING_NAMES, SIZINGS, resolve, resolve_both
+from memest.plan.resolve import (
+    SIZING_BY_VERSION,
+    SIZING_LEGEND,
+    SIZING_NAMES,
+    SIZINGS,
+    release_sizing,
+    resolve,
+    resolve_both,
+)
 from memest.plan.seed import resolve_seed
 from memest.plan.sizes import DecodeTier, RunnerSizes
 from memest.plan.vllm033 import (
@@ -58,6 +66,8 @@ __all__ = [
     "GPU_PRESETS",
     "SERVE_DEFAULTS",
     "SIZINGS",
+    "SIZING_BY_VERSION",
+    "release_sizing",
     "SIZING_LEGEND",
     "SIZING_NAMES",
     "SPEC_METHODS",

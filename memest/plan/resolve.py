@@ -16,12 +16,32 @@ from memest.plan.seed import resolve_seed
 from memest.plan.sizes import DecodeTier, RunnerSizes
 from memest.plan.vllm033 import MODE_HALVES, CudaGraphMode, vllm_sizes
 from memest.schema.plan import CapturePlan, GraphMode, RunnerRow, Sizing
+from memest.vllm_versions import resolve_version
 
 SIZINGS: tuple[Sizing, ...] = ("seed", "vllm-0.33.0")
 #: How human output names each sizing (JSON keeps the SIZINGS keys): the seed's proposal of five
 #: capture fields, and vLLM 0.33.0 as released (the sizing a start on main runs).
 SIZING_NAMES: dict[str, str] = {"seed": "seed", "vllm-0.33.0": "main"}
 SIZING_LEGEND = "seed = the five capture fields (the seed's proposal); main = vLLM 0.33.0"
+
+#: The capture-size rules each supported vLLM release runs (memest.vllm_versions.VERSIONS; a
+#: new release is a row). 0.33.0 sizes every runner from its one list ("main"); 0.34.0 sizes
+#: prefill graphs in tokens and decode graphs in requests from the five CompilationConfig fields
+#: the seed proposed. Off SM100 0.34.0 resolves them as the seed does (checked against its own
+#: code, tests/integration/test_vllm034_oracle.py) except a prefill grid derived from
+#: max_prefill_cudagraph_capture_tokens and later draft steps under explicit decode sizes; its
+#: SM100 prefill grid differs too.
+SIZING_BY_VERSION: dict[str, Sizing] = {"0.33.0": "vllm-0.33.0", "0.34.0": "seed"}
+
+
+def release_sizing(vllm_version: str | None = None) -> Sizing:
+    """The sizing a vLLM release runs (None: the installed release, else the newest).
+
+    Raises:
+        ConfigError: the release is not supported (memest.vllm_versions names them).
+    """
+    return SIZING_BY_VERSION[resolve_version(vllm_version).version]
+
 
 _LABELS = {
     "target.piecewise": "Target PIECEWISE: prefill, mixed, decode fallback",

@@ -28,18 +28,20 @@ def predict_growable(
     *,
     total_bytes: int,
     gpu_memory_utilization: float | None,
-    memest_margin_bytes: int = 0,
+    margin_bytes: int = 0,
     lengths: tuple[int | None, int | None] = (None, None),
 ) -> GrowableKvPrediction | None:
     """Both sizings of a growable cache on ``row``'s release; None where it has none.
 
     ``gpu_memory_utilization``: as the start passes it (None: unset, 1.0 on 0.34).
+    ``margin_bytes``: MEMEST_MARGIN_BYTES (memest's margin adds vLLM's non-torch reserve).
     ``lengths``: max_model_len and max_num_batched_tokens, which a hybrid's tokens depend on.
     """
     kv = row.extensible_kv
     if kv is None:
         return None
     util = row.gpu_memory_utilization(gpu_memory_utilization, extensible=True)
+    memest_margin_bytes = kv.memest_margin_bytes(margin_bytes)
     transient = transient_bytes(terms)
     resident = non_kv_bytes(terms) - transient
     readings = {

@@ -118,7 +118,8 @@ class GrowableKvPrediction(MemestModel):
     capture, and what memest's sizing (MEMEST_ESTIMATE=apply) would commit instead.
 
     Both keep free the predicted transient peak (the activation terms); vLLM adds its margin,
-    ``max(1 GiB, 0.75 x peak)``, memest its own (MEMEST_MARGIN_BYTES, 0 unless set).
+    ``max(1 GiB, 0.75 x peak)``, memest its own: the 512 MiB vLLM keeps outside PyTorch plus
+    MEMEST_MARGIN_BYTES (0 unless set).
     """
 
     gpu_memory_utilization: float = Field(

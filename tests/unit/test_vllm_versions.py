@@ -172,6 +172,9 @@ def test_the_margin_has_a_floor_and_grows_with_the_transient_peak() -> None:
     assert kv.margin_bytes(4 << 30) == 3 << 30  # 0.75 of a 4 GiB peak
     assert kv.kept_free_bytes(4 << 30) == 7 << 30
     assert kv.warmup_reserve_bytes(0, 100 << 30) == 10 << 30
+    assert kv.memest_margin_bytes(1 << 28) == (1 << 29) + (
+        1 << 28
+    )  # the non-torch reserve + 256 MiB
 
 
 def test_resolve_version_names_an_unsupported_release() -> None:

@@ -80,7 +80,11 @@ def estimate_comparison(report: RunReport) -> EstimateComparison:
     if terms is not None:
         comparison.full_init = terms
         comparison.components.update(st.apply_terms.components())
-    sized_by: KvSizedBy = "memest" if st.apply_terms.terms is not None else "vllm"
+    growable = st.vllm.extensible_kv
+    by_memest = st.apply_terms.terms is not None or (
+        growable is not None and growable.sized_by == "memest"
+    )
+    sized_by: KvSizedBy = "memest" if by_memest else "vllm"
     if st.plan.kv_cache_memory_bytes_given:
         sized_by = "memest-plan"
     report.kv_sized_by = sized_by

@@ -12,8 +12,8 @@ the minimum block count over ranks. memest's hooks:
 - ``measure_kv_cache_bytes``: the readings it sized from. With ``MEMEST_ESTIMATE=apply`` memest
   passes its own terms through the function's own parameters: ``transient_peak_bytes`` the
   larger of vLLM's measured peak and memest's warm profile pass's activation headroom,
-  ``margin_floor_bytes`` memest's margin (vLLM's 512 MiB non-torch reserve, which caps torch's
-  allocator, plus ``MEMEST_MARGIN_BYTES``) and ``margin_fraction`` 0, so the margin is memest's
+  ``margin_floor_bytes`` vLLM's non-torch reserve plus ``MEMEST_MARGIN_BYTES``
+  (``ExtensibleKV.memest_margin_bytes``) and ``margin_fraction`` 0, so the margin is memest's
   instead of vLLM's guess. (``kv_cache_memory_bytes`` would turn the
   growable cache off; ``gpu_memory_utilization`` only caps the budget, and
   ``reserved_headroom_bytes`` scales vLLM's margin with it.)
@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memest.schema import ExtensibleKvSizing
+from memest.units import fmt_gib
 from memest.vllm_versions import ExtensibleKV, resolve_version
 from memest_instrumentation.vllm.state import guarded, state
 
@@ -92,16 +93,9 @@ def _memest_terms(kwargs: dict[str, Any]) -> dict[str, Any] | None:
         return None
     return {
         "transient_peak_bytes": transient,
-        "margin_floor_bytes": memest_margin_bytes(),
+        "margin_floor_bytes": _constants().memest_margin_bytes(state().settings.margin_bytes),
         "margin_fraction": 0.0,
     }
-
-
-def memest_margin_bytes() -> int:
-    """memest's margin: MEMEST_MARGIN_BYTES on top of vLLM's non-torch reserve. vLLM caps torch's
-    allocator at what the sizing leaves free less that reserve, so a margin below it would cap
-    torch under the transient it was sized for (the first step then fails to allocate)."""
-    return _constants().non_torch_reserve_bytes + state().settings.margin_bytes
 
 
 def wrap_measure_kv_cache_blocks(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -151,9 +145,22 @@ def _record_sizing(kv_cache: Any, blocks: int) -> None:
         torch_memory_limit_bytes=getattr(kv_cache, "torch_memory_limit", None),
         sized_by="vllm" if ours is None else "memest",
     )
-    st.notes.append(
-        f"growable KV cache sized by {st.vllm.extensible_kv.sized_by}: {blocks} blocks "
-        f"measured on this rank"
+    st.notes.append(_sizing_note(st.vllm.extensible_kv, blocks))
+
+
+def _sizing_note(sizing: ExtensibleKvSizing, blocks: int) -> str:
+    """One line for every surface that shows a report's notes."""
+    line = (
+        f"vLLM's growable KV cache: {fmt_gib(sizing.vllm_kv_bytes)} GiB by vLLM's sizing, "
+        f"keeping its {fmt_gib(sizing.transient_peak_bytes)} GiB measured transient peak and a "
+        f"{fmt_gib(sizing.margin_bytes)} GiB margin free"
+    )
+    if sizing.memest_kv_bytes is None:
+        return f"{line}; {blocks} blocks on this rank"
+    return (
+        f"{line}; memest's sizing {fmt_gib(sizing.memest_kv_bytes)} GiB (transient "
+        f"{fmt_gib(sizing.memest_transient_peak_bytes or 0)} GiB, margin "
+        f"{fmt_gib(sizing.memest_margin_bytes or 0)} GiB); {blocks} blocks on this rank"
     )
 
 

@@ -51,8 +51,9 @@ from memest.estimate.phases import (
     activation_headroom,
     device_used,
     graph_pool_by_stage,
+    growable_kv_bytes,
     kept_after_kv,
-    measured_kv_bytes,
+    kv_phase_extra_bytes,
 )
 from memest.estimate.profiling import ProfilingReadings, capture_details, pool_by_stage
 from memest.estimate.terms import dsa
@@ -146,15 +147,16 @@ class Term:
 
 
 # --------------------------------------------------------------------------- readers
+# vLLM 0.34's growable KV cache maps driver memory outside PyTorch's allocator: none of it is in
+# the KV phase's allocations, all of its committed bytes are in the device's used memory.
 def _read_outside(r: ReportReadings) -> int:
     used = device_used(r.final, r.report, "the final reading")
-    return max(used - r.final.torch_reserved_bytes, 0)
+    return max(used - r.final.torch_reserved_bytes - growable_kv_bytes(r.report), 0)
 
 
 def _read_runner(r: ReportReadings) -> int:
-    added = r.kv_alloc.end.torch_allocated_bytes - r.kv_alloc.start.torch_allocated_bytes
     kept = kept_after_kv(r.report, r.kv_alloc, r.final)
-    return max(added - measured_kv_bytes(r.report), 0) + kept
+    return kv_phase_extra_bytes(r.report, r.kv_alloc) + kept
 
 
 def _read_residue(r: ReportReadings) -> int:

@@ -86,13 +86,12 @@ def _has_moe_owner(report: RunReport) -> bool:
 
 def _kv_alloc_extra(report: RunReport) -> int:
     """Bytes allocated with the KV cache beyond the KV cache itself (the kv_cache_alloc phase)."""
-    from memest.estimate.phases import measured_kv_bytes
+    from memest.estimate.phases import kv_phase_extra_bytes
 
     record = phase(report, "kv_cache_alloc")
     if record is None or report.kv_cache is None:
         return 0
-    added = record.end.torch_allocated_bytes - record.start.torch_allocated_bytes
-    return max(added - measured_kv_bytes(report), 0)
+    return kv_phase_extra_bytes(report, record)
 
 
 def _drafter_workspaces(report: RunReport) -> dict[str, tuple[int, int]]:

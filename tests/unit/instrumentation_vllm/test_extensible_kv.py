@@ -99,22 +99,29 @@ def test_apply_passes_memests_transient_and_margin(monkeypatch: pytest.MonkeyPat
     blocks = _sizing(memest_headroom=5 * GIB)  # memest's warm pass saw more than vLLM
     sizing = state().vllm.extensible_kv
     assert sizing is not None and sizing.sized_by == "memest"
-    # headroom 40.5 GiB less memest's margin (the 0.5 GiB non-torch reserve vLLM caps torch's
-    # allocator by, plus MEMEST_MARGIN_BYTES 0.25), less its 5 GiB transient
+    # headroom 40.5 GiB less memest's margin (vLLM's 0.5 GiB non-torch reserve + 0.25 GiB),
+    # less its 5 GiB transient
     assert sizing.memest_kv_bytes == int(34.75 * GIB)
     assert blocks == int(34.75 * GIB) // (2 << 20)
     assert sizing.vllm_kv_bytes == int(33.5 * GIB)  # what vLLM alone would have committed
     assert (sizing.memest_transient_peak_bytes, sizing.memest_margin_bytes) == (
         5 * GIB,
-        GIB // 2 + GIB // 4,
+        3 * GIB // 4,
+    )
+    assert state().notes[-1] == (
+        "vLLM's growable KV cache: 33.500 GiB by vLLM's sizing, keeping its 4.000 GiB measured "
+        "transient peak and a 3.000 GiB margin free; memest's sizing 34.750 GiB (transient "
+        "5.000 GiB, margin 0.750 GiB); 17792 blocks on this rank"
     )
 
 
+@pytest.mark.parametrize(("mode", "sized_by"), [("plan", "vllm"), ("apply", "memest")])
 def test_the_report_follows_extend_kv_cache(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode: str, sized_by: str
 ) -> None:
     monkeypatch.setenv("MEMEST_ENABLE", "1")
-    _sizing()
+    monkeypatch.setenv("MEMEST_ESTIMATE", mode)
+    _sizing(memest_headroom=5 * GIB)  # apply sizes with memest's terms beside a measured one
     worker_patches = {p.name: p for p in PATCHES_BY_VERSION["0.34.0"] if p.owner == "Worker"}
     kv_cache = _kv_cache()
     kv_cache.num_committed_blocks, kv_cache.physical_bytes = 16_000, 16_000 * (2 << 20)
@@ -134,11 +141,12 @@ def test_the_report_follows_extend_kv_cache(
     sizing = report["vllm"]["extensible_kv"]
     assert (sizing["committed_blocks"], sizing["committed_bytes"]) == (16_000, 16_000 * (2 << 20))
     assert report["vllm"]["num_gpu_blocks"] == 16_000
+    assert (sizing["sized_by"], report["kv_sized_by"]) == (sized_by, sized_by)
 
 
 def test_apply_without_memests_headroom_keeps_vllms_sizing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """memest's margin (0 by default) stands only beside its measured transient: with no warm
-    profile pass measured, vLLM's own margin and transient size the cache."""
+    """memest's margin stands only beside its measured transient: with no warm profile pass
+    measured, vLLM's own margin and transient size the cache."""
     monkeypatch.setenv("MEMEST_ENABLE", "1")
     monkeypatch.setenv("MEMEST_ESTIMATE", "apply")
     blocks = _sizing(memest_headroom=None)
