@@ -54,6 +54,19 @@ def sizing_words(sizing: str) -> str:
     return SIZING_WORDS.get(sizing, f"{sizing} sizing")
 
 
+#: Who sized a start's KV cache (kv_sized_by), as a page names it after "KV cache sized by".
+SIZED_BY_WORDS = {
+    "vllm": "vLLM",
+    "memest": "memest (MEMEST_ESTIMATE=apply)",
+    "memest-plan": "a fixed --kv-cache-memory-bytes (startup plan)",
+}
+
+
+def sized_by_words(sized_by: str | None) -> str:
+    """``kv_sized_by`` as a page names it; "not recorded" when the report does not say."""
+    return "not recorded" if sized_by is None else SIZED_BY_WORDS.get(sized_by, sized_by)
+
+
 class PhaseRow(BaseModel):
     """A phase's added memory, with the phase it runs inside (its bytes are in that one too)."""
 

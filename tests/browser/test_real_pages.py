@@ -303,7 +303,7 @@ def test_history_compares_within_one_configuration(wide: Any, real_server: str) 
     )
     assert x_labels == [[f"#{n}", run] for run, n in numbers.items()]
     # Ticks on nice steps, every x label inside its chart.
-    for metric in ("kv_tokens", "graph_pool_bytes", "estimator_error_bytes"):
+    for metric in ("kv_tokens", "graph_pool_bytes", "usage_minus_budget_bytes"):
         svg = f'svg[data-metric="{metric}"]'
         ticks = wide.eval_on_selector_all(
             f"{svg} text[text-anchor=end][font-size='10']:not([transform])",

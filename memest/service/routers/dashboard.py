@@ -18,7 +18,13 @@ from sqlalchemy.orm import Session
 
 from memest.analysis.ranks import rank_check
 from memest.analysis.stages import stage_bars
-from memest.builds.history import history
+from memest.builds.history import (
+    HistoryEntry,
+    history_entry,
+    history_of,
+    history_pages,
+    history_window,
+)
 from memest.builds.runs import (
     RunFacts,
     build_label,
@@ -50,13 +56,15 @@ from memest.reporters.views import (
     notes,
     phase_rows,
     short_paths,
+    sized_by_words,
     sizing_words,
 )
 from memest.schema import RunReport, StartAccounting
 from memest.service import store
 from memest.service.deps import CacheDep, FactoryDep, ReadAuth, ResponseCacheDep, SessionDep
 from memest.service.errors import NotFound
-from memest.service.models import Run
+from memest.service.models import Report, Run
+from memest.service.page_cache import EntryCache
 from memest.units import count_cell, gib_cell, ratio_cell
 
 router = APIRouter(tags=["dashboard"], dependencies=[ReadAuth])
@@ -99,6 +107,8 @@ templates.env.filters.update(
     owner_color=plots.owner_color,
     owner_label=owner_label,
     series_color=plots_history.series_color,
+    series_key=plots_history.series_key,
+    sized_by_words=sized_by_words,
     model_name=model_name,
     short_paths=short_paths,
     sizing_words=sizing_words,
@@ -376,27 +386,95 @@ def _compare_verdicts(fa: RunFacts, fb: RunFacts) -> dict[str, dict[str, Any]]:
 @router.get(
     "/history/{model:path}",
     response_class=HTMLResponse,
-    responses={**HTML_PAGE, 404: {"description": "No such model"}},
+    responses={**HTML_PAGE, 404: {"description": "No such model, or no such page"}},
 )
 def history_page(
-    request: Request, model: str, session: SessionDep, cache: CacheDep
+    request: Request,
+    model: str,
+    factory: FactoryDep,
+    cache: CacheDep,
+    responses: ResponseCacheDep,
+    page: Annotated[
+        int,
+        Query(ge=1, le=10**6, description="1: the newest runs; 2: the ones before", examples=[1]),
+    ] = 1,
 ) -> HTMLResponse:
-    """A model's builds over time: KV tokens, graph-pool bytes and estimator error, with the
-    regressions against the previous build highlighted."""
-    runs = store.model_runs(session, model)
-    reports = [cache.get(store.lead_report(session, r.run_id)) for r in runs]
-    hist = history(model, reports)
-    return _page(
+    """A model's builds over time, HISTORY_PAGE_RUNS runs a page: KV tokens, graph-pool bytes
+    and each start's usage − budget, with the regressions against the previous build of the same
+    configuration and KV sizing highlighted."""
+    with factory() as session:
+        runs = store.model_runs(session, model)
+        leads = store.lead_keys(session, [r.run_id for r in runs])
+        # The page can only change when a run's lead report does (a report id with its run's
+        # ingest time names one content): that, the page and the request's own parts are the key.
+        key = (
+            "history-page",
+            model,
+            page,
+            tuple(sorted(leads.items())),
+            bool(request.cookies.get("memest_session")),
+            str(request.scope.get("root_path", "")),
+        )
+        body = responses.get(key)
+        if body is not None:
+            return HTMLResponse(body)
+        hist = history_of(model, _history_entries(request, session, cache, leads))
+    pages = history_pages(hist)
+    if page > pages:
+        raise NotFound(f"history of {model!r} has {pages} page(s), not {page}", field="page")
+    window = history_window(hist, page)
+    answer = _page(
         request,
         "history.html",
         title=f"{model_name(model)} history · memest",
         model=model,
-        original_model=reports[-1].config.model if reports else model,
-        hist=hist,
+        original_model=runs[-1].model,
+        hist=window,
+        total_runs=len(hist.points),
+        total_configs=len(hist.configs),
+        page=page,
+        pages=pages,
         numbers={p.run_id: i for i, p in enumerate(hist.points, start=1)},
-        svgs=plots_history.history_svgs(hist),
-        legend=plots_history.config_legends(hist),
+        svgs=plots_history.history_svgs(window),
+        legend=plots_history.config_legends(window),
     )
+    responses.put(key, bytes(answer.body))
+    return answer
+
+
+def _history_entries(
+    request: Request,
+    session: Session,
+    cache: store.ReportCache,
+    leads: dict[str, tuple[str, str]],
+) -> list[HistoryEntry]:
+    """Each run's history entry, kept per lead report (its id and its run's ingest time, which
+    name one content) in the app's entry cache: far smaller than a parsed report, so thousands
+    of runs stay cached and only the reports not seen yet are read."""
+    entries = _entry_cache(request)
+    out = []
+    for lead in leads.values():
+        hit = entries.get(lead)
+        if hit is None:
+            row = session.get(Report, lead[0])
+            if row is None:  # deleted since the keys were read
+                continue
+            hit = history_entry(cache.get(row))
+            entries.put(lead, hit)
+        out.append(hit)
+    return out
+
+
+#: History entries kept per app (each a few hundred bytes).
+HISTORY_ENTRIES = 50_000
+
+
+def _entry_cache(request: Request) -> EntryCache[HistoryEntry]:
+    state = request.app.state
+    if not hasattr(state, "history_entries"):
+        state.history_entries = EntryCache[HistoryEntry](HISTORY_ENTRIES)
+    entries: EntryCache[HistoryEntry] = state.history_entries
+    return entries
 
 
 @router.get("/docs", response_class=HTMLResponse, responses=HTML_PAGE)
