@@ -36,13 +36,20 @@ from memest.preflight.calibration import (  # noqa: E402
 )
 from memest.schema import RunReport  # noqa: E402
 
-#: Calls whose starts the calibration must not see: lab/preflight_check.py compares the
-#: pre-flight with them (models and grids the calibration did not include).
-HELD_OUT_CALLS = tuple(f"call{n}" for n in range(11, 44))
+#: The calibration sees the first ten calls (and the unnumbered starts before them); every
+#: later call is held out, so that lab/preflight_check.py compares the pre-flight with models
+#: and grids it did not include.
+FIRST_HELD_OUT_CALL = 11
+
+
+def _held_out(path: Path) -> bool:
+    stem = path.name.split(".", 1)[0]
+    number = stem.removeprefix("call")
+    return stem.startswith("call") and number.isdigit() and int(number) >= FIRST_HELD_OUT_CALL
+
+
 REPORTS = sorted(
-    p
-    for p in (ROOT / "reports/vllm/raw").glob("*.report.rank0.json")
-    if p.name.split(".", 1)[0] not in HELD_OUT_CALLS
+    p for p in (ROOT / "reports/vllm/raw").glob("*.report.rank0.json") if not _held_out(p)
 )
 CONFIGS = ROOT / "tests/data/configs"
 LAB_MODELS = ROOT / "lab/models"
