@@ -7,11 +7,9 @@ from pydantic import BaseModel
 
 from memest.estimate.phases import TERM_LABELS
 from memest.preflight.calibration import overshoot_line
+from memest.reporters.views import FAMILY_TERMS
 from memest.schema.preflight import PreflightResult, PreflightTerm
 from memest.units import concurrency_text, fmt_gib
-
-#: Terms that only a family has: a zero row of another family's term is left off.
-FAMILY_TERMS = {"mla_context_bytes": "mla"}
 
 
 class TermLine(BaseModel):
