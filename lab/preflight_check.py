@@ -100,12 +100,13 @@ def question(name: str) -> PreflightRequest:
         "max_num_seqs": cfg["max_num_seqs"],
         "max_num_batched_tokens": cfg["mbt"],
         "max_model_len": cfg.get("max_model_len", LAB_MAX_MODEL_LEN),
-        "gpu_memory_utilization": cfg["util"],
         "speculative_config": spec,
         "compilation_config": cfg.get("compilation"),
         "attention_backend": cfg.get("attention_backend", LAB_ATTENTION_BACKEND),
         "kv_cache_dtype": cfg.get("kv_cache_dtype", "auto"),
     }
+    if cfg["util"] is not None:  # None: vLLM's default, which the pre-flight takes when unset
+        fields["gpu_memory_utilization"] = cfg["util"]
     if cfg.get("mla_prefill_backend") == "FLASH_ATTN":
         fields["attention_config"] = {"flash_attn_version": 2}  # the lab's stand-in is FA2
     if spec is not None and spec.get("model"):

@@ -58,10 +58,18 @@ class ExtensibleKV:
     #: caching allocator (torch's reservation is capped to leave it), 512 MiB on CUDA.
     non_torch_reserve_bytes: int
 
-    def margin_bytes(self, transient_peak_bytes: int, *, floor_bytes: int | None = None) -> int:
-        """The margin kept beyond the transient peak: ``max(floor, fraction * peak)``."""
+    def margin_bytes(
+        self,
+        transient_peak_bytes: int,
+        *,
+        floor_bytes: int | None = None,
+        fraction: float | None = None,
+    ) -> int:
+        """The margin kept beyond the transient peak: ``max(floor, fraction * peak)``, with
+        vLLM's floor and fraction unless given."""
         floor = self.margin_floor_bytes if floor_bytes is None else floor_bytes
-        return max(floor, int(transient_peak_bytes * self.margin_fraction))
+        share = self.margin_fraction if fraction is None else fraction
+        return max(floor, int(transient_peak_bytes * share))
 
     def warmup_reserve_bytes(self, reserved_headroom_bytes: int, headroom_bytes: int) -> int:
         """What warm-up keeps uncommitted (``ExtensibleKVCache.committable_blocks``): the larger
@@ -78,6 +86,7 @@ class ExtensibleKV:
         transient_peak_bytes: int = 0,
         torch_reserve_growth_bytes: int = 0,
         margin_floor_bytes: int | None = None,
+        margin_fraction: float | None = None,
     ) -> int:
         """Bytes the KV cache may commit after capture, as ``measure_kv_cache_bytes`` sizes it.
 
@@ -93,10 +102,13 @@ class ExtensibleKV:
             transient_peak_bytes: ``ExtensibleKVCache.reserved_headroom_bytes``.
             torch_reserve_growth_bytes: ``ExtensibleKVCache.torch_reserve_growth_bytes``.
             margin_floor_bytes: the margin's floor; vLLM's own by default.
+            margin_fraction: the margin's share of the transient peak; vLLM's own by default.
         """
         non_kv_used = init_free_memory - free_memory - committed_bytes
         headroom = free_memory + committed_bytes
-        margin = self.margin_bytes(transient_peak_bytes, floor_bytes=margin_floor_bytes)
+        margin = self.margin_bytes(
+            transient_peak_bytes, floor_bytes=margin_floor_bytes, fraction=margin_fraction
+        )
         available = min(requested_memory - non_kv_used, headroom - margin)
         available -= max(transient_peak_bytes, torch_reserve_growth_bytes)
         return max(available, 0)

@@ -17,12 +17,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _skip_other_vllm_releases(items)
     if config.getoption("--run-gpu"):
         return
     skip = pytest.mark.skip(reason="GPU test: run with --run-gpu on a CUDA machine")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _skip_other_vllm_releases(items: list[pytest.Item]) -> None:
+    """``@pytest.mark.vllm_release("0.33.0")``: a check of that release's own code, skipped
+    (never failed, MEMEST_REQUIRE_VLLM or not) where another release is installed: CI runs it
+    in the venv of that release (scripts/test.sh, scripts/test-vllm034.sh)."""
+    from memest.vllm_versions import installed_vllm_version
+
+    installed = installed_vllm_version()
+    for item in items:
+        marker = item.get_closest_marker("vllm_release")
+        if marker is None or installed is None or installed in marker.args:
+            continue
+        wanted = ", ".join(marker.args)
+        item.add_marker(
+            pytest.mark.skip(reason=f"checks vLLM {wanted}'s code; {installed} is installed")
+        )
 
 
 def require_or_skip(env_var: str, reason: str) -> None:

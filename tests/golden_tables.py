@@ -3,11 +3,14 @@ accounting table, and the service's compare, history and run views print for rea
 
 ``outputs(tmp)`` renders them all; tests/integration/service/test_golden_tables.py compares them
 with the files under tests/data/golden_tables/, so a refactor of the reporters that changes a
-single printed byte fails. After an intended change, regenerate with
+single printed byte fails. Like every golden file (tests/golden.py) they detect change, not
+truth. After an intended change, regenerate with the reason
 
-    PYTHONPATH=$PWD:$PWD/instrumentation python -m tests.golden_tables
+    MEMEST_WRITE_GOLDEN='why the tables change' PYTHONPATH=$PWD:$PWD/instrumentation \
+        python -m tests.golden_tables
 
-and read the diff before committing it.
+which lists every changed file under that reason in tests/data/golden/CHANGES.md; read the diff
+before committing both.
 
 The reports: every one under tests/data/reports and a handful of real starts under
 tests/data/starts (copies of reports/vllm/raw: an old-style note, a start with only the measured record, MLA, MoE, a fault-injected start, a
@@ -25,6 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+
+from tests.golden import record_changes, write, write_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "golden_tables"
@@ -187,14 +192,21 @@ def outputs(tmp: Path) -> dict[str, str]:
 def main() -> None:
     import tempfile
 
+    reason = write_reason()
+    if reason is None:
+        raise SystemExit("set MEMEST_WRITE_GOLDEN='<why the tables change>' to regenerate")
     with tempfile.TemporaryDirectory() as tmp:
         produced = outputs(Path(tmp))
-    if GOLDEN.exists():
-        shutil.rmtree(GOLDEN)
+    gone = [
+        p
+        for p in GOLDEN.rglob("*")
+        if p.is_file() and p.relative_to(GOLDEN).as_posix() not in produced
+    ]
+    for path in gone:
+        path.unlink()
+    record_changes(reason, gone)
     for rel, text in produced.items():
-        target = GOLDEN / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        write(GOLDEN / rel, text, reason)
     size = sum(len(t.encode()) for t in produced.values())
     print(f"{len(produced)} files, {size} bytes under {GOLDEN}", file=sys.stderr)
 

@@ -41,11 +41,12 @@ segments, which linear laws miss by up to a segment per trigger).
 G' (or, without --grid, the start's own grid, with no what-if printed): the
 gpu_memory_utilization that holds N tokens, and the largest max_num_seqs, never above G''s
 max_num_batched_tokens, that still holds them at G's utilization.
---write-startup-plan writes vLLM 0.33.0's startup-plan file (VLLM_ENABLE_STARTUP_PLAN=1) into
-DIR, which should be {VLLM_CACHE_ROOT}/startup_plan, with the recommended KV bytes; the report
-must carry the worker's plan fingerprint and free-memory baseline (estimate.startup_plan). A
-plan file of that name already in DIR (the plugin's, say) is never replaced: the command stops
-with an error naming it. DIR must exist unless --create-dir
+--write-startup-plan writes the startup-plan file (VLLM_ENABLE_STARTUP_PLAN=1) of the vLLM
+release that made the report (build.vllm_version: schema 1 for 0.33.0, 2 for 0.34.0) into
+DIR, which should be {VLLM_CACHE_ROOT}/startup_plan; the report must carry the worker's plan
+fingerprint and free-memory baseline (estimate.startup_plan). A plan file of that name already
+in DIR (the plugin's, say) is never replaced: the command stops with an error naming it. DIR
+must exist unless --create-dir
 is given (an unset $VLLM_CACHE_ROOT would otherwise write /startup_plan). A plan for G' cannot
 be written (its fingerprint is computed by vLLM's worker). The matching vLLM flag is printed
 either way: --kv-cache-memory-bytes=N, memest's recommendation for G (the startup plan the
@@ -171,7 +172,7 @@ class EstimateCommand:
         result = _cli_errors(_answer, args, report, margin)
         shown = result if args.grid is not None else None  # the inverse alone shows no what-if
         kv_bytes = recommended_kv_cache_bytes(accounting)
-        plan_path = _write_plan(args, comparison, kv_bytes)
+        plan_path = _write_plan(args, comparison, kv_bytes, report.build.vllm_version)
         out = {
             "accounting": accounting,
             "comparison": comparison,
@@ -252,7 +253,10 @@ def _dims(args: argparse.Namespace, report: Any) -> ModelDims | None:
 
 
 def _write_plan(
-    args: argparse.Namespace, comparison: EstimateComparison, kv_bytes: int | None
+    args: argparse.Namespace,
+    comparison: EstimateComparison,
+    kv_bytes: int | None,
+    vllm_version: str | None,
 ) -> Path | None:
     if args.write_startup_plan is None:
         return None
@@ -264,8 +268,9 @@ def _write_plan(
         )
     if not kv_bytes:
         raise CommandError(f"{args.report}: memest's KV budget is 0; no plan written")
+    # The release that made the report reads the plan (its fingerprint is that release's).
     document = startup_plan_document(
-        inputs.fingerprint, kv_bytes, inputs.free_memory_baseline_bytes
+        inputs.fingerprint, kv_bytes, inputs.free_memory_baseline_bytes, vllm_version=vllm_version
     )
     try:
         return write_startup_plan(args.write_startup_plan, document, replace=False)

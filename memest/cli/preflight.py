@@ -1,12 +1,13 @@
 """KV budget before any start: every full-initialization term predicted from config.json and the grid.
 
-memest preflight --model-config PATH/config.json --gpu h200 [--tensor-parallel-size N]
+memest preflight (--model-config PATH/config.json | --model ID_OR_FOLDER [--revision REV])
+                 --gpu h200 [--tensor-parallel-size N]
                  [--max-num-seqs N] [--max-num-batched-tokens N] [--max-model-len N]
                  [--gpu-memory-utilization F] [--speculative-config JSON]
                  [--compilation-config JSON] [--draft-model-config PATH] [--dtype DTYPE]
                  [--kv-cache-dtype DTYPE] [--quantization METHOD]
                  [--block-size N] [--attention-backend NAME] [--disable-custom-all-reduce]
-                 [--env NAME=VALUE ...] [--json]
+                 [--env NAME=VALUE ...] [--vllm-version X.Y.Z] [--json]
 
 Per rank: weights from the config's parameter shapes and dtype split by TP (FP8 checkpoints and
 online FP8: the quantized linear layers at one byte per weight plus their scales, the rest in the
@@ -26,6 +27,17 @@ no start measured gets a wider range and a note; at TP > 1 the outside term hold
 vLLM's all-reduce buffers take per rank (memest.estimate.parallel; --env passes the NCCL_* and
 VLLM_ALLREDUCE_* variables that size them). Flags default as `vllm serve` does
 (1024 seqs, 8192 batched tokens, utilization 0.9, max_model_len from the config).
+
+--model takes what `vllm serve` takes: a model folder (its config.json) or a Hugging Face id, whose
+config.json is read from the hub cache (HF_HUB_CACHE, else HF_HOME/hub, else
+~/.cache/huggingface/hub) at --revision (default main); nothing is downloaded (`hf download ID
+config.json` puts it there).
+
+--vllm-version picks the release whose rules apply (0.33.0 or 0.34.0; default: the installed
+vLLM, else the newest supported). On 0.34.0 the result adds its growable KV cache: the KV bytes
+vLLM 0.34's default sizing commits after capture (utilization unset: 1.0; its margin of
+max(1 GiB, 0.75 x the transient peak) kept free) beside what memest's sizing would commit with
+MEMEST_ENABLE=1 MEMEST_ESTIMATE=apply on the start.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from typing import Any
 
 from memest.errors import CommandError
 from memest.files import load_json_object
+from memest.model_source import model_config_path
 from memest.preflight import preflight, request_from
 from memest.reporters.preflight import render
 
@@ -42,6 +55,13 @@ from memest.reporters.preflight import render
 def _json_file(flag: str, path: str) -> dict[str, Any]:
     """A config.json given by path (never inline), refused in one line naming ``flag``."""
     return load_json_object(flag, path, error=CommandError, inline=False)
+
+
+def _model_config(args: argparse.Namespace) -> dict[str, Any]:
+    """--model-config's file, or the config.json of --model (its folder or the hub cache)."""
+    if args.model_config is not None:
+        return _json_file("--model-config", args.model_config)
+    return _json_file("--model", str(model_config_path(args.model, args.revision)))
 
 
 def _inline(flag: str, text: str | None) -> dict[str, Any] | None:
@@ -64,13 +84,29 @@ class _Preflight:
     help = __doc__ or ""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--model-config", required=True, metavar="PATH", help="config.json")
+        source = parser.add_mutually_exclusive_group(required=True)
+        source.add_argument("--model-config", metavar="PATH", help="config.json")
+        source.add_argument(
+            "--model",
+            metavar="ID_OR_FOLDER",
+            help="what vllm serve takes: a model folder, or a Hugging Face id read from the hub "
+            "cache",
+        )
+        parser.add_argument(
+            "--revision", default="main", help="with a Hugging Face --model: the revision (main)"
+        )
         parser.add_argument("--gpu", default="h200", help="GPU kind of the calibration (h200)")
         parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N")
         parser.add_argument("--max-num-seqs", type=int, metavar="N")
         parser.add_argument("--max-num-batched-tokens", type=int, metavar="N")
         parser.add_argument("--max-model-len", type=int, metavar="N")
-        parser.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
+        parser.add_argument(
+            "--gpu-memory-utilization",
+            type=float,
+            metavar="F",
+            help="vLLM's flag (default 0.9 for the full-initialization budget; unset, vLLM "
+            "0.34's growable cache sizes with 1.0)",
+        )
         parser.add_argument("--speculative-config", metavar="JSON", help="vLLM's flag")
         parser.add_argument("--compilation-config", metavar="JSON", help="vLLM's flag")
         parser.add_argument(
@@ -122,17 +158,22 @@ class _Preflight:
             help="a variable the workers see that sizes TP's buffers (NCCL_BUFFSIZE, "
             "NCCL_MAX_NCHANNELS, VLLM_ALLREDUCE_USE_SYMM_MEM, ...); repeatable",
         )
+        parser.add_argument(
+            "--vllm-version",
+            metavar="X.Y.Z",
+            help="the vLLM release to predict for: 0.33.0 or 0.34.0 (default: the installed "
+            "one, else the newest supported)",
+        )
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
     def run(self, args: argparse.Namespace) -> int:
         fields: dict[str, Any] = {
-            "model_config": _json_file("--model-config", args.model_config),
+            "model_config": _model_config(args),
             "gpu": args.gpu,
             "tensor_parallel_size": args.tensor_parallel_size,
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "max_model_len": args.max_model_len,
-            "gpu_memory_utilization": args.gpu_memory_utilization,
             "speculative_config": _inline("--speculative-config", args.speculative_config),
             "compilation_config": _inline("--compilation-config", args.compilation_config),
             "dtype": args.dtype,
@@ -144,6 +185,10 @@ class _Preflight:
             "disable_custom_all_reduce": args.disable_custom_all_reduce,
             "environment": _environment(args.env),
         }
+        if args.gpu_memory_utilization is not None:
+            fields["gpu_memory_utilization"] = args.gpu_memory_utilization
+        if args.vllm_version is not None:
+            fields["vllm_version"] = args.vllm_version
         if args.draft_model_config:
             fields["draft_model_config"] = _json_file(
                 "--draft-model-config", args.draft_model_config

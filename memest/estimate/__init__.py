@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         requested_bytes,
     )
     from memest.estimate.startup_plan import (
-        PLAN_SCHEMA_VERSION,
+        PLAN_SCHEMAS,
         startup_plan_dir,
         startup_plan_document,
         startup_plan_filename,
@@ -48,7 +48,7 @@ _SOURCES: dict[str, str] = {
     "full_init_terms": "memest.estimate.phases",
     "non_kv_bytes": "memest.estimate.phases",
     "requested_bytes": "memest.estimate.phases",
-    "PLAN_SCHEMA_VERSION": "memest.estimate.startup_plan",
+    "PLAN_SCHEMAS": "memest.estimate.startup_plan",
     "startup_plan_dir": "memest.estimate.startup_plan",
     "startup_plan_document": "memest.estimate.startup_plan",
     "startup_plan_filename": "memest.estimate.startup_plan",
@@ -63,7 +63,7 @@ _SOURCES: dict[str, str] = {
 }
 
 __all__ = [
-    "PLAN_SCHEMA_VERSION",
+    "PLAN_SCHEMAS",
     "FullInitTerms",
     "BudgetSplit",
     "account",

@@ -7,11 +7,18 @@ one factor for the target and one for the drafter's share. The factors are fitte
 starts per GPU kind and vLLM version (memest.preflight.calibration); the pre-flight reads the whole
 law, the what-if scales the target's share from what its start measured and takes only the
 drafter's factor (see memest.estimate.whatif).
+
+The pass's sampler samples max_num_seqs rows after the forward: what that adds over the forward's
+freed segments is derived, not fitted (memest.estimate.sampler); ``profile_pass_bytes`` is the
+one sum of both.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from memest.estimate.model_shape import ModelShape, layer_token_bytes
+from memest.estimate.sampler import sampler_reserve_bytes
 
 
 def target_activation_bytes(tokens: int, target: ModelShape, factor: float) -> float:
@@ -36,3 +43,35 @@ def activation_bytes(
     if drafter is not None:
         total += drafter_activation_bytes(tokens, drafter, drafter_factor)
     return round(total)
+
+
+def activation_shape(shape: ModelShape) -> ModelShape:
+    """The shape the activation law reads: a MoE layer without its routed experts' caches.
+
+    vLLM 0.33.0's Triton experts (``fused_moe/experts/triton_moe.py`` apply) write w13's output,
+    the activation and w2's output into views of workspace13 / workspace2, the persistent
+    fused-MoE workspace the profiling residue holds (memest.estimate.fused_moe); the layer's
+    activations are its hidden-wide tensors, the shared experts' MLP and the dense layers'.
+    """
+    if not shape.moe_layers:
+        return shape
+    return replace(shape, topk=0)
+
+
+def sampler_reserve(shape: ModelShape, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """The full-batch sampler's reserve of a profile pass (memest.estimate.sampler), read on the
+    activation law's shape."""
+    return sampler_reserve_bytes(activation_shape(shape), max_num_seqs, max_num_batched_tokens)
+
+
+def profile_pass_bytes(
+    tokens: int,
+    max_num_seqs: int,
+    target: ModelShape,
+    factor: float,
+    drafter: ModelShape | None = None,
+    drafter_factor: float = 0.0,
+) -> int:
+    """A profile pass's activation headroom: the forward's law plus the sampler's reserve."""
+    forward = activation_bytes(tokens, activation_shape(target), factor, drafter, drafter_factor)
+    return forward + sampler_reserve(target, max_num_seqs, tokens)

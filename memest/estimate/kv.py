@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from memest.errors import ConfigError, DoesNotFitError
+from memest.estimate import kv_groups
 from memest.estimate.model_shape import ModelShape
 from memest.schema import KVCacheSpec
 from memest.units import fmt_gib
@@ -96,6 +97,9 @@ def kv_bytes_per_token(spec: KVCacheSpec) -> int:
     Raises:
         ConfigError: the spec lacks the sizes its kind needs, or gives zero bytes per token.
     """
+    if spec.groups:
+        # a hybrid's pool: one block id's bytes over its smallest block size (kv_groups.py)
+        return kv_groups.bytes_per_block(spec) // spec.block_size
     if spec.page_size_bytes is not None:
         per_token = spec.page_size_bytes // spec.block_size
         if per_token <= 0 or spec.page_size_bytes % spec.block_size:
@@ -153,6 +157,10 @@ def rescale_kv_dtype(spec: KVCacheSpec, dtype_bytes: int, dtype: str) -> KVCache
         raise ConfigError(
             "kv_cache_dtype", dtype, "a sparse-attention indexer cache is not rescaled by memest"
         )
+    if spec.groups:
+        raise ConfigError(
+            "kv_cache_dtype", dtype, "a hybrid's KV-cache groups are not rescaled by memest"
+        )
     if dtype_bytes == spec.dtype_bytes:
         return spec
     per_token = kv_bytes_per_token(spec) * dtype_bytes // spec.dtype_bytes
@@ -168,18 +176,59 @@ def rescale_kv_dtype(spec: KVCacheSpec, dtype_bytes: int, dtype: str) -> KVCache
 
 
 def kv_page_bytes(spec: KVCacheSpec) -> int:
-    """Bytes of one block (``block_size`` tokens) over all layers."""
+    """Bytes of one block (``block_size`` tokens) over all layers; a hybrid's: one block id of
+    its pool (the largest group's pages)."""
+    if spec.groups:
+        return kv_groups.bytes_per_block(spec)
     return kv_bytes_per_token(spec) * spec.block_size
 
 
-def kv_tokens(spec: KVCacheSpec, kv_bytes: int) -> int:
-    """Tokens of KV cache that ``kv_bytes`` holds: whole blocks only, as vLLM allocates them.
+def kv_cache_bytes(spec: KVCacheSpec, kv_bytes: int) -> int:
+    """Bytes of the whole blocks ``kv_bytes`` holds (what vLLM allocates of its budget)."""
+    page = kv_page_bytes(spec)
+    return kv_bytes // page * page
+
+
+def hybrid_lengths(
+    spec: KVCacheSpec, max_model_len: int | None, max_num_batched_tokens: int | None
+) -> kv_groups.Lengths:
+    """The lengths a hybrid's tokens depend on.
 
     Raises:
-        ConfigError: ``kv_bytes`` is negative or the spec is incomplete.
+        ConfigError: a length is missing (a hybrid's tokens depend on both).
+    """
+    for name, value in (
+        ("max_model_len", max_model_len),
+        ("max_num_batched_tokens", max_num_batched_tokens),
+    ):
+        if value is None:
+            raise ConfigError(
+                name, value, f"a hybrid's KV tokens ({len(spec.groups)} KV-cache groups) need it"
+            )
+    assert max_model_len is not None and max_num_batched_tokens is not None
+    return kv_groups.Lengths(max_model_len, max_num_batched_tokens)
+
+
+def kv_tokens(
+    spec: KVCacheSpec,
+    kv_bytes: int,
+    max_model_len: int | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> int:
+    """Tokens of KV cache that ``kv_bytes`` holds: whole blocks only, as vLLM allocates them.
+
+    A hybrid (spec.groups) holds vLLM's "GPU KV cache size" tokens: its max concurrency at
+    ``max_model_len`` times max_model_len (memest.estimate.kv_groups).
+
+    Raises:
+        ConfigError: ``kv_bytes`` is negative, the spec is incomplete, or a hybrid's lengths
+            are missing.
     """
     if kv_bytes < 0:
         raise ConfigError("kv_bytes", kv_bytes, "must not be negative")
+    if spec.groups:
+        lengths = hybrid_lengths(spec, max_model_len, max_num_batched_tokens)
+        return kv_groups.kv_tokens(spec, kv_bytes, lengths)
     return (kv_bytes // kv_page_bytes(spec)) * spec.block_size
 
 
@@ -214,7 +263,12 @@ def require_max_model_len(spec: KVCacheSpec, kv_bytes: int, max_model_len: int) 
     Raises:
         DoesNotFitError: naming the KV bytes one request needs and what the budget leaves.
     """
-    needed = -(-max_model_len // spec.block_size) * kv_page_bytes(spec)
+    if spec.groups:
+        needed = kv_groups.blocks_per_request(
+            spec, kv_groups.Lengths(max_model_len, max_model_len)
+        ) * kv_groups.bytes_per_block(spec)
+    else:
+        needed = -(-max_model_len // spec.block_size) * kv_page_bytes(spec)
     if kv_bytes < needed:
         raise DoesNotFitError(
             "max_model_len",

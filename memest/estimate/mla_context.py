@@ -76,6 +76,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memest.errors import ConfigError
+from memest.estimate.activation import sampler_reserve
 from memest.estimate.allocsim import PoolSim, round_size, segment_size
 from memest.estimate.model_shape import ModelShape, model_shape
 from memest.schema import RunConfig
@@ -331,17 +332,28 @@ def context_term_bytes(
 ) -> int:
     """The prefill-over-context term of one grid: ``dsa_context_bytes`` for a DSA model (its
     ``index_topk``), else ``mla_context_bytes``; 0 without MLA. The one entry the plugin's
-    estimate and the pre-flight share."""
+    estimate, the what-if and the pre-flight share.
+
+    The activation headroom holds the full-batch sampler's reserve (memest.estimate.sampler),
+    which belongs to the batch step, not to this prefill: the two steps' transients combine by
+    max, so the term is what the prefill needs beyond that reserve.
+    """
     if shape.family != "mla":
         return 0
     topk = shape.index_topk
     workspace = chunked_prefill_workspace_tokens(max_model_len, max_num_seqs, block_size, topk)
     if topk:
         rows = sparse_context_chunk_rows(workspace, max_num_seqs, step_tokens, topk)
-        return dsa_context_bytes(shape, rows, step_tokens, topk, v_padded=v_padded)
-    return mla_context_bytes(
-        shape, workspace, step_tokens, v_padded=v_padded, standin_in_headroom=standin_in_headroom
-    )
+        term = dsa_context_bytes(shape, rows, step_tokens, topk, v_padded=v_padded)
+    else:
+        term = mla_context_bytes(
+            shape,
+            workspace,
+            step_tokens,
+            v_padded=v_padded,
+            standin_in_headroom=standin_in_headroom,
+        )
+    return max(term - sampler_reserve(shape, max_num_seqs, step_tokens), 0)
 
 
 def run_mla_context_bytes(config: RunConfig, block_size: int) -> int:

@@ -1,10 +1,14 @@
-"""vLLM 0.33.0 startup-plan files (``vllm/v1/worker/startup_plan.py``) written from memest.
+"""vLLM startup-plan files (``vllm/v1/worker/startup_plan.py``) written from memest.
 
 vLLM applies ``{VLLM_CACHE_ROOT}/startup_plan/startup_plan_{fingerprint}.json`` when
 ``VLLM_ENABLE_STARTUP_PLAN=1``, the fingerprint matches, and current free memory is at least
 the recorded baseline; it then sets ``kv_cache_memory_bytes`` and skips profiling. The
 fingerprint hashes the worker's final VllmConfig, device and build, so only a running worker can
-compute it; memest takes it from the report.
+compute it; memest takes it from the report. The file's ``schema`` is the release's
+(``memest.vllm_versions``: 1 on vLLM 0.33.0, 2 on 0.34.0; vLLM ignores a plan of another schema).
+On vLLM 0.34 with its growable KV cache on, a plan's size is a ceiling: vLLM still commits no
+more than its own margin allows after capture (``--no-enable-extensible-kv-cache`` makes the
+plan's size the size).
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from typing import Any
 
 from memest.errors import ConfigError
 from memest.schema import EstimateRecord, RunReport
+from memest.vllm_versions import VERSIONS, resolve_version
 
-PLAN_SCHEMA_VERSION = 1
+#: The plan-file schema of each supported vLLM release.
+PLAN_SCHEMAS: dict[str, int] = {row.version: row.startup_plan_schema for row in VERSIONS}
 PLAN_DIRNAME = "startup_plan"
 _FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16}$")
 
@@ -44,18 +50,26 @@ def _check_int(field: str, value: object, *, positive: bool) -> int:
 
 
 def startup_plan_document(
-    fingerprint: str, kv_cache_memory_bytes: int, free_memory_baseline: int
+    fingerprint: str,
+    kv_cache_memory_bytes: int,
+    free_memory_baseline: int,
+    *,
+    vllm_version: str | None = None,
 ) -> dict[str, Any]:
-    """The plan as vLLM 0.33.0 writes it: schema, fingerprint, KV bytes, free-memory baseline.
+    """The plan as vLLM writes it: schema, fingerprint, KV bytes, free-memory baseline.
+
+    ``vllm_version``: the release that reads the plan (its schema); None: the installed one,
+    else the newest supported.
 
     Raises:
-        ConfigError: the fingerprint is not 16 lowercase hex digits, or a byte count is not a
-            positive (KV) or non-negative (baseline) int.
+        ConfigError: the fingerprint is not 16 lowercase hex digits, a byte count is not a
+            positive (KV) or non-negative (baseline) int, or the release is not supported.
     """
+    schema = resolve_version(vllm_version).startup_plan_schema
     if not isinstance(fingerprint, str) or not _FINGERPRINT_RE.match(fingerprint):
         raise ConfigError("fingerprint", fingerprint, "expected 16 lowercase hex digits")
     return {
-        "schema": PLAN_SCHEMA_VERSION,
+        "schema": schema,
         "fingerprint": fingerprint,
         "kv_cache_memory_bytes": _check_int(
             "kv_cache_memory_bytes", kv_cache_memory_bytes, positive=True
@@ -78,13 +92,17 @@ def write_startup_plan(directory: Path, document: dict[str, Any], *, replace: bo
         FileExistsError: ``replace=False`` and a plan of this fingerprint exists.
         OSError: the folder cannot be written.
     """
+    releases = {schema: version for version, schema in PLAN_SCHEMAS.items()}
+    schema = document.get("schema")
+    if schema not in releases:
+        known = ", ".join(f"{s} (vLLM {v})" for s, v in releases.items())
+        raise ConfigError("schema", schema, f"expected one of {known}")
     doc = startup_plan_document(
         document.get("fingerprint"),  # type: ignore[arg-type]
         document.get("kv_cache_memory_bytes"),  # type: ignore[arg-type]
         document.get("free_memory_baseline"),  # type: ignore[arg-type]
+        vllm_version=releases[schema],
     )
-    if document.get("schema") != PLAN_SCHEMA_VERSION:
-        raise ConfigError("schema", document.get("schema"), f"expected {PLAN_SCHEMA_VERSION}")
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / startup_plan_filename(doc["fingerprint"])
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".tmp.", dir=directory)

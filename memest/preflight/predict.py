@@ -35,14 +35,20 @@ a KV-cache spec built from the config: the same arithmetic as for a measured sta
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from memest.errors import ConfigError, first_error
-from memest.estimate.activation import activation_bytes
+from memest.estimate.activation import (
+    activation_bytes,
+    activation_shape,
+    profile_pass_bytes,
+    sampler_reserve,
+)
 from memest.estimate.indexer import kernel_element_bytes
 from memest.estimate.kv import (
     indexer_kv_extra,
+    kv_cache_bytes,
     kv_cache_dtype_bytes,
     kv_page_bytes,
     kv_tokens,
@@ -65,14 +71,16 @@ from memest.estimate.runner_buffers import (
 from memest.estimate.synthetic_trace import GraphPoolPrediction, IndexerDecode, pool_bytes
 from memest.plan import SERVE_DEFAULTS, gpu_preset
 from memest.plan.overlay import overlay_plan
-from memest.preflight import dsa
+from memest.preflight import dsa, hybrid
 from memest.preflight.backends import kv_block_size
 from memest.preflight.calibration import Calibration, load_calibration
 from memest.preflight.context import context_law, context_range, workspace_tokens
+from memest.preflight.growable import with_release
 from memest.preflight.shape import parameter_bytes
 from memest.schema import CapturePlan, FullInitTerms, KVCacheSpec, RunConfig
 from memest.schema.preflight import PreflightRequest, PreflightResult, PreflightTerm
 from memest.units import fmt_gib, kv_cache_memory_flag
+from memest.vllm_versions import resolve_version
 
 #: Drafter methods whose graphs the synthetic trace writes as measured (EAGLE3).
 MEASURED_DRAFTER_PROGRAM = ("eagle3",)
@@ -309,9 +317,11 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
     d = s.drafter
     buf = s.buffers()
     pools = s.pools()
-    activation = activation_bytes(
-        s.mbt, activation_shape(s.target), c.activation_factor, d, c.activation_drafter_factor
+    seqs = s.plan.max_num_seqs
+    activation = profile_pass_bytes(
+        s.mbt, seqs, s.target, c.activation_factor, d, c.activation_drafter_factor
     )
+    reserve = sampler_reserve(s.target, seqs, s.mbt)
     if not s.target.index_topk:  # DSA layers allocate no stand-in in the profile run
         activation += profile_standin_bytes(s.target, s.mla_workspace_tokens)
     activation += dsa.activation_bytes(s.target)
@@ -340,6 +350,11 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
         "profile_peak_activation_bytes": (
             activation,
             f"{c.activation_factor:.3f} x max_num_batched_tokens x layer token bytes"
+            + (
+                f" + the sampler's {seqs}-row reserve over the forward's freed segments"
+                if reserve
+                else ""
+            )
             + (
                 " + the profile run's MLA context stand-in"
                 if s.target.family == "mla" and not s.target.index_topk
@@ -371,19 +386,6 @@ def _laws(s: Setup, cal: Calibration) -> dict[str, tuple[int, str]]:
             + (dsa.RESIDUE_LAW if s.target.sparse else ""),
         ),
     }
-
-
-def activation_shape(shape: ModelShape) -> ModelShape:
-    """The shape the activation law reads: a MoE layer without its routed experts' caches.
-
-    vLLM 0.33.0's Triton experts (``fused_moe/experts/triton_moe.py`` apply) write w13's output,
-    the activation and w2's output into views of workspace13 / workspace2, the persistent
-    fused-MoE workspace the profiling residue holds (memest.estimate.fused_moe); the layer's
-    activations are its hidden-wide tensors, the shared experts' MLP and the dense layers'.
-    """
-    if not shape.moe_layers:
-        return shape
-    return replace(shape, topk=0)
 
 
 def _routed_cache_activation(s: Setup, cal: Calibration) -> int:
@@ -486,6 +488,7 @@ def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> 
     Raises:
         ConfigError: the config, a flag, the grid or the GPU kind is refused (named).
     """
+    row = resolve_version(req.vllm_version)
     cal = calibration or load_calibration(req.gpu)
     s = setup(req)
     laws = _laws(s, cal)
@@ -496,7 +499,8 @@ def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> 
         source=f"pre-flight ({cal.label})",
     )
     unc, notes = _uncertainties(s, cal, laws)
-    return _result(req, s, cal, terms, laws, unc, [*s.notes, *notes])
+    result = _result(req, s, cal, terms, laws, unc, [*s.notes, *notes])
+    return with_release(result, row, req, cal.total_bytes)
 
 
 def _result(
@@ -508,14 +512,14 @@ def _result(
     unc: Mapping[str, int],
     notes: list[str],
 ) -> PreflightResult:
-    spec = kv_spec(s)
+    spec = hybrid.kv_spec(req.model_config_json, s, kv_spec(s))
     require_fit(non_kv_bytes(terms), terms.requested_bytes, value=req.gpu_memory_utilization)
     budget = full_init_kv_budget(terms)
     length = s.config.max_model_len or 1
     require_max_model_len(spec, budget, length)
-    tokens = kv_tokens(spec, budget)
+    tokens = kv_tokens(spec, budget, length, s.mbt)
     spread = sum(unc.values())
-    kv_cache = tokens // spec.block_size * kv_page_bytes(spec)
+    kv_cache = kv_cache_bytes(spec, budget)
     details = [
         PreflightTerm(name=n, bytes=v, uncertainty_bytes=unc[n], law=law)
         for n, (v, law) in laws.items()
@@ -544,8 +548,8 @@ def _result(
         kv_cache_flag=kv_cache_memory_flag(kv_cache),
         kv_cache_uncertainty_bytes=spread,
         kv_tokens=tokens,
-        kv_tokens_low=kv_tokens(spec, max(budget - spread, 0)),
-        kv_tokens_high=kv_tokens(spec, budget + spread),
+        kv_tokens_low=kv_tokens(spec, max(budget - spread, 0), length, s.mbt),
+        kv_tokens_high=kv_tokens(spec, budget + spread, length, s.mbt),
         kv_bytes_per_token=kv_page_bytes(spec) // spec.block_size,
         max_concurrency=tokens / length,
         kv_cache=spec,

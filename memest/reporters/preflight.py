@@ -76,7 +76,22 @@ def kv_line(r: PreflightResult) -> str:
 def closing_lines(r: PreflightResult) -> list[str]:
     """How vLLM's own estimate compared on the calibration's starts, then the notes."""
     lines = [overshoot_line(r.vllm_overshoot)] if r.vllm_overshoot is not None else []
-    return lines + [f"note: {n}" for n in r.notes]
+    return lines + growable_lines(r) + [f"note: {n}" for n in r.notes]
+
+
+def growable_lines(r: PreflightResult) -> list[str]:
+    """vLLM 0.34's growable KV cache: its own sizing beside memest's (none on other releases)."""
+    g = r.growable_kv
+    if g is None:
+        return []
+    return [
+        f"vLLM {r.vllm_version}, growable KV cache at utilization {g.gpu_memory_utilization}: "
+        f"vLLM's sizing commits {fmt_gib(g.vllm_kv_bytes)} GiB ({g.vllm_kv_tokens:,} tokens), "
+        f"keeping the {fmt_gib(g.transient_peak_bytes)} GiB transient peak and a "
+        f"{fmt_gib(g.vllm_margin_bytes)} GiB margin free; memest's sizing commits "
+        f"{fmt_gib(g.memest_kv_bytes)} GiB ({g.memest_kv_tokens:,} tokens, margin "
+        f"{fmt_gib(g.memest_margin_bytes)} GiB) with {g.memest_flag}",
+    ]
 
 
 def render(r: PreflightResult) -> str:

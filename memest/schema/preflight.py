@@ -77,6 +77,12 @@ class PreflightRequest(MemestModel):
         description="vLLM's --attention-config; read: flash_attn_version (2 pads MLA's v in "
         "prefill over cached context; unset: 3, what vLLM runs on SM90)",
     )
+    vllm_version: str | None = Field(
+        default=None,
+        max_length=32,
+        description="The vLLM release to predict for (0.33.0 or 0.34.0; unset: the installed "
+        "one, else the newest supported); 0.34.0 adds its growable KV cache's sizing",
+    )
 
 
 class VllmOvershoot(MemestModel):
@@ -101,6 +107,32 @@ class PreflightTerm(MemestModel):
     note: str = ""
 
 
+class GrowableKvPrediction(MemestModel):
+    """vLLM 0.34's growable KV cache for the same start: what its own sizing commits after
+    capture, and what memest's sizing (MEMEST_ESTIMATE=apply) would commit instead.
+
+    Both keep free the predicted transient peak (the activation terms); vLLM adds its margin,
+    ``max(1 GiB, 0.75 x peak)``, memest its own (MEMEST_MARGIN_BYTES, 0 unless set).
+    """
+
+    gpu_memory_utilization: float = Field(
+        description="Utilization 0.34 sizes with (unset: 1.0 with the growable cache)"
+    )
+    transient_peak_bytes: NonNegativeBytes = Field(
+        description="Predicted transient peak kept free (profile activation + MLA context)"
+    )
+    vllm_margin_bytes: NonNegativeBytes = Field(description="vLLM 0.34's margin beyond it")
+    memest_margin_bytes: NonNegativeBytes = Field(description="memest's margin in its place")
+    vllm_kv_bytes: NonNegativeBytes = Field(description="KV bytes 0.34's default sizing commits")
+    memest_kv_bytes: NonNegativeBytes = Field(description="KV bytes memest's sizing commits")
+    vllm_kv_tokens: int = Field(ge=0)
+    memest_kv_tokens: int = Field(ge=0)
+    memest_flag: str = Field(
+        default="MEMEST_ENABLE=1 MEMEST_ESTIMATE=apply",
+        description="What to set on the vLLM start for memest's sizing",
+    )
+
+
 class PreflightResult(MemestModel):
     """Every full-initialization term of one rank predicted, then the KV cache it leaves."""
 
@@ -121,6 +153,14 @@ class PreflightResult(MemestModel):
     total_graphs: int = Field(ge=0, description="CUDA graphs the capture plan captures")
     attention_backend: str = Field(description="The attention backend the block size is from")
     block_size: int = Field(ge=1, description="KV block size in tokens (vLLM 0.33.0's rule)")
+    vllm_version: str | None = Field(
+        default=None, description="The vLLM release whose rules and defaults were used"
+    )
+    growable_kv: GrowableKvPrediction | None = Field(
+        default=None,
+        description="vLLM 0.34's growable KV cache: its own sizing beside memest's (None on "
+        "releases without it)",
+    )
     terms: FullInitTerms = Field(description="Predicted terms of one rank (sum = non-KV)")
     term_details: list[PreflightTerm] = Field(default_factory=list)
     non_kv_bytes: NonNegativeBytes

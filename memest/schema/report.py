@@ -28,6 +28,34 @@ class GpuInfo(MemestModel):
     driver_version: str | None = None
 
 
+class KVCacheGroup(MemestModel):
+    """One KV-cache group of vLLM's hybrid allocator: layers of one kind that share one block
+    table; every group draws its block ids from the one pool (KVCacheSpec.num_blocks)."""
+
+    kind: Literal["full_attention", "sliding_window", "chunked_local", "mla", "mamba"] = Field(
+        description="vLLM's spec: FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, "
+        "MLAAttentionSpec or MambaSpec (linear attention, gated delta net, Mamba2 state)"
+    )
+    num_layers: int = Field(ge=1, description="Layers whose block table this group's is")
+    padding_layers: int = Field(
+        default=0, ge=0, description="Empty slots vLLM pads the group with (same layers per group)"
+    )
+    block_size: int = Field(ge=1, description="Tokens per block (after page-size unification)")
+    page_size_bytes: NonNegativeBytes = Field(
+        description="Bytes of one layer's block: its unified page (padded where vLLM pads it)"
+    )
+    real_page_size_bytes: NonNegativeBytes | None = Field(
+        default=None, description="The page's content before padding (a Mamba state, per layer)"
+    )
+    sliding_window: int | None = Field(default=None, ge=1)
+    attention_chunk_size: int | None = Field(default=None, ge=1)
+    state_blocks: int | None = Field(
+        default=None,
+        ge=1,
+        description="Mamba groups: blocks (states) one request holds whatever its length",
+    )
+
+
 class KVCacheSpec(MemestModel):
     kind: str = Field(
         default="full_attention", description="full_attention, mla, sliding_window, ..."
@@ -44,6 +72,11 @@ class KVCacheSpec(MemestModel):
     num_blocks: int | None = Field(default=None, ge=0)
     kv_tokens: int | None = Field(default=None, ge=0)
     extra: dict[str, Any] = Field(default_factory=dict, description="MLA latent / indexer caches")
+    groups: list[KVCacheGroup] = Field(
+        default_factory=list,
+        description="Hybrid models: vLLM's KV-cache groups (empty: one full-attention or MLA "
+        "group of num_layers layers); kind is then 'hybrid'",
+    )
 
 
 class ModelShape(MemestModel):
@@ -145,6 +178,73 @@ class RunConfig(MemestModel):
     )
 
 
+#: Whose figures sized a growable KV cache: vLLM's own margin, or memest's (MEMEST_ESTIMATE=apply).
+ExtensibleSizedBy = Literal["vllm", "memest"]
+
+
+class ExtensibleKvSizing(MemestModel):
+    """vLLM 0.34's growable KV cache (``vllm/v1/worker/extensible_kv_cache.py``): the memory it
+    measured after warm-up and capture, and what it committed from it.
+
+    ``measure_kv_cache_bytes`` gives the cache ``min(requested - non-KV used, headroom -
+    margin) - max(transient peak, torch reservation growth)``; the margin is
+    ``max(floor, fraction x transient peak)``, vLLM's guess for what the measurement misses.
+    """
+
+    capacity_blocks: int = Field(ge=0, description="Blocks whose address space was reserved")
+    committed_blocks: int | None = Field(
+        default=None, ge=0, description="Blocks extend_kv_cache committed (every rank's minimum)"
+    )
+    bytes_per_block: NonNegativeBytes = Field(description="Physical bytes of one block")
+    committed_bytes: NonNegativeBytes | None = Field(
+        default=None, description="Physically mapped KV bytes after extend_kv_cache"
+    )
+    init_free_bytes: NonNegativeBytes = Field(description="Device free bytes at worker start")
+    free_after_warmup_bytes: NonNegativeBytes = Field(
+        description="Device free bytes at the sizing (after capture, torch's cache emptied)"
+    )
+    committed_at_sizing_bytes: NonNegativeBytes = Field(
+        description="KV bytes committed when free memory was read (part of the headroom)"
+    )
+    requested_bytes: NonNegativeBytes = Field(description="gpu_memory_utilization x total")
+    transient_peak_bytes: NonNegativeBytes = Field(
+        description="The measured transient peak vLLM kept free (reserved_headroom_bytes: the "
+        "larger of the profiled activation peak and its sizing warm-up steps' allocated peak)"
+    )
+    torch_reserve_growth_bytes: NonNegativeBytes = Field(
+        description="Largest growth of torch's reservation over a sizing step"
+    )
+    warmup_reserve_bytes: NonNegativeBytes | None = Field(
+        default=None,
+        description="What warm-up kept uncommitted: the larger of the profiled peak and "
+        "KV_CACHE_WARMUP_RESERVE_FRACTION of the headroom",
+    )
+    margin_bytes: NonNegativeBytes = Field(
+        description="vLLM's margin beyond the transient peak: max(KV_CACHE_MARGIN_FLOOR_BYTES, "
+        "KV_CACHE_MARGIN_FRACTION x transient peak)"
+    )
+    non_torch_reserve_bytes: NonNegativeBytes = Field(
+        description="KV_CACHE_NON_TORCH_RESERVE_BYTES: left free for allocations outside "
+        "PyTorch (torch's caching allocator is capped below it)"
+    )
+    vllm_kv_bytes: NonNegativeBytes = Field(
+        description="KV bytes vLLM's own sizing allows (measure_kv_cache_bytes with its margin)"
+    )
+    memest_transient_peak_bytes: NonNegativeBytes | None = Field(
+        default=None, description="apply: the transient peak memest had vLLM keep free"
+    )
+    memest_margin_bytes: NonNegativeBytes | None = Field(
+        default=None, description="apply: memest's margin (MEMEST_MARGIN_BYTES) in vLLM's place"
+    )
+    memest_kv_bytes: NonNegativeBytes | None = Field(
+        default=None, description="apply: KV bytes the sizing allowed with memest's terms"
+    )
+    torch_memory_limit_bytes: NonNegativeBytes | None = Field(
+        default=None, description="The cap vLLM set on torch's caching allocator"
+    )
+    sized_by: ExtensibleSizedBy = "vllm"
+
+
 class VllmFigures(MemestModel):
     """What vLLM itself computed during this start (read from the worker)."""
 
@@ -158,6 +258,11 @@ class VllmFigures(MemestModel):
     )
     available_kv_cache_bytes: Bytes | None = None
     num_gpu_blocks: int | None = None
+    extensible_kv: ExtensibleKvSizing | None = Field(
+        default=None,
+        description="vLLM 0.34's growable KV cache sizing; None where it was off (vLLM 0.33.0, "
+        "an explicit KV size, a startup plan)",
+    )
 
 
 class CompiledNode(MemestModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -180,19 +181,48 @@ E_REPORT = (
 )
 
 
+#: E on its H200 (150,109,880,320 B, reports/vllm/validation.json, call 8 memest-apply): at
+#: serving's first full-size step it used budget - 27,695,514 B, of which 112,807,968,768 B KV, so
+#: everything but the KV cache held 132,096,694,682 - 27,695,514 - 112,807,968,768
+#: = 19,261,030,400 B = 17.938 GiB. The budget at utilization 0.88 is ceil(0.88 x 150,109,880,320)
+#: = 132,096,694,682 B = 123.025 GiB; at 0.01 it is 1,501,098,804 B = 1.398 GiB.
+E_MEASURED_NON_KV_GIB = 19_261_030_400 / GiB
+E_BUDGET_GIB = {0.88: 132_096_694_682 / GiB, 0.01: 1_501_098_804 / GiB}
+DOES_NOT_FIT = re.compile(r"does not fit: non-KV ([\d.]+) GiB > budget ([\d.]+) GiB")
+
+
+@pytest.mark.parametrize(
+    ("args", "margin_gib", "utilization"),
+    [
+        (["--grid", '{"gpu_memory_utilization": 0.01}'], 0, 0.01),
+        (["--margin", "200GiB"], 200, 0.88),
+    ],
+)
+def test_a_what_if_that_cannot_hold_a_kv_cache_says_by_how_much(
+    args: list[str], margin_gib: int, utilization: float, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["estimate", "--from", str(E_REPORT), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    found = DOES_NOT_FIT.search(err)
+    assert found is not None, err
+    non_kv, budget = (float(g) for g in found.groups())
+    assert budget == round(E_BUDGET_GIB[utilization], 3)
+    # memest's non-KV terms of E against what E measured without its KV cache (within 0.05 GiB),
+    # plus the margin asked for
+    assert abs(non_kv - margin_gib - E_MEASURED_NON_KV_GIB) < 0.05
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--grid", '{"gpu_memory_utilization": 0.01}'], "does not fit: non-KV 17.911 GiB"),
-        (["--margin", "200GiB"], "does not fit: non-KV 217.911 GiB > budget 123.025 GiB"),
         (["--grid", "notjson"], "--grid 'notjson': neither inline JSON"),
         (["--grid", "[1, 2]"], "--grid: expected a JSON object"),
     ],
 )
-def test_a_what_if_that_cannot_hold_a_kv_cache_or_a_bad_grid_is_one_line(
+def test_a_bad_grid_is_one_line(
     args: list[str], needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # E's non-KV memory is 17.911 GiB (its full-initialization terms) of a 123.025 GiB budget.
     assert main(["estimate", "--from", str(E_REPORT), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err

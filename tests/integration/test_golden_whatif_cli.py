@@ -6,8 +6,10 @@ The grids are those of lab/whatif_grids.py (W1-W4 from call 11's start A), of la
 types), the MLA and MoE starts of call 12, and the refusals a user meets; the pre-flight cases are
 the example config and the lab models of reports/preflight/unseen.json. The MLA replay case
 (call 12's 1.6 MB history) is in test_golden_whatif_mla_replay.py. The files under
-tests/data/golden/ were written at the commit that added this test; every figure printed since
-must be the same, byte for byte.
+tests/data/golden/ hold what was printed when they were last written: these tests detect a
+change, not the truth of a figure (tests/golden.py; the hand-derived and measured figures are
+asserted elsewhere). Every figure printed since must be the same, byte for byte, or the change
+regenerated with its reason.
 """
 
 from __future__ import annotations

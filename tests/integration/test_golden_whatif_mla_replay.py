@@ -1,6 +1,7 @@
 """Golden output of ``memest estimate --snapshot`` on call 12's MLA start: the what-if replayed
 through the start's allocator history. The history is a 1.6 MB gzip, over tests/data's 1 MiB a
-file, so this case reads it from reports/vllm/raw (test_golden_whatif_cli.py holds the rest)."""
+file, so this case reads it from reports/vllm/raw (test_golden_whatif_cli.py holds the rest).
+It detects a change of the printed output, not the truth of a figure (tests/golden.py)."""
 
 from __future__ import annotations
 

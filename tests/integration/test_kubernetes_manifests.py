@@ -1,22 +1,23 @@
 """deploy/kubernetes: every manifest passes kubernetes-validate in strict mode (as written and as
-`kubectl kustomize` renders it), the service is set up as the README says, and the pre-flight init
-container's own script hands vLLM's command the KV size memest predicts for the pod's flags.
+`kubectl kustomize` renders it), the service is set up as the README says (three token scopes,
+liveness apart from readiness, no proxy trusted by default, a NetworkPolicy), and the vLLM pod's
+pre-flight init container, run here, hands vLLM the KV size memest predicts for the pod's flags
+from the model's own config.json, then, once a start has measured its startup plan, none.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
-import stat
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from memest._version import __version__
+from tests import crds, deploy_init
 from tests.conftest import require_tool
 
 pytestmark = pytest.mark.deploy
@@ -34,6 +35,10 @@ def _manifest_files() -> list[Path]:
     return sorted(p for p in KUBE.rglob("*.yaml") if p.name != "kustomization.yaml")
 
 
+def _kustomizations() -> list[Path]:
+    return sorted(p.parent for p in KUBE.rglob("kustomization.yaml"))
+
+
 @pytest.fixture(scope="module")
 def rendered() -> list[dict[str, Any]]:
     """What `kubectl kustomize deploy/kubernetes` renders (generated ConfigMaps, images set)."""
@@ -46,6 +51,9 @@ def rendered() -> list[dict[str, Any]]:
 
 
 def _validate(doc: dict[str, Any]) -> None:
+    if crds.is_custom(doc):  # ServiceMonitor, PodMonitor: against the Prometheus Operator's CRDs
+        crds.validate(doc)
+        return
     require_tool("kubernetes_validate")
     import kubernetes_validate
 
@@ -57,9 +65,13 @@ def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     return found
 
 
-def test_kustomization_lists_every_manifest() -> None:
-    listed = yaml.safe_load((KUBE / "kustomization.yaml").read_text())["resources"]
-    assert sorted(listed) == sorted(p.relative_to(KUBE).as_posix() for p in _manifest_files())
+def test_kustomizations_list_every_manifest() -> None:
+    """Each manifest is in exactly one kustomization: its folder's, or the one above it."""
+    listed = set()
+    for folder in _kustomizations():
+        for name in yaml.safe_load((folder / "kustomization.yaml").read_text())["resources"]:
+            listed.add((folder / name).relative_to(KUBE).as_posix())
+    assert listed == {p.relative_to(KUBE).as_posix() for p in _manifest_files()}
 
 
 @pytest.mark.parametrize("path", _manifest_files(), ids=lambda p: p.relative_to(KUBE).as_posix())
@@ -73,9 +85,12 @@ def test_manifest_validates_strictly(path: Path) -> None:
 def test_rendered_kustomization_validates_strictly(rendered: list[dict[str, Any]]) -> None:
     kinds = sorted(d["kind"] for d in rendered)
     assert kinds == sorted(
-        ["Namespace", "ConfigMap", "ConfigMap", "Service", "Service"]
+        ["Namespace", "ConfigMap", "Service", "Service", "NetworkPolicy", "NetworkPolicy"]
         + ["PersistentVolumeClaim", "PersistentVolumeClaim", "Deployment", "Deployment"]
     )
+    # The model's config.json is read from the model, never pasted into a ConfigMap.
+    (flags,) = [d for d in rendered if d["kind"] == "ConfigMap"]
+    assert set(flags["data"]) == set(_flags())
     for doc in rendered:
         _validate(doc)
 
@@ -95,8 +110,11 @@ def test_strict_validation_refuses_a_misspelt_field(rendered: list[dict[str, Any
 def test_service_deployment(rendered: list[dict[str, Any]]) -> None:
     pod = _one(rendered, "Deployment", "memest")["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # Liveness is the process alone; readiness adds the database, so an outage of the database
+    # takes the pod out of the Service without restarting it.
+    probes = {p: container[p]["httpGet"]["path"] for p in ("livenessProbe", "startupProbe")}
+    assert probes == {"livenessProbe": "/healthz", "startupProbe": "/healthz"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 10001  # the Dockerfile's memest user
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -104,11 +122,74 @@ def test_service_deployment(rendered: list[dict[str, Any]]) -> None:
     secrets = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
     assert secrets["MEMEST_WRITE_TOKEN"] == {"name": "memest-tokens", "key": "write-token"}
     assert secrets["MEMEST_READ_TOKEN"]["name"] == "memest-tokens"
+    assert secrets["MEMEST_PUSH_TOKEN"] == {"name": "memest-push-token", "key": "token"}
     assert secrets["MEMEST_DATABASE_URL"]["name"] == "memest-database"
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes[mounts["/data"]]["persistentVolumeClaim"]["claimName"] == "memest-data"
-    assert container["args"][0] == "--forwarded-allow-ips"
+    # No proxy is trusted unless the operator names its addresses.
+    assert "args" not in container
+    assert "MEMEST_FORWARDED_ALLOW_IPS" not in {e["name"] for e in container["env"]}
+
+
+def test_vllm_pod_holds_only_the_push_token_and_runs_unprivileged(
+    rendered: list[dict[str, Any]],
+) -> None:
+    pod = _one(rendered, "Deployment", "vllm")["spec"]["template"]["spec"]
+    containers = pod["initContainers"] + pod["containers"]
+    refs = [
+        e["valueFrom"]["secretKeyRef"]
+        for c in containers
+        for e in c.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    ]
+    assert {r["name"] for r in refs} == {"memest-push-token", "hf-token"}
+    (vllm,) = pod["containers"]
+    token = [e for e in vllm["env"] if e["name"] == "MEMEST_TOKEN"]
+    assert token[0]["valueFrom"]["secretKeyRef"] == {"name": "memest-push-token", "key": "token"}
+    dockerfile = (KUBE / "vllm" / "Dockerfile").read_text()
+    assert "--uid 10001" in dockerfile and "USER 10001" in dockerfile
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    for container in containers:
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_vllm_caches_persist_and_feed_the_startup_plan(rendered: list[dict[str, Any]]) -> None:
+    pod = _one(rendered, "Deployment", "vllm")["spec"]["template"]["spec"]
+    (vllm,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in vllm["env"]}
+    assert env["VLLM_ENABLE_STARTUP_PLAN"] == "1"
+    assert env["MEMEST_ENABLE"] == "1"
+    assert env["MEMEST_SERVICE_URL"] == "http://memest:8000"
+    claims = {v["name"]: v for v in pod["volumes"] if "persistentVolumeClaim" in v}
+    persistent = [m["mountPath"] for m in vllm["volumeMounts"] if m["name"] in claims]
+    for var in ("HF_HOME", "VLLM_CACHE_ROOT", "MEMEST_OUTPUT_DIR"):
+        assert any(env[var].startswith(path + "/") for path in persistent), (var, env[var])
+
+
+def test_network_policies_admit_the_clients(rendered: list[dict[str, Any]]) -> None:
+    policy = _one(rendered, "NetworkPolicy", "memest")["spec"]
+    service_pod = _one(rendered, "Deployment", "memest")["spec"]["template"]["metadata"]
+    assert policy["podSelector"]["matchLabels"].items() <= service_pod["labels"].items()
+    vllm_labels = _one(rendered, "Deployment", "vllm")["spec"]["template"]["metadata"]["labels"]
+    selectors = [
+        rule["podSelector"].get("matchLabels", {}) for rule in policy["ingress"][0]["from"]
+    ]
+    assert any(s and s.items() <= vllm_labels.items() for s in selectors)
+    assert policy["ingress"][0]["ports"] == [{"port": "http", "protocol": "TCP"}]
+
+
+def test_image_tags_are_memests_version(rendered: list[dict[str, Any]]) -> None:
+    images = {
+        c["image"]
+        for d in rendered
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"].get("initContainers", [])
+        + d["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {f"memest:{__version__}", f"vllm-memest:0.33.0-memest-{__version__}"}
 
 
 def _flags() -> dict[str, str]:
@@ -116,83 +197,74 @@ def _flags() -> dict[str, str]:
     return {key: value for key, value in pairs}
 
 
-def _script(container: dict[str, Any], mounts: dict[str, Path]) -> str:
-    """The container's `sh -c` script with its volume mount paths moved to local folders."""
-    assert container["command"] == ["sh", "-c"]
-    (script,) = container["args"]
-    for mount in container["volumeMounts"]:
-        if mount["mountPath"] in mounts:
-            script = script.replace(mount["mountPath"], str(mounts[mount["mountPath"]]))
-    assert isinstance(script, str)
-    return script
+def _mounts(pod: dict[str, Any], tmp_path: Path) -> dict[str, Path]:
+    """Every volume of the pod as a local folder, by each container's mount path."""
+    mounts: dict[str, Path] = {}
+    for container in pod["initContainers"] + pod["containers"]:
+        for mount in container.get("volumeMounts", []):
+            local = tmp_path / "volumes" / mount["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            mounts[mount["mountPath"]] = local
+    return mounts
 
 
 def test_preflight_init_container_hands_its_kv_size_to_vllm(
     rendered: list[dict[str, Any]], tmp_path: Path
 ) -> None:
+    """The init container, run with the pod's variables, reads the model's config.json from the
+    Hugging Face cache on the claim and gives vLLM's `--config` the pre-flight's KV size; after a
+    start has written its measured startup plan there, it gives none, so vLLM applies the plan."""
     pod = _one(rendered, "Deployment", "vllm")["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     (vllm,) = pod["containers"]
-    env_names = {e["name"]: e for e in vllm["env"]}
-    assert env_names["MEMEST_ENABLE"]["value"] == "1"
-    assert env_names["MEMEST_SERVICE_URL"]["value"] == "http://memest:8000"
-    assert env_names["MEMEST_OUTPUT_DIR"]["value"] in {m["mountPath"] for m in vllm["volumeMounts"]}
-    # The ConfigMap the init container mounts, written out as the kubelet would.
-    model_config = tmp_path / "model-config"
-    model_config.mkdir()
-    config_map = _one(rendered, "ConfigMap", "vllm-model-config")
-    (model_config / "config.json").write_text(config_map["data"]["config.json"])
-    plan = tmp_path / "plan"
-    plan.mkdir()
-    mounts = {"/model-config": model_config, "/memest-plan": plan}
-    # `vllm` stands in as a script that records the arguments it was started with.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    stub = bin_dir / "vllm"
-    stub.write_text(
-        f"#!/bin/sh\nexec {sys.executable} -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \"$@\"\n"
-    )
-    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
-    env = {**os.environ, **_flags()}
-    env["PATH"] = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), env["PATH"]])
     for container in (init, vllm):  # every ConfigMap the containers read is the flags one
         (ref,) = container["envFrom"]
         assert ref["configMapRef"]["name"].startswith("vllm-serve-flags")
-    done = subprocess.run(
-        ["sh", "-c", _script(init, mounts)], env=env, capture_output=True, text=True, timeout=120
-    )
+    mounts = _mounts(pod, tmp_path)
+    flags = _flags()
+    env = deploy_init.container_env(init, flags)
+    hub = Path(deploy_init.relocate(env["HF_HOME"], mounts)) / "hub"
+    deploy_init.hub_cache(hub, flags["MODEL"])
+    done = deploy_init.run_init(init["command"], env, mounts, tmp_path)
     assert done.returncode == 0, done.stderr
-    started = subprocess.run(
-        ["sh", "-c", _script(vllm, mounts)], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert started.returncode == 0, started.stderr
-    argv = json.loads(started.stdout)
-    # The KV size `memest preflight` gives for the flags of serve-flags.env, asked here directly.
-    expected = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "memest",
-            "preflight",
-            "--model-config",
-            str(ROOT / "tests/data/configs/llama8b.json"),
-        ]
-        + ["--gpu", "h200", "--tensor-parallel-size", "1", "--max-num-seqs", "128"]
-        + ["--max-num-batched-tokens", "4096", "--max-model-len", "4096"]
-        + ["--gpu-memory-utilization", "0.85", "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    kv_bytes = json.loads(expected.stdout)["kv_cache_bytes"]
-    assert argv == [
-        "serve", "meta-llama/Meta-Llama-3-8B-Instruct", "--host", "0.0.0.0", "--port", "8000",
-        "--tensor-parallel-size", "1", "--max-num-seqs", "128", "--max-num-batched-tokens", "4096",
-        "--max-model-len", "4096", "--gpu-memory-utilization", "0.85",
-        "--kv-cache-memory-bytes", str(kv_bytes),
-    ]  # fmt: skip
+    argv = [
+        deploy_init.kubelet_expand(a, deploy_init.container_env(vllm, flags))
+        for a in vllm["command"] + vllm["args"]
+    ]
+    assert argv[:3] == ["vllm", "serve", flags["MODEL"]]
+    args = deploy_init.vllm_config_args(argv[1:], mounts)
+    kv_bytes = deploy_init.preflight_kv_bytes(flags)
+    assert deploy_init.flag(args, "--kv-cache-memory-bytes") == str(kv_bytes)
+    assert f"--kv-cache-memory-bytes {kv_bytes}" in done.stdout
     assert kv_bytes > 100 * 2**30  # an 8B model on a 141 GiB H200 at 0.85 keeps over 100 GiB
+    for var, option in (("MAX_NUM_SEQS", "--max-num-seqs"), ("MAX_MODEL_LEN", "--max-model-len")):
+        assert deploy_init.flag(args, option) == flags[var]
+    # A start with these flags measured its plan: the next init leaves the KV size to it.
+    cache_root = Path(deploy_init.relocate(env["VLLM_CACHE_ROOT"], mounts))
+    deploy_init.write_measured_plan(cache_root)
+    again = deploy_init.run_init(init["command"], env, mounts, tmp_path)
+    assert again.returncode == 0, again.stderr
+    args = deploy_init.vllm_config_args(argv[1:], mounts)
+    assert deploy_init.flag(args, "--kv-cache-memory-bytes") is None
+    assert deploy_init.flag(args, "--gpu-memory-utilization") == flags["GPU_MEMORY_UTILIZATION"]
+    # Other flags: a first start again, sized by the pre-flight.
+    changed = {**env, "MAX_NUM_SEQS": "64"}
+    third = deploy_init.run_init(init["command"], changed, mounts, tmp_path)
+    assert third.returncode == 0, third.stderr
+    args = deploy_init.vllm_config_args(argv[1:], mounts)
+    expected = deploy_init.preflight_kv_bytes({**flags, "MAX_NUM_SEQS": "64"})
+    assert deploy_init.flag(args, "--kv-cache-memory-bytes") == str(expected)
+
+
+def test_preflight_init_container_names_a_model_it_cannot_read(
+    rendered: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    pod = _one(rendered, "Deployment", "vllm")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    env = deploy_init.container_env(init, _flags())
+    done = deploy_init.run_init(init["command"], env, _mounts(pod, tmp_path), tmp_path)
+    assert done.returncode != 0
+    assert "meta-llama/Meta-Llama-3-8B-Instruct" in done.stderr
 
 
 def test_compose_binds_loopback_and_has_no_default_password() -> None:

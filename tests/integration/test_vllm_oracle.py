@@ -26,7 +26,7 @@ from memest.plan.vllm033 import (
 )
 from tests.conftest import require_or_skip
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_release("0.33.0")]
 
 POW2 = [1 << i for i in range(10)]  # 1 … 512
 SEQS = (1, 8, 72, 128, 256, 512, 1024)

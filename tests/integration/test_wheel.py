@@ -1,10 +1,12 @@
-"""memest as a user gets it: `python -m build` makes the sdist and, from it, the wheel; the wheel
-installs into a fresh venv beside vLLM 0.33.0, where vLLM's own load_general_plugins() finds it.
+"""memest as a user gets it: `bash scripts/build_release.sh` (`python -m build`: the sdist and,
+from it, the wheel); the wheel installs into a fresh venv beside each vLLM memest supports (0.33.0
+in the test interpreter's environment, 0.34.0 in .venv-vllm034, which scripts/test-vllm034.sh
+makes), where vLLM's own load_general_plugins() finds it.
 
-The fresh venv reuses the test interpreter's installed dependencies (vLLM is never installed
-twice) through a site folder of links to them that leaves out every memest distribution (the
-editable install's dist-info declares the same entry point), so the entry point vLLM finds can
-only be the wheel's, and the source tree is off sys.path (no PYTHONPATH, another working folder).
+Each fresh venv reuses that vLLM environment's installed packages (vLLM is never installed again)
+through a site folder of links to them that leaves out every memest distribution (the editable
+install's dist-info declares the same entry point), so the entry point vLLM finds can only be the
+wheel's, and the source tree is off sys.path (no PYTHONPATH, another working folder).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.deploy
 ROOT = Path(__file__).resolve().parents[2]
 # What the Dockerfile copies too: all that building needs.
 SOURCES = ("pyproject.toml", "README.md", "memest", "instrumentation")
+BUILD_SCRIPT = "scripts/build_release.sh"
 BUILD_TIMEOUT_S = 300
 
 PROBE = r"""
@@ -50,6 +52,7 @@ print("PROBE " + json.dumps({
     "wrapped": wrapped,
     "targets": len(plugin.patches()),
     "errors": state().hook_errors,
+    "vllm": md.version("vllm"),
 }))
 """
 
@@ -62,7 +65,11 @@ def _run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def dists(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(wheel, sdist) built by `python -m build` from a clean copy of the sources."""
+    """(wheel, sdist) built by scripts/build_release.sh from a clean copy of the sources, or the
+    ones in the folder MEMEST_WHEEL names (the release workflow tests the files it publishes)."""
+    given = os.environ.get("MEMEST_WHEEL")
+    if given:
+        return _one(Path(given), "*.whl"), _one(Path(given), "*.tar.gz")
     require_tool("build")
     tmp = tmp_path_factory.mktemp("dist")
     src = tmp / "src"
@@ -73,15 +80,23 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
             shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(path, src / name)
-    # Default `python -m build`: the sdist first, then the wheel built from the unpacked sdist,
-    # each in an isolated environment with the build requirements pyproject.toml names.
+    (src / "scripts").mkdir()
+    shutil.copy2(ROOT / BUILD_SCRIPT, src / BUILD_SCRIPT)
+    # The release command as the README gives it; PYTHON: the interpreter whose `build` it runs.
+    env = {**os.environ, "PYTHON": sys.executable}
     _run(
-        [sys.executable, "-m", "build", "--outdir", str(tmp / "out"), str(src)],
+        ["bash", str(src / BUILD_SCRIPT), str(tmp / "out")],
+        env=env,
+        cwd=src,
         timeout=BUILD_TIMEOUT_S,
     )
-    (wheel,) = (tmp / "out").glob("*.whl")
-    (sdist,) = (tmp / "out").glob("*.tar.gz")
-    return wheel, sdist
+    return _one(tmp / "out", "*.whl"), _one(tmp / "out", "*.tar.gz")
+
+
+def _one(folder: Path, pattern: str) -> Path:
+    found = sorted(folder.glob(pattern))
+    assert len(found) == 1, f"{folder}: expected one {pattern}, found {found}"
+    return found[0]
 
 
 def _package_files() -> set[str]:
@@ -125,7 +140,7 @@ def test_wheel_metadata_names_the_distribution_command_and_plugin(dists: tuple[P
         metadata = zf.read(f"{info}/METADATA").decode()
         entry_points = zf.read(f"{info}/entry_points.txt").decode()
     assert f"Name: {DISTRIBUTION}\n" in metadata
-    assert 'Requires-Dist: vllm==0.33.0; extra == "vllm"' in metadata
+    assert 'Requires-Dist: vllm<0.35,>=0.33.0; extra == "vllm"' in metadata
     assert "[console_scripts]\nmemest = memest.cli:entry" in entry_points
     assert "[vllm.general_plugins]\nmemest = memest_instrumentation.vllm:register" in entry_points
 
@@ -145,27 +160,68 @@ def test_sdist_holds_the_sources(dists: tuple[Path, Path]) -> None:
     assert {"pyproject.toml", "README.md"} <= names
 
 
-def _deps_without_memest(tmp: Path) -> Path:
-    """A site folder of links to this interpreter's installed packages, memest's own left out."""
+#: The vLLM versions memest supports, each with the interpreter of an environment that has it:
+#: the test interpreter (0.33.0, the [vllm] extra) and .venv-vllm034 (scripts/test-vllm034.sh).
+VLLM_ENVS = {
+    "0.33.0": Path(sys.executable),
+    "0.34.0": ROOT / ".venv-vllm034" / "bin" / "python",
+}
+
+SITE_DIRS = "import json, site, sysconfig; print(json.dumps(site.getsitepackages() + [sysconfig.get_paths()['purelib']]))"
+VERSION_PROBE = "import importlib.metadata as md; print(md.version('vllm'))"
+
+
+def _site_dirs(python: Path) -> list[Path]:
+    """Every site folder ``python`` reads, its own first (a --system-site-packages venv's base after)."""
+    found = json.loads(_run([str(python), "-c", SITE_DIRS]).stdout)
+    out: list[Path] = []
+    for entry in found:
+        path = Path(entry)
+        if path.is_dir() and path not in out:
+            out.append(path)
+    return out
+
+
+def _deps_without_memest(tmp: Path, python: Path) -> Path:
+    """A site folder of links to ``python``'s installed packages, memest's own left out."""
     deps = tmp / "deps"
     deps.mkdir()
-    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        if "memest" in entry.name.lower():
-            continue  # the editable install: dist-info (same entry point), .pth and finder
-        (deps / entry.name).symlink_to(entry)
+    for site_dir in _site_dirs(python):
+        for entry in site_dir.iterdir():
+            if "memest" in entry.name.lower() or (deps / entry.name).exists():
+                continue  # the editable install (dist-info, .pth, finder); the first copy wins
+            (deps / entry.name).symlink_to(entry)
     return deps
 
 
-@pytest.fixture(scope="module")
-def fresh_venv(dists: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A new venv with the wheel installed (pip --no-deps) and the other dependencies linked."""
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:
-        require_or_skip("MEMEST_REQUIRE_VLLM", f"vLLM 0.33.0 is not importable: {exc}")
-    tmp = tmp_path_factory.mktemp("venv")
+def _vllm_python(version: str) -> Path:
+    """The interpreter of the environment with vLLM ``version``, checked by asking it."""
+    python = VLLM_ENVS[version]
+    if not python.exists():
+        require_or_skip("MEMEST_REQUIRE_VLLM", f"no environment with vLLM {version}: {python}")
+    found = subprocess.run(
+        [str(python), "-c", VERSION_PROBE], capture_output=True, text=True, check=False
+    )
+    if found.returncode != 0 or found.stdout.strip() != version:
+        require_or_skip(
+            "MEMEST_REQUIRE_VLLM",
+            f"no vLLM {version} at {python}: {(found.stderr or found.stdout).strip()[-300:]}",
+        )
+    return python
+
+
+@pytest.fixture(scope="module", params=sorted(VLLM_ENVS), ids=lambda v: f"vllm-{v}")
+def fresh_venv(
+    request: pytest.FixtureRequest,
+    dists: tuple[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[str, Path]:
+    """(vLLM version, a new venv with the wheel installed and that vLLM's packages linked)."""
+    version: str = request.param
+    base = _vllm_python(version)
+    tmp = tmp_path_factory.mktemp(f"venv-{version}")
     venv = tmp / "venv"
-    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    _run([str(base), "-m", "venv", "--without-pip", str(venv)])
     python = venv / "bin" / "python"
     site_dir = Path(
         _run(
@@ -173,7 +229,7 @@ def fresh_venv(dists: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactor
         ).stdout.strip()
     )
     # addsitedir, not a bare path: the linked folder's own .pth files are processed too.
-    deps = _deps_without_memest(tmp)
+    deps = _deps_without_memest(tmp, base)
     (site_dir / "zz-dependencies.pth").write_text(f"import site; site.addsitedir({str(deps)!r})\n")
     # Away from the checkout and its PYTHONPATH: the editable install's *.egg-info folders in the
     # repository root would tell pip that vllm-memest is installed already.
@@ -184,7 +240,7 @@ def fresh_venv(dists: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactor
         cwd=tmp,
         timeout=BUILD_TIMEOUT_S,
     )
-    return venv
+    return version, venv
 
 
 def _venv_env(venv: Path) -> dict[str, str]:
@@ -195,12 +251,11 @@ def _venv_env(venv: Path) -> dict[str, str]:
 
 
 @pytest.mark.vllm
-def test_vllm_loads_the_plugin_from_the_wheel(fresh_venv: Path, tmp_path: Path) -> None:
-    env = _venv_env(fresh_venv)
+def test_vllm_loads_the_plugin_from_the_wheel(fresh_venv: tuple[str, Path], tmp_path: Path) -> None:
+    version, venv = fresh_venv
+    env = _venv_env(venv)
     env.update({"MEMEST_ENABLE": "1", "MEMEST_RUN_ID": "wheel", "MEMEST_OUTPUT_DIR": str(tmp_path)})
-    done = _run(
-        [str(fresh_venv / "bin" / "python"), "-c", PROBE], env=env, cwd=tmp_path, timeout=300
-    )
+    done = _run([str(venv / "bin" / "python"), "-c", PROBE], env=env, cwd=tmp_path, timeout=300)
     (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("PROBE ")]
     res = json.loads(line.removeprefix("PROBE "))
     ours = [ep for ep in res["entry_points"] if ep["name"] == "memest"]
@@ -208,7 +263,8 @@ def test_vllm_loads_the_plugin_from_the_wheel(fresh_venv: Path, tmp_path: Path) 
         {"name": "memest", "value": "memest_instrumentation.vllm:register", "dist": DISTRIBUTION}
     ], res["entry_points"]
     for module in ("memest", "plugin"):
-        assert Path(res[module]).is_relative_to(fresh_venv), (module, res[module])
+        assert Path(res[module]).is_relative_to(venv), (module, res[module])
+    assert res["vllm"] == version
     assert not Path(res["plugin"]).is_relative_to(ROOT)
     # register() ran: every target vLLM imported on loading plugins is wrapped, none failed
     assert res["wrapped"] and len(res["wrapped"]) == res["targets"], res
@@ -216,9 +272,10 @@ def test_vllm_loads_the_plugin_from_the_wheel(fresh_venv: Path, tmp_path: Path) 
 
 
 @pytest.mark.vllm
-def test_installed_command_runs(fresh_venv: Path, tmp_path: Path) -> None:
-    env = _venv_env(fresh_venv)
-    memest = str(fresh_venv / "bin" / "memest")
+def test_installed_command_runs(fresh_venv: tuple[str, Path], tmp_path: Path) -> None:
+    _, venv = fresh_venv
+    env = _venv_env(venv)
+    memest = str(venv / "bin" / "memest")
     version = _run([memest, "--version"], env=env, cwd=tmp_path)
     assert version.stdout.strip() == f"memest {__version__}"
     plan = _run([memest, "plan", "--json"], env=env, cwd=tmp_path)

@@ -141,8 +141,13 @@ def test_kv_cache_bytes_is_vllms_measure_kv_cache_bytes_over_many_readings() -> 
             "torch_reserve_growth_bytes": rng.randrange(0, 12 * gib),
         }
         floor = rng.choice([None, 0, 256 << 20])
-        ours = row.extensible_kv.kv_cache_bytes(**reading, margin_floor_bytes=floor)
+        fraction = rng.choice([None, 0.0, 0.5])
+        ours = row.extensible_kv.kv_cache_bytes(
+            **reading, margin_floor_bytes=floor, margin_fraction=fraction
+        )
         extra = {} if floor is None else {"margin_floor_bytes": floor}
+        if fraction is not None:
+            extra["margin_fraction"] = fraction
         assert ours == measure_kv_cache_bytes(**reading, **extra), reading
 
 

@@ -24,7 +24,7 @@ from memest_instrumentation.vllm.patches import (
     apply_patch,
     remove_patch,
 )
-from memest_instrumentation.vllm.targets import MODULES
+from memest_instrumentation.vllm.targets import MODULES_BY_VERSION
 
 logger = logging.getLogger("memest.vllm")
 
@@ -34,17 +34,50 @@ __all__ = [
     "help_text",
     "instrument",
     "instrument_on_import",
+    "modules",
     "patches",
     "register",
     "uninstrument",
+    "vllm_release",
 ]
 
 
-def patches() -> tuple[Patch, ...]:
-    """Every patch memest installs on vLLM 0.33.0 (Worker, Model Runner V2 and V1)."""
-    from memest_instrumentation.vllm.hooks import PATCHES
+def vllm_release() -> str | None:
+    """The installed vLLM release when memest supports it (``targets.MODULES_BY_VERSION``);
+    None otherwise, after one warning naming it. Read from package metadata: no vLLM import.
+    Without vLLM installed, the newest supported release (the patch list of tests)."""
+    from memest.vllm_versions import NEWEST, installed_vllm_version
 
-    return PATCHES
+    version = installed_vllm_version()
+    if version is None:
+        return NEWEST.version
+    if version in MODULES_BY_VERSION:
+        return version
+    if version not in _WARNED:
+        _WARNED.add(version)
+        logger.warning(
+            "memest: vLLM %s is not supported (supported: %s); the plugin installs nothing",
+            version,
+            ", ".join(MODULES_BY_VERSION),
+        )
+    return None
+
+
+_WARNED: set[str] = set()
+
+
+def patches() -> tuple[Patch, ...]:
+    """Every patch memest installs on the installed vLLM (none on an unsupported release)."""
+    from memest_instrumentation.vllm.hooks import PATCHES_BY_VERSION
+
+    release = vllm_release()
+    return () if release is None else PATCHES_BY_VERSION[release]
+
+
+def modules() -> tuple[str, ...]:
+    """The vLLM modules memest patches on the installed release (none when unsupported)."""
+    release = vllm_release()
+    return () if release is None else MODULES_BY_VERSION[release]
 
 
 def instrument() -> list[str]:
@@ -90,8 +123,9 @@ def instrument_on_import() -> list[str]:
     Returns:
         The problems of the patches installed now (the others are recorded as they go in).
     """
-    loaded = [m for m in MODULES if m in sys.modules]
-    _WATCH.start({m for m in MODULES if m not in loaded})
+    targets = modules()
+    loaded = [m for m in targets if m in sys.modules]
+    _WATCH.start({m for m in targets if m not in loaded})
     return [problem for module in loaded for problem in _patch_module(module)]
 
 

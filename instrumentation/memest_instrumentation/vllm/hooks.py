@@ -1,4 +1,4 @@
-"""The wrappers around vLLM 0.33.0's startup methods, and the list of patches that install them.
+"""The wrappers around vLLM's startup methods, and the patch lists that install them per release.
 
 Phase and stage windows live in ``windows``, stage detection in ``detect``, memest's second,
 warm profile pass in ``warm_pass``.
@@ -18,9 +18,24 @@ from memest.schema import PhaseRecord
 from memest.snapshot.tags import pool_key
 from memest_instrumentation.vllm import measure, plan_path
 from memest_instrumentation.vllm.detect import role_of, stage_of
+from memest_instrumentation.vllm.extensible import (
+    after_extend,
+    growable,
+    wrap_measure_kv_cache_blocks,
+    wrap_measure_kv_cache_bytes,
+)
 from memest_instrumentation.vllm.patches import Patch
 from memest_instrumentation.vllm.state import guarded, state
-from memest_instrumentation.vllm.targets import ADAPTORS, ATTN, AV, CG, W1, W2, WORKER
+from memest_instrumentation.vllm.targets import (
+    ADAPTORS,
+    ATTN,
+    AV,
+    CG,
+    EXTENSIBLE,
+    W1,
+    W2,
+    WORKER,
+)
 from memest_instrumentation.vllm.warm_pass import warm_profile_peak
 from memest_instrumentation.vllm.windows import (
     begin_phase,
@@ -132,6 +147,10 @@ def _after_determine(self: Any, args: Any, kwargs: Any, result: Any, record: Any
         else:
             guarded("warm_profile", warm_profile_peak, self)
     if state().settings.estimate == "apply":
+        if growable(self):
+            # vLLM 0.34 sizes a growable cache after capture: memest applies its terms there
+            # (extensible.py); what this returns is only the cache's reserved capacity.
+            return None
         return apply.applied_budget(self, result)
     return None
 
@@ -194,6 +213,8 @@ def _after_init_from_config(self: Any, args: Any, kwargs: Any, result: Any, reco
 def _after_compile(self: Any, args: Any, kwargs: Any, result: Any, record: Any) -> None:
     from memest_instrumentation.vllm import finish
 
+    if growable(self):
+        return  # the report follows Worker.extend_kv_cache, once the committed size is known
     finish.end_of_init(self)
 
 
@@ -351,6 +372,7 @@ def _profile_run_patch(module: str, runner: str) -> Patch:
     )
 
 
+#: vLLM 0.33.0's patches (the list every release's row starts from).
 PATCHES: tuple[Patch, ...] = (
     Patch(
         "init_device",
@@ -509,3 +531,42 @@ PATCHES: tuple[Patch, ...] = (
     ),
     *_adaptor_patches(),
 )
+
+#: vLLM 0.34's growable KV cache (extensible.py). ``measure_kv_cache_blocks`` is patched where
+#: gpu_worker imported it by name; ``measure_kv_cache_bytes`` where the former looks it up.
+EXTENSIBLE_PATCHES: tuple[Patch, ...] = (
+    Patch(
+        "kv_cache_sizing",
+        WORKER,
+        None,
+        "measure_kv_cache_blocks",
+        ("kv_cache", "vllm_config", "device"),
+        wrap_measure_kv_cache_blocks,
+        runner="v2",
+    ),
+    Patch(
+        "kv_cache_sizing",
+        EXTENSIBLE,
+        None,
+        "measure_kv_cache_bytes",
+        ("init_free_memory", "free_memory", "committed_bytes", "requested_memory"),
+        wrap_measure_kv_cache_bytes,
+        runner="v2",
+    ),
+    Patch(
+        "kv_cache_extend",
+        WORKER,
+        "Worker",
+        "extend_kv_cache",
+        ("self", "num_blocks"),
+        phase_wrapper("kv_cache_extend", "kv_cache_extend", after=after_extend),
+        runner="v2",
+    ),
+)
+
+#: The patches per supported release (memest.vllm_versions.VERSIONS): a new release is a row.
+#: vLLM 0.34 has no Model Runner V1 and adds the growable KV cache.
+PATCHES_BY_VERSION: dict[str, tuple[Patch, ...]] = {
+    "0.33.0": PATCHES,
+    "0.34.0": (*(p for p in PATCHES if p.runner != "v1"), *EXTENSIBLE_PATCHES),
+}

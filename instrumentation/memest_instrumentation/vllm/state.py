@@ -108,6 +108,14 @@ class PlanState:
     split_scope: Any = None  # vLLM's split-limit scope around a bare profile run (plan_path.py)
 
 
+@dataclass
+class ExtensibleSizing:
+    """vLLM 0.34's growable-cache sizing as its measure_kv_cache_bytes call saw it."""
+
+    readings: dict[str, Any] | None = None  # its arguments, and the bytes vLLM's own terms gave
+    memest_terms: dict[str, Any] | None = None  # apply: the arguments memest passed instead
+
+
 def _vllm_figures() -> VllmFigures:
     from memest.schema import VllmFigures
 
@@ -137,6 +145,7 @@ class RunState:
     graph_profile: GraphProfiling = field(default_factory=GraphProfiling)
     apply_terms: ApplyOutcome = field(default_factory=ApplyOutcome)
     plan: PlanState = field(default_factory=PlanState)
+    extensible_sizing: ExtensibleSizing = field(default_factory=ExtensibleSizing)
     capture_pool: str | None = None
     profiling_kv: bool = False
     finalized: bool = False

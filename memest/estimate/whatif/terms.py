@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from memest.analysis.owners import COMPILED_PIECE, CUBLAS_WORKSPACE
+from memest.estimate.activation import sampler_reserve
 from memest.estimate.mla_context import run_mla_context_bytes
 from memest.estimate.parallel import parallel_bytes, start_layout
 from memest.estimate.phases import budget_bytes, phase, total_bytes
@@ -44,12 +45,15 @@ def _activation(
 ) -> tuple[int, str | None]:
     """The profile pass's activation headroom at G' and the law that moved it.
 
-    The profile pass runs max_num_batched_tokens tokens: its activations are that many rows wide
-    (real vLLM, Llama-8B shape: 300 MiB at 2,048 tokens, 592 MiB at 4,096). A drafter added or
+    The profile pass runs max_num_batched_tokens tokens: its forward's activations are that many
+    rows wide (real vLLM, Llama-8B shape: 300 MiB at 2,048 tokens, 592 MiB at 4,096), then its
+    sampler samples max_num_seqs rows, whose reserve over the forward's freed segments is
+    derived at each grid (memest.estimate.sampler; needs the model's shape). A drafter added or
     dropped adds or removes its share (memest.estimate.activation with ``drafter_factor``).
     """
     act = terms.profile_peak_activation_bytes
     mbt, mbt2 = plans[0].max_num_batched_tokens, plans[1].max_num_batched_tokens
+    seqs, seqs2 = plans[0].max_num_seqs, plans[1].max_num_seqs
     had, has = configs[0].speculative_method, configs[1].speculative_method
     laws: list[str] = []
     if had and not has and mbt:
@@ -57,13 +61,27 @@ def _activation(
         if share is not None:
             act = max(act - share, 0)
             laws.append(f"drafter's share removed ({share} B at G)")
-    out = act
+    reserve = reserve2 = 0
+    if s.target is not None and mbt and mbt2:
+        reserve, reserve2 = (
+            sampler_reserve(s.target, seqs, mbt),
+            sampler_reserve(s.target, seqs2, mbt2),
+        )
+    forward = max(act - reserve, 0)
+    out = forward
     if mbt and mbt2 and mbt != mbt2:
-        out = round(act * mbt2 / mbt)
+        out = round(forward * mbt2 / mbt)
         laws.insert(0, "max_num_batched_tokens")
         notes.append(
-            f"activation headroom {act} -> {out} B "
+            f"activation headroom {forward} -> {out} B "
             f"(scales with max_num_batched_tokens {mbt} -> {mbt2})"
+        )
+    out += reserve2
+    if reserve2 != reserve:
+        laws.append(f"the sampler's {seqs2}-row reserve (memest.estimate.sampler)")
+        notes.append(
+            f"the full-batch sampler's reserve {reserve} -> {reserve2} B ({seqs} -> {seqs2} "
+            "rows sampled over the forward's freed segments)"
         )
     if has and not had and mbt2:
         share = drafter_activation(mbt2, s, drafter_factor, has, notes)

@@ -219,44 +219,61 @@ def _gib(n: int | None) -> str:
     return f"{n / GiB:.3f}"
 
 
+#: vLLM 0.33.0's capture sizes on SM100 (VllmConfig._set_cudagraph_sizes) at 1,024 seqs and
+#: K = 7: maximum min(1024 x (1 + 7) x 2, 1024) = 1024; 1, 2, 4, every 8 to 248, every 16 from
+#: 256 to 1024: 3 + 31 + 49 = 83 sizes (every decode size n x 8 <= 1024 is among them).
+MAIN_SIZES_K7 = [1, 2, 4, *range(8, 256, 8), *range(256, 1025, 16)]
+
+
+def _uniform_decode_counts(q: int, limit: int) -> set[int]:
+    """Request counts of vLLM's uniform-decode graphs at query length q: each capture size
+    rounded up to a multiple of q (CudaGraphManager._init_candidates), at most ``limit``."""
+    return {-(-s // q) for s in MAIN_SIZES_K7 if -(-s // q) <= limit}
+
+
 def test_compare_reproduces_the_seeds_main_to_pr_columns(demo_client: TestClient) -> None:
     cmp = demo_client.get("/api/v1/compare", params={"a": DS_MAIN, "b": DS_PR}).json()
     stages = {d["key"]: d for d in cmp["stages"]}
-    # "Measured graph counts, capture-stage memory": DeepSeek-V4-Flash + DSpark K=7.
-    assert (_gib(stages["target.piecewise"]["a"]), _gib(stages["target.piecewise"]["b"])) == (
-        "0.912",
-        "3.531",
-    )
-    assert (_gib(stages["target.full"]["a"]), _gib(stages["target.full"]["b"])) == (
-        "2.674",
-        "10.525",
-    )
-    assert (_gib(stages["draft.block.full"]["a"]), _gib(stages["draft.block.full"]["b"])) == (
-        "0.740",
-        "2.994",
-    )
-    assert (_gib(stages["total"]["a"]), _gib(stages["total"]["b"])) == ("4.326", "17.051")
+    # Measured on GB200 and published by the seed (memest.demo's SEED_DOCUMENT), GiB per capture
+    # stage, main -> PR: DeepSeek-V4-Flash + DSpark K=7. The API must give them back unchanged.
+    published = {
+        "target.piecewise": ("0.912", "3.531"),
+        "target.full": ("2.674", "10.525"),
+        "draft.block.full": ("0.740", "2.994"),
+        "total": ("4.326", "17.051"),
+    }
+    for key, columns in published.items():
+        assert (_gib(stages[key]["a"]), _gib(stages[key]["b"])) == columns, key
+    # The pool total is the stages' sum: 0.912 + 2.674 + 0.740 = 4.326; 3.531 + 10.525 + 2.994
+    # = 17.050 (17.051 published: each figure rounded apart).
+    # Graph counts from the rules, not the table. main = vLLM 0.33.0: PIECEWISE takes every size
+    # (83); target FULL at q = 8 takes ceil(s / 8) <= 1024 / 8 = 128: 1, 1..31, 32..128 by 2 = 80
+    # distinct; DSpark's block routine at q = K = 7 takes ceil(s / 7) <= 1024 // 7 = 146: 1,
+    # ceil(8k / 7) for k = 1..31, ceil(16j / 7) up to 1008 / 7 = 144: 1 + 31 + 48 = 80.
+    main = (len(MAIN_SIZES_K7), len(_uniform_decode_counts(8, 128)))
+    main_block = len(_uniform_decode_counts(7, 146))
+    assert (main, main_block, max(_uniform_decode_counts(7, 146))) == ((83, 80), 80, 144)
+    # PR = the seed's five fields at its GB200 defaults: PIECEWISE to 8,192 tokens (39 sizes,
+    # Appendix A d), FULL decode to 4096 // 8 = 512 requests (48) and 4096 // 7 = 585 (51): the
+    # published table's counts.
+    expected = {
+        "target.piecewise": (main[0], 39),
+        "target.full": (main[1], 48),
+        "draft.block.full": (main_block, 51),
+    }
     counts = {d["key"]: (d["a"], d["b"]) for d in cmp["stage_graph_counts"]}
-    assert counts == {
-        "target.piecewise": (83, 39),
-        "target.full": (80, 48),
-        "draft.block.full": (80, 51),
-        "total": (243, 138),
-    }
-    # The capture plans (memest.plan) give the same runner counts as the published table.
+    assert counts == {**expected, "total": (83 + 80 + 80, 39 + 48 + 51)}
+    # memest.plan's capture plans give the same counts as the rules above.
     runners = {d["key"]: (d["a"], d["b"]) for d in cmp["runners"]}
-    assert runners == {
-        "target.piecewise": (83, 39),
-        "target.full": (80, 48),
-        "draft.block.full": (80, 51),
-    }
+    assert runners == expected
     phases = {d["key"]: (_gib(d["a"])[:-1], _gib(d["b"])[:-1]) for d in cmp["phases"]}
-    assert phases["total"] == ("5.81", "18.66")
-    # "Budget and resulting KV capacity": 0.81x.
-    assert round(cmp["kv_ratio"], 2) == 0.81
+    assert phases["total"] == ("5.81", "18.66")  # published: total CUDA-graph memory
+    # KV capacity ratio from the published KV tokens: 6,208,214 / 7,660,426 = 0.8104.
+    assert round(cmp["kv_ratio"], 4) == round(6_208_214 / 7_660_426, 4)
     est = {d["key"]: d for d in cmp["estimate"]}
     assert (est["kv_tokens"]["a"], est["kv_tokens"]["b"]) == (7_660_426, 6_208_214)
     owners = {d["key"]: d for d in cmp["owners"]}
+    # published trigger: the DSA indexer's logits converted BF16 -> FP32 in the widest FULL graph
     assert _gib(owners["target.full/indexer_logits_fp32"]["b"]) == "8.016"
 
 

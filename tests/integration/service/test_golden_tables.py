@@ -1,5 +1,6 @@
 """Every table surface prints exactly what it printed before: the golden outputs under
-tests/data/golden_tables (tests/golden_tables.py renders them and says how to regenerate)."""
+tests/data/golden_tables (tests/golden_tables.py renders them and says how to regenerate, with
+the reason). A change detector: it proves the output did not change, not that it is right."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Golden answers of the service's what-if routes (POST /api/v1/runs/{id}/estimate, POST
 /api/v1/what-if) and of POST /api/v1/preflight, refusals included: each answer's status and
-body, byte for byte as tests/data/golden/service/ holds them (see tests/golden.py)."""
+body, byte for byte as tests/data/golden/service/ holds them. They detect a change, not the
+truth of a figure (tests/golden.py says how a change is regenerated with its reason)."""
 
 from __future__ import annotations
 

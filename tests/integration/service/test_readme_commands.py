@@ -29,8 +29,8 @@ README = ROOT / "README.md"
 
 NOT_RUN = {
     "bash scripts/test.sh": "the test command itself: .ci/run runs it",
-    "pip install 'vllm-memest[vllm]'": "installs vLLM 0.33.0 from the registry; scripts/test.sh "
-    "installs the same extra",
+    "pip install 'dist/vllm_memest-0.1.0-py3-none-any.whl[vllm]'": "installs vLLM 0.33.0; "
+    "tests/integration/test_wheel.py installs this wheel beside vLLM 0.33.0 and 0.34.0",
     "MEMEST_ENABLE=1 MEMEST_OUTPUT_DIR=/var/memest vllm serve ...": "starts vLLM: needs a GPU "
     "(lab/serve_runs.py runs it on the lent H200)",
 }

@@ -17,6 +17,7 @@ from memest.estimate import what_if
 from memest.estimate.inverse import largest_max_num_seqs, utilization_for_tokens
 from memest.plan.overlay import overlay_config
 from memest.schema import RunReport
+from memest.units import GiB
 
 REPORT_PATH = (
     Path(__file__).resolve().parents[2]
@@ -124,30 +125,32 @@ def test_largest_max_num_seqs_that_keeps_n_tokens(report: RunReport) -> None:
     assert kv(seqs) >= tokens > kv(seqs + 1)
 
 
-def test_cli_prints_the_flag_for_the_new_grid(
-    report: RunReport, capsys: pytest.CaptureFixture[str]
+CONFIGS = Path(__file__).resolve().parents[2] / "data/configs"
+#: C's grid (call 6: 64 seqs, EAGLE3 K=3, utilization 0.85) written as changes to E's.
+C_GRID = {
+    "max_num_seqs": 64,
+    "gpu_memory_utilization": 0.85,
+    "speculative_config": {"method": "eagle3", "num_speculative_tokens": 3},
+}
+#: The KV cache that fills C's budget exactly, measured (reports/vllm/validation.json, call 6
+#: memest-apply): 108,463,128,576 B of KV with usage 17,055,744 B over the budget at serving's
+#: first full-size step, so 108,463,128,576 - 17,055,744 = 108,446,072,832 B.
+C_EXACT_KV = 108_463_128_576 - 17_055_744
+
+
+def test_cli_prints_the_flag_a_measured_start_at_the_new_grid_holds(
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    grid = '{"max_num_seqs": 512}'
-    assert main(["estimate", "--from", str(REPORT_PATH), "--grid", grid, "--json"]) == 0
+    argv = [
+        *("estimate", "--from", str(REPORT_PATH), "--grid", json.dumps(C_GRID)),
+        *("--model-config", str(CONFIGS / "llama8b.json")),
+        *("--drafter-config", str(CONFIGS / "eagle3_8b.json"), "--json"),
+    ]
+    assert main(argv) == 0
     payload = json.loads(capsys.readouterr().out)
-    # The flag is G''s budget less every non-KV term at G', summed here from the printed terms.
-    to = payload["what_if"]["terms_to"]
-    non_kv = sum(
-        to[t]
-        for t in (
-            "baseline_torch_bytes",
-            "weights_bytes",
-            "profile_peak_activation_bytes",
-            "mla_context_bytes",
-            "outside_torch_bytes",
-            "graph_pool_bytes",
-            "runner_buffer_bytes",
-            "profiling_residue_bytes",
-            "margin_bytes",
-        )
-    )
-    assert payload["kv_cache_memory_bytes_to"] == to["requested_bytes"] - non_kv
-    assert payload["kv_cache_memory_bytes_to"] != payload["kv_cache_memory_bytes"]
+    # E's flag for C's grid, against what C's own start measured: within the what-if's 0.1 GiB
+    error = payload["kv_cache_memory_bytes_to"] - C_EXACT_KV
+    assert abs(error) < 0.1 * GiB, error / GiB
 
 
 def test_cli_inverse_question(capsys: pytest.CaptureFixture[str]) -> None:

@@ -177,7 +177,10 @@ def test_the_start_sized_with_the_term_is_within_a_tenth_of_a_gib_at_its_peak() 
 def test_the_what_if_resizes_the_term_with_the_workspace() -> None:
     """At 1,024 seqs vLLM's workspace is 4 x 1,024 x 16 = 65,536 tokens, twice 8 x 4,096: the
     chunk doubles (640 MiB more, the chunk call 17 measured), the step's own tensors stay; a grid
-    that keeps the workspace keeps the term."""
+    that keeps the workspace keeps the term. The batch step at 1,024 rows reserves a bf16 and a
+    float32 logits tensor of 1,024 x 102,400 (200 + 400 MiB, no freed forward block of 2,048
+    tokens holds either), which the activation headroom holds: the prefill over context needs
+    only what lies beyond it (transients of two steps combine by max)."""
     from memest.estimate import what_if
 
     report = RunReport.model_validate_json(
@@ -185,7 +188,14 @@ def test_the_what_if_resizes_the_term_with_the_workspace() -> None:
     )
     wide = what_if(report, {"max_num_seqs": 1024})
     assert wide.terms_to is not None and wide.terms_from is not None
-    assert wide.terms_to.mla_context_bytes - wide.terms_from.mla_context_bytes == 640 * MiB
+    sampler = 1024 * 102400 * (2 + 4)
+    assert sampler == 600 * MiB
+    moved = wide.terms_to.mla_context_bytes - wide.terms_from.mla_context_bytes
+    assert moved == 640 * MiB - sampler
+    assert (
+        wide.terms_to.profile_peak_activation_bytes - wide.terms_from.profile_peak_activation_bytes
+        == sampler
+    )
     assert "mla_context_bytes" in wide.term_laws
     same = what_if(report, {"max_num_seqs": 32})
     assert same.terms_to is not None and same.terms_from is not None

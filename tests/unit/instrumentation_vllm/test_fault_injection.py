@@ -168,12 +168,59 @@ def _mla_context(monkeypatch: pytest.MonkeyPatch) -> object:
     return apply._mla_context_bytes(SimpleNamespace(vllm_config=None))
 
 
+def _growable_worker() -> SimpleNamespace:
+    kv_cache = SimpleNamespace(
+        capacity_blocks=100,
+        bytes_per_block=1 << 20,
+        reserved_headroom_bytes=1 << 30,
+        torch_reserve_growth_bytes=0,
+        torch_memory_limit=None,
+        num_committed_blocks=40,
+        physical_bytes=40 << 20,
+    )
+    return SimpleNamespace(
+        cache_config=SimpleNamespace(enable_extensible_kv_cache=True),
+        model_runner=SimpleNamespace(extensible_kv_cache=kv_cache),
+    )
+
+
+def _kv_cache_sizing(monkeypatch: pytest.MonkeyPatch) -> object:
+    """vLLM 0.34's growable-cache sizing in apply mode: measure_kv_cache_blocks calling
+    measure_kv_cache_bytes, both wrapped as the plugin wraps them (stand-ins for vLLM's)."""
+    from memest_instrumentation.vllm.extensible import (
+        wrap_measure_kv_cache_blocks,
+        wrap_measure_kv_cache_bytes,
+    )
+
+    monkeypatch.setenv("MEMEST_ESTIMATE", "apply")
+    reset_state()
+    measure_bytes = wrap_measure_kv_cache_bytes(lambda **kw: 60 << 20)
+    readings = {"init_free_memory": 1 << 33, "free_memory": 1 << 32, "committed_bytes": 0}
+
+    def measure_blocks(kv_cache: object, *args: object, **kwargs: object) -> int:
+        return int(measure_bytes(**readings, requested_memory=1 << 33)) >> 20
+
+    worker = _growable_worker()
+    return wrap_measure_kv_cache_blocks(measure_blocks)(worker.model_runner.extensible_kv_cache)
+
+
+def _kv_cache_extend(monkeypatch: pytest.MonkeyPatch) -> object:
+    """vLLM 0.34's Worker.extend_kv_cache, wrapped as the plugin wraps it (the report follows)."""
+    from memest_instrumentation.vllm.hooks import EXTENSIBLE_PATCHES
+
+    patch = next(p for p in EXTENSIBLE_PATCHES if p.name == "kv_cache_extend")
+    return patch.make(lambda self, num_blocks: "extended")(_growable_worker(), 40)
+
+
 #: Hooks the fake start does not reach, each driven through the code that guards it, with what
 #: that code must still return to vLLM when the hook raises.
 DIRECT: dict[str, tuple[Callable[[pytest.MonkeyPatch], object], object]] = {
     "capture.before": (_v1_capture, "captured"),
     "allocate_kv_cache": (_v1_allocate_kv_cache, "allocated"),
     "mla_context": (_mla_context, 0),
+    "kv_cache_sizing": (_kv_cache_sizing, 60),
+    "kv_cache_extend": (_kv_cache_extend, "extended"),
+    "kv_cache_extend.after": (_kv_cache_extend, "extended"),
 }
 
 

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 import memest_instrumentation.vllm as plugin
+import pytest
 from conftest import vllm_or_skip
-from memest_instrumentation.vllm.targets import MODULES
+from memest_instrumentation.vllm.hooks import PATCHES_BY_VERSION
+from memest_instrumentation.vllm.targets import MODULES_BY_VERSION
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -27,7 +29,27 @@ def _run(code: str) -> dict[str, object]:
 
 
 def test_every_patched_module_is_watched() -> None:
-    assert {p.module for p in plugin.patches()} == set(MODULES)
+    assert {p.module for p in plugin.patches()} == set(plugin.modules())
+    for release, patches in PATCHES_BY_VERSION.items():
+        assert {p.module for p in patches} == set(MODULES_BY_VERSION[release]), release
+
+
+def test_an_unsupported_vllm_gets_one_warning_and_no_patch(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.35.0")
+    monkeypatch.setattr(plugin, "_WARNED", set())
+    with caplog.at_level("WARNING", logger="memest.vllm"):
+        assert plugin.patches() == ()
+        assert plugin.instrument_on_import() == []
+        assert plugin.instrument() == []
+    warnings = [r.getMessage() for r in caplog.records if "0.35.0" in r.getMessage()]
+    assert warnings == [
+        "memest: vLLM 0.35.0 is not supported (supported: 0.33.0, 0.34.0); "
+        "the plugin installs nothing"
+    ]
 
 
 def test_register_imports_nothing_heavy() -> None:

@@ -18,7 +18,7 @@ import pytest
 from tests.unit.instrumentation_vllm.conftest import vllm_or_skip
 from tests.unit.lab.test_dspark_plan import CAPTURE_SIZES, DRAFT_BLOCK_REQUESTS
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_release("0.33.0")]
 
 
 def _manager(

@@ -15,9 +15,30 @@ from memest.schema.plan import CapturePlan
 
 GB200: dict[str, Any] = {"sm100": True, "max_num_seqs": 1024, "max_num_batched_tokens": 16384}
 OTHER: dict[str, Any] = {"sm100": False, "max_num_seqs": 1024, "max_num_batched_tokens": 8192}
-#: 7 / 3 / 1 dynamic SD. The seed does not publish its batch ranges; with these the seed's
-#: GB200 target figure (112) follows from the per-tier rule.
+#: 7 / 3 / 1 dynamic SD over batch sizes 1-16, 17-256 and 257-1024. The seed publishes its
+#: figures for a 7 / 3 / 1 schedule but not its batch ranges, so the dynamic-SD cells below are
+#: derived by hand for these ranges from vLLM's rules and the seed's grids, not taken from it.
 DYN_7_3_1 = ((1, 16, 7), (17, 256, 3), (257, 1024, 1))
+#: vLLM 0.33.0's default capture sizes (VllmConfig._set_cudagraph_sizes) at 1,024 seqs and K = 7:
+#: the maximum is min(1024 x 8 x 2, ceiling) with the ceiling 1024 on SM100 and 512 elsewhere;
+#: 1, 2, 4, every 8 to 248, every 16 from 256 to the maximum. Every uniform-decode size the
+#: schedule adds (n x q for vLLM's request counts n of each tier) is a multiple of 8 below 256
+#: or of 16 above, so already listed: 3 + 31 + 49 = 83 sizes on SM100, 3 + 31 + 17 = 51 off it.
+MAIN_SIZES_SM100 = [1, 2, 4, *range(8, 256, 8), *range(256, 1025, 16)]
+MAIN_SIZES_OTHER = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
+#: The seed's decode grid (Appendix A c) to 16 requests: every count to 6, then stride
+#: pow2_floor(0.65 x n^(2/3)) = 2 at n = 6, 8, 10, 12, 14: 1-6, 8, 10, 12, 14, 16.
+SEED_DECODE_16 = [1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16]
+#: The seed's decode grid to 256, 512 and 1,024 requests: 37, 48 and 64 graphs, its published
+#: cells (test_target_uniform_decode_gb200 at K = 15, 7 and 0).
+SEED_DECODE_COUNT = {16: len(SEED_DECODE_16), 256: 37, 512: 48, 1024: 64}
+
+
+def ceil_counts(sizes: list[int], q: int, limit: int) -> int:
+    """How many uniform-decode graphs vLLM captures at query length q: each capture size rounded
+    up to a multiple of q (CudaGraphManager._init_candidates), ceil(s / q) requests, kept while
+    at most ``limit`` = min(max_num_seqs, min(max_num_seqs x q_target, maximum) // q)."""
+    return len({-(-s // q) for s in sizes if -(-s // q) <= limit})
 
 
 def cell(plan: CapturePlan, runner: str) -> tuple[int, int]:
@@ -165,15 +186,32 @@ def test_multi_module_mtp() -> None:
 def test_dynamic_sd_gb200() -> None:
     dyn = {"spec_method": "eagle3", "num_speculative_tokens": 7, "dynamic_sd": DYN_7_3_1}
     (seed_target, main_target) = both("target.full", **GB200, **dyn)
-    assert (seed_target[0], main_target[0]) == (112, 243)
+    # The seed: one tier per K at q = K + 1, each to min(its widest batch, 4096 // q) requests
+    # on its own grid: q = 8 to min(16, 512) = 16, q = 4 to min(256, 1024) = 256, q = 2 to
+    # min(1024, 2048) = 1024: 11 + 37 + 64 = 112.
+    assert seed_target[0] == sum(SEED_DECODE_COUNT[n] for n in (16, 256, 1024)) == 112
+    # vLLM: every tier to the target's reach, 1024 // q requests of the 1,024-token maximum:
+    # q = 8: 1, 1-31, 32-128 by 2 = 80; q = 4: 1, 2-62 by 2, 64-256 by 4 = 81; q = 2: 1, 2,
+    # 4-124 by 4, 128-512 by 8 = 82; 243 in all.
+    main = [ceil_counts(MAIN_SIZES_SM100, q, 1024 // q) for q in (8, 4, 2)]
+    assert main_target[0] == sum(main) == 80 + 81 + 82
     (seed_one, main_one) = both("draft.steps.full", **GB200, **dyn)
-    assert (seed_one[0], main_one[0]) == (128, 166)
+    # One-token draft steps, one row per K >= 2 of the schedule (7 and 3): the seed's grid to
+    # min(1024, 4096) = 1024 requests (64) each; vLLM's 83 sizes each.
+    assert (seed_one[0], main_one[0]) == (2 * 64, 2 * len(MAIN_SIZES_SM100))
 
 
 def test_dynamic_sd_off_sm100_main_and_one_token() -> None:
     dyn = {"spec_method": "eagle3", "num_speculative_tokens": 7, "dynamic_sd": DYN_7_3_1}
-    assert both("target.full", **OTHER, **dyn)[1][0] == 147
-    assert [c[0] for c in both("draft.steps.full", **OTHER, **dyn)] == [128, 102]
+    # The 512-token maximum: q = 8 to 64 requests (1, 1-31, 32-64 by 2 = 48), q = 4 to 128
+    # (49), q = 2 to 256 (50): 147.
+    main = [ceil_counts(MAIN_SIZES_OTHER, q, 512 // q) for q in (8, 4, 2)]
+    assert both("target.full", **OTHER, **dyn)[1][0] == sum(main) == 48 + 49 + 50
+    # No decode budget off SM100: the seed's one-token grid to 1024 (64) per K; vLLM's 51 sizes.
+    assert [c[0] for c in both("draft.steps.full", **OTHER, **dyn)] == [
+        2 * 64,
+        2 * len(MAIN_SIZES_OTHER),
+    ]
 
 
 @pytest.mark.xfail(
@@ -216,12 +254,16 @@ def test_interactivity_mode_prefill() -> None:
 
 
 def test_drafter_coupling_dflash_dynamic_sd() -> None:
-    # DFlash K=7, dynamic SD 7/3/1, prefill cap 128 → 8192: 37 → 48 graphs, 256 → 512 requests
+    # DFlash K=7 at q = 8: its cap is min(1024 requests, the recorded maximum // 8, 4096 // 8).
+    # The recorded maximum is the widest graph of any kind: with prefill to 128 tokens it is the
+    # q = 2 tier's 1024 x 2 = 2048 tokens (q = 4: 256 x 4 = 1024; q = 8: 16 x 8 = 128), so the
+    # cap is 2048 // 8 = 256 (37 graphs); with prefill to 8192 it is 8192 // 8 = 1024 and the
+    # budget's 512 binds (48 graphs).
     dyn = {"spec_method": "dflash", "num_speculative_tokens": 7, "dynamic_sd": DYN_7_3_1}
     low = resolve(PlanInput(**GB200, **dyn, max_prefill_cudagraph_capture_tokens=128), "seed")
     high = resolve(PlanInput(**GB200, **dyn, max_prefill_cudagraph_capture_tokens=8192), "seed")
-    assert cell(low, "draft.block.full") == (37, 256)
-    assert cell(high, "draft.block.full") == (48, 512)
+    assert cell(low, "draft.block.full") == (SEED_DECODE_COUNT[256], 2048 // 8)
+    assert cell(high, "draft.block.full") == (SEED_DECODE_COUNT[512], 4096 // 8)
 
 
 def test_legacy_power_of_two_list_with_av_and_dspark() -> None:

@@ -117,7 +117,7 @@ def test_a_kv_cache_shorter_than_one_request_does_not_fit(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # 8192 tokens x 128 KiB per token = 1 GiB: a budget leaving less refuses max_model_len
-    code, _, err = _run(capsys, "--model-config", str(LLAMA), "--gpu-memory-utilization", "0.13")
+    code, _, err = _run(capsys, "--model-config", str(LLAMA), "--gpu-memory-utilization", "0.135")
     assert code == 2 and "does not fit: one request of max_model_len 8,192 tokens" in err
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from memest.estimate.activation import activation_shape
 from memest.estimate.model_shape import layer_token_bytes, model_shape
-from memest.preflight.predict import activation_shape, preflight, request_from
+from memest.preflight.predict import preflight, request_from
 
 ROOT = Path(__file__).resolve().parents[3]
 MIXTRAL = json.loads((ROOT / "lab/models/mixtral_4l/config.json").read_text())

@@ -1,0 +1,132 @@
+"""vLLM 0.34's growable KV cache: memest's hooks on its real sizing functions (CPU).
+
+``measure_kv_cache_blocks`` reads the GPU, so a stand-in plays it, calling the real
+``measure_kv_cache_bytes`` through the module attribute memest patches, as vLLM's does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import memest_instrumentation.vllm as plugin
+import pytest
+from conftest import vllm_or_skip
+from memest_instrumentation.vllm.hooks import EXTENSIBLE_PATCHES, PATCHES_BY_VERSION
+from memest_instrumentation.vllm.state import reset_state, state
+
+pytestmark = [pytest.mark.vllm, pytest.mark.vllm_release("0.34.0")]
+GIB = 1 << 30
+
+# Readings of one sizing, in GiB: 130 free at start, 40 free after capture beside 0.5 committed,
+# 140 requested (utilization 1.0), a 4 GiB transient peak and 1 GiB of torch reservation growth.
+READINGS = {
+    "init_free_memory": 130 * GIB,
+    "free_memory": 40 * GIB,
+    "committed_bytes": GIB // 2,
+    "requested_memory": 140 * GIB,
+}
+TRANSIENT = 4 * GIB
+GROWTH = 1 * GIB
+
+
+@pytest.fixture(autouse=True)
+def _vllm034() -> Any:
+    vllm_or_skip()
+    plugin.uninstrument()
+    yield
+    plugin.uninstrument()
+
+
+def _kv_cache() -> SimpleNamespace:
+    return SimpleNamespace(
+        capacity_blocks=20_000,
+        bytes_per_block=2 << 20,
+        reserved_headroom_bytes=TRANSIENT,
+        torch_reserve_growth_bytes=GROWTH,
+        torch_memory_limit=None,
+        num_committed_blocks=2,
+        physical_bytes=GIB // 2,
+    )
+
+
+def _sizing(memest_headroom: int | None = None) -> int:
+    """vLLM's measure_kv_cache_blocks, less the GPU: its measure_kv_cache_bytes call."""
+    reset_state()  # the settings of the test's environment
+    state().figures.profile_headroom_bytes = memest_headroom
+    import vllm.v1.worker.extensible_kv_cache as ext
+    import vllm.v1.worker.gpu_worker as gw
+
+    def measure_blocks(kv_cache: Any, vllm_config: Any, device: Any, **kwargs: Any) -> int:
+        available = ext.measure_kv_cache_bytes(
+            **READINGS,
+            transient_peak_bytes=kv_cache.reserved_headroom_bytes,
+            torch_reserve_growth_bytes=kv_cache.torch_reserve_growth_bytes,
+        )
+        return int(available // kv_cache.bytes_per_block)
+
+    patched = next(p for p in EXTENSIBLE_PATCHES if p.attr == "measure_kv_cache_blocks")
+    wrapped = patched.make(measure_blocks)
+    assert plugin.instrument() == []
+    assert hasattr(gw.measure_kv_cache_blocks, "__memest_original__")
+    return int(wrapped(_kv_cache(), None, None, init_free_memory=0, requested_memory=0))
+
+
+def test_the_034_patch_list_goes_in_on_the_real_classes() -> None:
+    assert plugin.patches() == PATCHES_BY_VERSION["0.34.0"]
+    assert plugin.instrument() == []
+
+
+def test_vllms_own_sizing_is_recorded_with_its_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    blocks = _sizing()
+    sizing = state().vllm.extensible_kv
+    assert sizing is not None and sizing.sized_by == "vllm"
+    # headroom 40.5 GiB less a margin of max(1, 0.75 x 4) = 3 GiB, less the 4 GiB peak
+    assert sizing.margin_bytes == 3 * GIB
+    assert sizing.vllm_kv_bytes == int(33.5 * GIB)
+    assert blocks == int(33.5 * GIB) // (2 << 20)
+    assert sizing.memest_kv_bytes is None
+    assert (sizing.transient_peak_bytes, sizing.non_torch_reserve_bytes) == (TRANSIENT, 512 << 20)
+
+
+def test_apply_passes_memests_transient_and_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    monkeypatch.setenv("MEMEST_ESTIMATE", "apply")
+    monkeypatch.setenv("MEMEST_MARGIN_BYTES", str(GIB // 4))
+    blocks = _sizing(memest_headroom=5 * GIB)  # memest's warm pass saw more than vLLM
+    sizing = state().vllm.extensible_kv
+    assert sizing is not None and sizing.sized_by == "memest"
+    # headroom 40.5 GiB less memest's 0.25 GiB margin, less its 5 GiB transient
+    assert sizing.memest_kv_bytes == int(35.25 * GIB)
+    assert blocks == int(35.25 * GIB) // (2 << 20)
+    assert sizing.vllm_kv_bytes == int(33.5 * GIB)  # what vLLM alone would have committed
+    assert (sizing.memest_transient_peak_bytes, sizing.memest_margin_bytes) == (5 * GIB, GIB // 4)
+
+
+def test_the_report_follows_extend_kv_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    _sizing()
+    worker_patches = {p.name: p for p in PATCHES_BY_VERSION["0.34.0"] if p.owner == "Worker"}
+    kv_cache = _kv_cache()
+    kv_cache.num_committed_blocks, kv_cache.physical_bytes = 16_000, 16_000 * (2 << 20)
+    worker = SimpleNamespace(
+        cache_config=SimpleNamespace(enable_extensible_kv_cache=True),
+        model_runner=SimpleNamespace(extensible_kv_cache=kv_cache),
+    )
+    warm_up = worker_patches["end_of_init"].make(lambda self: "compile-times")
+    assert warm_up(worker) == "compile-times"
+    assert not state().finalized  # the committed size is not known yet
+    extend = worker_patches["kv_cache_extend"].make(lambda self, num_blocks: None)
+    extend(worker, 16_000)
+    assert state().finalized
+    [path] = (tmp_path / "out").rglob("*.json")
+    report = json.loads(path.read_text())
+    assert [p["name"] for p in report["phases"]][-2:] == ["kv_cache_extend", "end"]
+    sizing = report["vllm"]["extensible_kv"]
+    assert (sizing["committed_blocks"], sizing["committed_bytes"]) == (16_000, 16_000 * (2 << 20))
+    assert report["vllm"]["num_gpu_blocks"] == 16_000
