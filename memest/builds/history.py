@@ -40,6 +40,11 @@ class HistoryPoint(BaseModel):
     source: str
     config_fingerprint: str = ""
     config_summary: str = ""
+    kv_cache_dtype: str | None = Field(
+        default=None,
+        description="The KV cache's element type as the start allocated it (its KV-cache spec): "
+        "runs whose configuration does not record --kv-cache-dtype are told apart by it",
+    )
     series: int = Field(
         default=0, description="Index of the point's configuration in History.configs"
     )
@@ -78,6 +83,7 @@ class HistoryConfig(BaseModel):
     fingerprint: str
     summary: str
     runs: int
+    kv_cache_dtype: str | None = None
     fields: dict[str, str] = Field(
         default_factory=dict,
         exclude=True,  # for legends that tell look-alike configurations apart; not in the API
@@ -146,8 +152,25 @@ def history_entry(report: RunReport) -> HistoryEntry:
         graph_pool_bytes=f.graph_pool_bytes,
         usage_minus_budget_bytes=f.usage_minus_budget_bytes,
         kv_sized_by=f.kv_sized_by,
+        kv_cache_dtype=report.kv_cache.dtype if report.kv_cache is not None else None,
     )
-    return HistoryEntry(point=point, config=report.config, fields=config_values(report.config))
+    fields = config_values(report.config)
+    if point.kv_cache_dtype is not None:
+        fields["KV cache element"] = KV_ELEMENT_WORDS.get(
+            point.kv_cache_dtype, point.kv_cache_dtype
+        )
+    return HistoryEntry(point=point, config=report.config, fields=fields)
+
+
+#: The KV cache's element type as the legend words it (vLLM stores an FP8 KV cache as uint8).
+KV_ELEMENT_WORDS = {"uint8": "1 byte (FP8)"}
+
+
+def series_key(point: HistoryPoint) -> tuple[str, str | None]:
+    """What one series of the history is: a configuration fingerprint and the KV cache's element
+    type (an FP8 KV cache holds twice the tokens of a BF16 one under the same flags, and older
+    reports record no --kv-cache-dtype in their configuration)."""
+    return point.config_fingerprint, point.kv_cache_dtype
 
 
 def history(model: str, reports: Sequence[RunReport]) -> History:
@@ -165,16 +188,20 @@ def history_of(model: str, entries: Sequence[HistoryEntry]) -> History:
     before it.
     """
     points: list[HistoryPoint] = []
-    configs: dict[str, HistoryConfig] = {}
-    series: dict[str, int] = {}
-    last: dict[tuple[str, str | None], HistoryPoint] = {}
+    configs: dict[tuple[str, str | None], HistoryConfig] = {}
+    series: dict[tuple[str, str | None], int] = {}
+    last: dict[tuple[tuple[str, str | None], str | None], HistoryPoint] = {}
     prev: HistoryEntry | None = None
     for entry in sorted(entries, key=lambda e: (e.point.created_at, e.point.run_id)):
-        fp = entry.point.config_fingerprint
+        fp = series_key(entry.point)
         cfg = configs.setdefault(
             fp,
             HistoryConfig(
-                fingerprint=fp, summary=entry.point.config_summary, runs=0, fields=entry.fields
+                fingerprint=fp[0],
+                summary=entry.point.config_summary,
+                runs=0,
+                kv_cache_dtype=fp[1],
+                fields=entry.fields,
             ),
         )
         cfg.runs += 1
@@ -185,8 +212,16 @@ def history_of(model: str, entries: Sequence[HistoryEntry]) -> History:
         )
         if before is not None:
             p.regressions = _regressions(p, before)
-        elif prev is not None and prev.point.config_fingerprint != fp:
+        elif prev is not None and series_key(prev.point) != fp:
             p.config_changes = config_changes(prev.config, entry.config)
+            if prev.point.kv_cache_dtype != p.kv_cache_dtype:
+                p.config_changes.append(
+                    Change(
+                        field="KV cache element",
+                        a=str(prev.point.kv_cache_dtype),
+                        b=str(p.kv_cache_dtype),
+                    )
+                )
         points.append(p)
         last[(fp, p.kv_sized_by)] = p
         prev = entry
@@ -204,11 +239,9 @@ def history_window(hist: History, page: int, size: int = HISTORY_PAGE_RUNS) -> H
     stay those of the whole history."""
     end = max(len(hist.points) - (page - 1) * size, 0)
     points = hist.points[max(end - size, 0) : end]
-    configs = {c.fingerprint: c for c in hist.configs}
-    order = list(dict.fromkeys(p.config_fingerprint for p in points))
-    renumbered = [
-        p.model_copy(update={"series": order.index(p.config_fingerprint)}) for p in points
-    ]
+    configs = {(c.fingerprint, c.kv_cache_dtype): c for c in hist.configs}
+    order = list(dict.fromkeys(series_key(p) for p in points))
+    renumbered = [p.model_copy(update={"series": order.index(series_key(p))}) for p in points]
     return hist.model_copy(update={"points": renumbered, "configs": [configs[fp] for fp in order]})
 
 
