@@ -101,6 +101,9 @@ REGRESSION_LABELS = {
 
 class History(BaseModel):
     model: str
+    config_model: str = Field(
+        default="", exclude=True, description="The newest run's model as its configuration names it"
+    )
     points: list[HistoryPoint]
     configs: list[HistoryConfig] = Field(default_factory=list)
     regression_labels: dict[str, str] = Field(
@@ -225,7 +228,12 @@ def history_of(model: str, entries: Sequence[HistoryEntry]) -> History:
         points.append(p)
         last[(fp, p.kv_sized_by)] = p
         prev = entry
-    return History(model=model, points=points, configs=list(configs.values()))
+    return History(
+        model=model,
+        points=points,
+        configs=list(configs.values()),
+        config_model=prev.config.model if prev is not None else "",
+    )
 
 
 #: Runs per history page (the newest page first; ?page= goes back in time).
