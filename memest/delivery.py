@@ -129,6 +129,8 @@ class _Attempt(NamedTuple):
     store this report; final: no use retrying now, but the report itself may be fine."""
     status: int | None
     message: str
+    field: str | None = None
+    """The field the service named in a refusal."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,8 @@ class PushResult:
     """The service refused this report for good (a 4xx about the report itself)."""
     problems: tuple[str, ...] = ()
     """One line per failed attempt (``attempt N: ...``)."""
+    field: str | None = None
+    """The field the service named when it refused the report."""
 
 
 class ReportEncodingError(MemestError, ValueError):
@@ -290,7 +294,9 @@ def _classify(answer: _Answer, report_id: str | None) -> _Attempt:
     last = f"HTTP {code}: {_error_detail(payload, answer)}"
     if code >= 500 or code in (408, 429):
         return _Attempt("transient", code, last)
-    return _Attempt("final" if code in _CONFIG_STATUSES else "refused", code, last)
+    where = payload.get("field") if payload is not None else None
+    verdict: Literal["final", "refused"] = "final" if code in _CONFIG_STATUSES else "refused"
+    return _Attempt(verdict, code, last, where if isinstance(where, str) else None)
 
 
 def _error_detail(payload: dict[str, Any] | None, answer: _Answer) -> str:
@@ -355,7 +361,9 @@ def push_one(
         problems.append(f"attempt {attempt}: {outcome.message}")
         if outcome.kind != "transient":
             refused = outcome.kind == "refused"
-            return PushResult(False, status, outcome.message, attempt, refused, tuple(problems))
+            return PushResult(
+                False, status, outcome.message, attempt, refused, tuple(problems), outcome.field
+            )
         if attempt <= retries:
             wait = backoff_s * 2 ** (attempt - 1)
             if deadline is not None:
@@ -418,7 +426,44 @@ def push_file(
     except MemestError as exc:
         reason = printable(str(exc).removeprefix(f"{path}: "))
         return FileResult(path, "skipped", f"skipped, not a valid report: {reason}")
-    result = push_one(
+    result = _send(report, body, options, deadline, clock)
+    renamed = None
+    if not result.ok and _run_id_taken(result) and report.world_size == 1:
+        renamed = report.model_copy(update={"run_id": fresh_run_id(report)})
+        again = _send(renamed, report_json(renamed).encode(), options, deadline, clock)
+        result = again if again.ok else result
+    if not result.ok:
+        detail = f"not stored after {result.attempts} attempt(s): {result.message}"
+        if _run_id_taken(result) and result.field == "rank":
+            detail += "; the run id repeats across launches: set MEMEST_RUN_ID once per launch"
+        if rejected is not None and result.refused:
+            try:
+                moved = reject(path, rejected, detail)
+            except OSError as exc:  # kept in the spool: tried again next time, never lost
+                return FileResult(path, "failed", f"{detail}; not moved to {rejected}: {exc}")
+            return FileResult(path, "failed", f"{detail}; moved to {moved}", set_aside=True)
+        return FileResult(path, "failed", detail)
+    status = result.message
+    outcome: Outcome = "exists" if status == "exists" else "sent"
+    if renamed is None:
+        return FileResult(path, outcome, f"{status} ({report.report_id})")
+    what = "already stored" if outcome == "exists" else "created"
+    return FileResult(
+        path,
+        outcome,
+        f"{what} as run {renamed.run_id} ({report.report_id}): run {report.run_id} holds "
+        "another start",
+    )
+
+
+def _send(
+    report: RunReport,
+    body: bytes,
+    options: PushOptions,
+    deadline: float | None,
+    clock: Callable[[], float],
+) -> PushResult:
+    return push_one(
         body,
         options.reports_url,
         options.token,
@@ -430,18 +475,23 @@ def push_file(
         deadline=deadline,
         clock=clock,
     )
-    if not result.ok:
-        detail = f"not stored after {result.attempts} attempt(s): {result.message}"
-        if rejected is not None and result.refused:
-            try:
-                moved = reject(path, rejected, detail)
-            except OSError as exc:  # kept in the spool: tried again next time, never lost
-                return FileResult(path, "failed", f"{detail}; not moved to {rejected}: {exc}")
-            return FileResult(path, "failed", f"{detail}; moved to {moved}", set_aside=True)
-        return FileResult(path, "failed", detail)
-    status = result.message
-    outcome: Outcome = "exists" if status == "exists" else "sent"
-    return FileResult(path, outcome, f"{status} ({report.report_id})")
+
+
+def _run_id_taken(result: PushResult) -> bool:
+    """A 409 because the run id (its rank) holds another start, or because this report was
+    stored before under its fresh run id (its content then differs by the run id alone)."""
+    return result.status == 409 and result.field in ("rank", "report_id")
+
+
+_RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def fresh_run_id(report: RunReport) -> str:
+    """The run id a one-GPU report is stored under when its own names another start (a run id
+    set once and reused by later launches): the run id with the report id's first 8 characters,
+    the same on every push of the file, so a re-push is answered "already stored"."""
+    suffix = _RUN_ID_UNSAFE.sub("-", report.report_id[:8])
+    return f"{report.run_id[: 127 - len(suffix)]}.{suffix}"
 
 
 def push_files(

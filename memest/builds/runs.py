@@ -231,6 +231,12 @@ def _config_value(value: object) -> str:
     return text if len(text) <= 80 else text[:79] + "…"
 
 
+def config_values(config: RunConfig) -> dict[str, str]:
+    """Every configuration field as a page shows it (long lists and mappings shortened)."""
+    values = config.model_dump()
+    return {name: _config_value(values[name]) for name in RunConfig.model_fields}
+
+
 def config_changes(a: RunConfig, b: RunConfig) -> list[Change]:
     """The configuration fields that differ, A's value beside B's."""
     da, db = a.model_dump(), b.model_dump()

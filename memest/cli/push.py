@@ -14,7 +14,9 @@ is not a valid report (or does not exist, or holds a lone surrogate, which canno
 UTF-8) is skipped and named; the others are still sent. --spool DIR sends the reports the vLLM
 plugin spooled when the service was unreachable, removes each one the service then holds, and
 moves each one it refused for good (a 4xx other than 401, 403, 404, 405, 407, 408, 429) to
-rejected/ beside DIR with a .reason.txt file. Prints one line per file, then: sent, already
+rejected/ beside DIR with a .reason.txt file. A one-GPU report whose run id already holds another
+start (a MEMEST_RUN_ID set once and reused by later launches) is stored under a fresh run id, its
+own plus the report id's first 8 characters; pushing it again answers "already stored". Prints one line per file, then: sent, already
 stored, skipped, failed. Exit 0 when nothing failed, 1 when a report was not stored or a named
 file does not exist (the others are still sent), 2 on bad arguments.
 """

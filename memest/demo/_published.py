@@ -328,7 +328,7 @@ def demo_report(slug: str, build: str) -> RunReport:
             cudagraph_actual_bytes=_b(b.total),
         ),
         notes=[
-            f"Published GB200 figures (the write-up in {SEED_DOCUMENT}), GiB/GPU rank 0 with three "
+            "Published GB200 figures (from a public write-up), GiB/GPU rank 0 with three "
             "decimals; not measured by memest.",
             dep.description + ".",
             f"Allocator breakdown from the instrumented build {_INSTRUMENTED[build]} "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from memest.estimate.phases import TERM_FIELDS, TERM_LABELS
 from memest.reporters.table import Table, markdown_grid
+from memest.reporters.views import FAMILY_TERMS
 from memest.schema import EstimateRecord, StartAccounting, WhatIf
 from memest.units import concurrency_text, count_cell, gib_cell, ratio_cell
 
@@ -68,7 +69,11 @@ def render_accounting(acc: StartAccounting) -> str:
     if acc.terms is not None:
         out.append("\nFull-initialization terms (memest)\n\n")
         terms = acc.terms.model_dump(include=set(TERM_FIELDS))
-        rows = [[TERM_LABELS[name], _gib(terms[name])] for name in TERM_FIELDS]
+        rows = [
+            [TERM_LABELS[name], _gib(terms[name])]
+            for name in TERM_FIELDS
+            if terms[name] or name not in FAMILY_TERMS  # no zero MLA row for a dense model
+        ]
         out.append(_table(["term", "GiB"], rows))
     if acc.graph_pool_by_stage_bytes:
         out.append("\nGraph pool by stage (reservation)\n\n")

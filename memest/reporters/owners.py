@@ -147,7 +147,7 @@ def owner_label(owner: str) -> str:
     func, sep, path = rest.partition(" (")
     if not sep:
         return f"{rest} (owner not named)"
-    return f"{func} in {PurePosixPath(path.rstrip(')')).name} (no owner rule)"
+    return f"allocated in {func} ({PurePosixPath(path.rstrip(')')).name}); owner not named"
 
 
 def owner_color(owner: str) -> str:

@@ -11,13 +11,62 @@ from memest.builds.history import History
 from memest.reporters.svg import BAD_COLOR, nice_ticks, short_label, svg_open, tick_text
 from memest.units import GiB
 
-#: One colour per configuration of a model's history (series), in order of first appearance.
-SERIES_COLORS = ("#2471a3", "#e67e22", "#27ae60", "#8e44ad", "#16a085", "#c2185b", "#7f8c8d")
+#: Series colours (none red: red marks a regression), and the marker shapes that, with them,
+#: give each configuration of a model's history its own look: 8 x 4 configurations.
+SERIES_COLORS = (
+    "#2471a3",
+    "#e67e22",
+    "#27ae60",
+    "#8e44ad",
+    "#16a085",
+    "#8d6e63",
+    "#7b8a8b",
+    "#b7950b",
+)
+MARKERS = ("circle", "square", "triangle", "diamond")
+DISTINCT_SERIES = len(SERIES_COLORS) * len(MARKERS)
+#: Past DISTINCT_SERIES, the rest share one look (named "other configurations" on the page).
+OTHER_COLOR, OTHER_MARKER = "#bbbbbb", "cross"
 
 
 def series_color(index: int) -> str:
     """The colour of history series ``index`` (a configuration fingerprint)."""
-    return SERIES_COLORS[index % len(SERIES_COLORS)]
+    return SERIES_COLORS[index % len(SERIES_COLORS)] if index < DISTINCT_SERIES else OTHER_COLOR
+
+
+def series_marker(index: int) -> str:
+    """The marker shape of history series ``index``: the colours cycle once per shape."""
+    return MARKERS[index // len(SERIES_COLORS)] if index < DISTINCT_SERIES else OTHER_MARKER
+
+
+def marker_svg(shape: str, x: float, y: float, r: float, attrs: str) -> str:
+    """One marker centred on (x, y) with half-size ``r``; ``attrs`` are its fill and stroke."""
+    if shape == "square":
+        return f'<rect x="{x - r:.1f}" y="{y - r:.1f}" width="{2 * r:.1f}" height="{2 * r:.1f}" {attrs}'
+    if shape in ("triangle", "diamond"):
+        pts = (
+            [(x, y - r * 1.2), (x + r * 1.1, y + r * 0.9), (x - r * 1.1, y + r * 0.9)]
+            if shape == "triangle"
+            else [(x, y - r * 1.3), (x + r * 1.1, y), (x, y + r * 1.3), (x - r * 1.1, y)]
+        )
+        text = " ".join(f"{px:.1f},{py:.1f}" for px, py in pts)
+        return f'<polygon points="{text}" {attrs}'
+    if shape == "cross":
+        return (
+            f'<path d="M{x - r:.1f},{y - r:.1f}L{x + r:.1f},{y + r:.1f}M{x - r:.1f},{y + r:.1f}'
+            f'L{x + r:.1f},{y - r:.1f}" stroke-width="2" {attrs.replace("fill=", "stroke=", 1)}'
+        )
+    return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" {attrs}'
+
+
+def series_key(index: int) -> str:
+    """A legend swatch of series ``index``: its line colour and marker (inline SVG)."""
+    color = series_color(index)
+    mark = marker_svg(series_marker(index), 11, 6, 4, f'fill="{color}"')
+    return (
+        '<svg class="series-key" width="22" height="12" aria-hidden="true">'
+        f'<line x1="0" x2="22" y1="6" y2="6" stroke="{color}" stroke-width="2"/>{mark}/></svg>'
+    )
 
 
 @dataclass(frozen=True)
@@ -131,12 +180,18 @@ def _history_points(
             continue
         color = series_color(groups[i])
         ring = f' stroke="{BAD_COLOR}" stroke-width="3"' if bad[i] else ""
-        out.append(
-            f'<circle class="point{" regression" if bad[i] else ""}" cx="{x:.1f}" '
-            f'cy="{axis.y(val):.1f}" r="{6 if bad[i] else 4}" fill="{color}"{ring} '
-            f'data-value="{raw[i]}"><title>{escape(titles[i])}: {val:,.3f}</title></circle>'
+        attrs = (
+            f'class="point{" regression" if bad[i] else ""}" fill="{color}"{ring} '
+            f'data-value="{raw[i]}"'
         )
+        mark = marker_svg(series_marker(groups[i]), x, axis.y(val), 6 if bad[i] else 4, attrs)
+        out.append(f"{mark}><title>{escape(titles[i])}: {val:,.3f}</title></{_tag(mark)}>")
     return out
+
+
+def _tag(element: str) -> str:
+    """The tag name of an opened SVG element (``<rect x=...`` -> ``rect``)."""
+    return element[1:].split(" ", 1)[0]
 
 
 def history_labels(hist: History) -> list[str]:
@@ -150,7 +205,8 @@ def history_labels(hist: History) -> list[str]:
 
 
 def history_svgs(hist: History) -> dict[str, str]:
-    """The history page's three series: KV tokens, graph-pool GiB, estimator error GiB."""
+    """The history page's three series: KV tokens, graph-pool GiB, and each start's own usage
+    minus budget in GiB (the run page's card: what the start used, whoever sized its KV)."""
     labels = history_labels(hist)
     groups = [p.series for p in hist.points]
 
@@ -190,11 +246,11 @@ def history_svgs(hist: History) -> dict[str, str]:
             "Graph-pool growth",
             "GiB",
         ),
-        "estimator_error_bytes": one(
-            "estimator_error_bytes",
-            [p.estimator_error_bytes for p in hist.points],
+        "usage_minus_budget_bytes": one(
+            "usage_minus_budget_bytes",
+            [p.usage_minus_budget_bytes for p in hist.points],
             gib,
-            "Usage minus budget, vLLM's estimate",
+            "Usage minus budget, this start",
             "GiB",
             zero=True,
         ),
@@ -203,8 +259,40 @@ def history_svgs(hist: History) -> dict[str, str]:
 
 def config_legends(hist: History) -> tuple[list[str], list[str]]:
     """What every configuration of the history shares, and per configuration (in series order)
-    only what sets it apart: a legend of whole summaries reads the same on every row."""
+    only what sets it apart: a legend of whole summaries reads the same on every row. Where two
+    configurations read alike, the fields that tell them apart are added."""
     parts = [c.summary.split(" · ") for c in hist.configs]
     shared = [p for p in parts[0] if all(p in other for other in parts)] if parts else []
     own = [" · ".join(p for p in mine if p not in shared) or "(same fields)" for mine in parts]
+    for text in {t for t in own if own.count(t) > 1}:
+        alike = [i for i, t in enumerate(own) if t == text]
+        for i in alike:
+            own[i] = f"{text} · {_telling_apart(hist, alike, i)}"
     return shared, own
+
+
+def _telling_apart(hist: History, alike: list[int], i: int) -> str:
+    """Fields that tell configuration ``i`` from each other one of ``alike``: for each, the
+    first field in which they differ, unless a field already named tells them apart."""
+    mine = hist.configs[i].fields
+    names: list[str] = []
+    for j in alike:
+        theirs = hist.configs[j].fields
+        if j == i or any(_differ(theirs.get(n), mine[n]) for n in names):
+            continue
+        differing = [n for n in mine if n != "model" and _differ(theirs.get(n), mine[n])]
+        if not differing:
+            return "recorded differently"
+        names.append(differing[0])
+    return ", ".join(f"{name} {_field_words(mine[name])}" for name in names)
+
+
+def _differ(a: str | None, b: str) -> bool:
+    return a is None or _field_words(a) != _field_words(b)
+
+
+def _field_words(value: str) -> str:
+    """A configuration field's value in a legend: a recorded mapping as "recorded"."""
+    if value == "None":
+        return "not recorded"
+    return "recorded" if value.startswith("{") else value

@@ -10,11 +10,9 @@ from memest.estimate.phases import TERM_LABELS
 from memest.preflight.calibration import overshoot_line
 from memest.reporters.kv_groups import kv_groups_table
 from memest.reporters.table import text_lines
+from memest.reporters.views import FAMILY_TERMS
 from memest.schema.preflight import PreflightResult, PreflightTerm
 from memest.units import concurrency_text, fmt_gib
-
-#: Terms that only a family has: a zero row of another family's term is left off.
-FAMILY_TERMS = {"mla_context_bytes": "mla"}
 
 
 class TermLine(BaseModel):

@@ -54,6 +54,47 @@ def sizing_words(sizing: str) -> str:
     return SIZING_WORDS.get(sizing, f"{sizing} sizing")
 
 
+#: Who sized a start's KV cache (kv_sized_by), as a page names it after "KV cache sized by".
+SIZED_BY_WORDS = {
+    "vllm": "vLLM",
+    "memest": "memest (MEMEST_ESTIMATE=apply)",
+    "memest-plan": "a fixed --kv-cache-memory-bytes (startup plan)",
+}
+
+
+def sized_by_words(sized_by: str | None) -> str:
+    """``kv_sized_by`` as a page names it; "not recorded" when the report does not say."""
+    return "not recorded" if sized_by is None else SIZED_BY_WORDS.get(sized_by, sized_by)
+
+
+#: Terms only one model family has (memest.estimate.phases): a zero row of one is left off
+#: the tables of every other model.
+FAMILY_TERMS = {"mla_context_bytes": "mla"}
+
+
+#: Startup phases as an operator knows them (the plugin names them after vLLM's functions).
+PHASE_WORDS = {
+    "init_device": "GPU and CUDA libraries set up",
+    "weights": "model weights loaded",
+    "determine_available_memory": "memory profiling (vLLM sizes its KV budget)",
+    "profile_run": "profile run at max_num_batched_tokens",
+    "profile_run.warm": "memest's second, warm profile run",
+    "graph_profiling.total": "CUDA-graph memory profiling",
+    "graph_profiling.kv": "its temporary KV cache",
+    "graph_profiling": "its trial graph capture",
+    "initialize_from_config": "KV cache set up",
+    "kv_cache_alloc": "KV cache allocated",
+    "compile_or_warm_up_model": "compile, warm-up and CUDA-graph capture",
+    "capture": "CUDA-graph capture",
+    "end": "end of startup",
+}
+
+
+def phase_words(phase: str) -> str:
+    """A startup phase as a page names it (vLLM's function name when it has no words)."""
+    return PHASE_WORDS.get(phase, phase)
+
+
 class PhaseRow(BaseModel):
     """A phase's added memory, with the phase it runs inside (its bytes are in that one too)."""
 

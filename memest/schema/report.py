@@ -100,6 +100,12 @@ class ModelShape(MemestModel):
     num_aux_hidden_states: int | None = Field(default=None, ge=1, description="EAGLE3 drafters")
     tie_word_embeddings: bool | None = None
     model_type: str | None = None
+    max_position_embeddings: int | None = Field(
+        default=None,
+        ge=1,
+        description="Positions the model was trained for: a max_model_len past it is refused "
+        "(as vLLM refuses it)",
+    )
     # Mixture of experts (Qwen3-MoE / Mixtral / DeepSeek names): the fused-MoE workspace, the
     # experts' weights
     num_experts: int | None = Field(default=None, ge=1)

@@ -17,9 +17,12 @@ from typing import Any
 from urllib.parse import quote
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from markupsafe import escape
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from memest.errors import ConfigError, MemestError, first_error
 
@@ -132,6 +135,19 @@ def _wants_page(request: Request) -> bool:
     return request.method == "GET" and "text/html" in accept
 
 
+def _not_found_page(request: Request, message: str) -> HTMLResponse:
+    """A dashboard page that does not exist, as a page (an API path keeps its JSON answer)."""
+    root = escape(str(request.scope.get("root_path", "")))
+    body = (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Not found · memest'
+        f'</title><link rel="stylesheet" href="{root}/static/memest.css"></head><body><header>'
+        f'<a class="brand" href="{root}/">memest</a></header><main><h1>Not found</h1>'
+        f'<p id="not-found">{escape(message)}.</p><p><a href="{root}/">All models</a></p>'
+        "</main></body></html>"
+    )
+    return HTMLResponse(body, status_code=404)
+
+
 def _answer(status: int, detail: str, field: str | None) -> JSONResponse:
     body: dict[str, object] = {"detail": detail}
     if field is not None:
@@ -147,6 +163,14 @@ def install_handlers(app: FastAPI) -> None:
         assert answer is not None  # both types map to a 422
         return await _service_error(request, answer)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # No route at this address: a browser gets a page, every other client FastAPI's JSON.
+        if exc.status_code == 404 and _wants_page(request):
+            if not request.url.path.startswith("/api/"):
+                return _not_found_page(request, "No page at this address")
+        return await http_exception_handler(request, exc)
+
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> Response:
         if exc.status_code == 401 and _wants_page(request):
@@ -154,6 +178,9 @@ def install_handlers(app: FastAPI) -> None:
             path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path
             target = path + (f"?{request.url.query}" if request.url.query else "")
             return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
+        if exc.status_code == 404 and _wants_page(request):
+            if not request.url.path.startswith("/api/"):
+                return _not_found_page(request, exc.message)
         body: dict[str, object] = {"detail": exc.message}
         if exc.field is not None:
             body["field"] = exc.field

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from memest.errors import ConfigError
 from memest.estimate.whatif import TermRow, WhatIfQuestion, answer
 from memest.schema import RunReport, WhatIf
+from memest.units import kv_cache_memory_flag
 
 
 class RunEstimateRequest(BaseModel):
@@ -68,6 +69,9 @@ class RunEstimateResponse(BaseModel):
     what_if: WhatIf
     terms: list[TermRow] = Field(description="Every full-initialization term at G and G'")
     kv_cache_memory_bytes_to: int | None = Field(description="vLLM's flag for G'")
+    kv_cache_flag_to: str | None = Field(
+        default=None, description="That flag as vLLM takes it: --kv-cache-memory-bytes=N"
+    )
     concurrency_from: float | None = Field(description="Requests of max_model_len at G")
     concurrency_to: float | None = Field(description="Requests of G''s max_model_len at G'")
     inverse: InverseAnswer | None = Field(
@@ -103,6 +107,9 @@ def run_estimate(report: RunReport, req: RunEstimateRequest) -> RunEstimateRespo
         what_if=result.what_if,
         terms=result.terms,
         kv_cache_memory_bytes_to=result.kv_cache_memory_bytes_to,
+        kv_cache_flag_to=kv_cache_memory_flag(result.kv_cache_memory_bytes_to)
+        if result.kv_cache_memory_bytes_to
+        else None,
         concurrency_from=result.what_if.concurrency_from,
         concurrency_to=result.what_if.concurrency_to,
         inverse=InverseAnswer.model_validate(result.inverse) if result.inverse else None,

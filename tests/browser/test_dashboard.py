@@ -45,7 +45,9 @@ def test_model_page_matches_api(page: Any, demo_server: str) -> None:
     facts = detail["facts"]
     assert page.inner_text("#fact-graph-pool") == fmt_gib(facts["graph_pool_bytes"]) == "17.051"
     assert page.inner_text("#fact-kv-tokens") == f"{facts['kv_tokens']:,}" == "6,208,214"
-    assert page.inner_text("#fact-total-added") == fmt_gib(facts["total_added_bytes"])
+    # Shown as what capture added, or, when it is negative, as what capture freed.
+    assert page.get_attribute("#fact-total-added", "data-bytes") == str(facts["total_added_bytes"])
+    assert page.inner_text("#fact-total-added") == fmt_gib(abs(facts["total_added_bytes"]))
     # Stacked bars: one SVG segment per (stage, owner), heights from the API's bytes.
     segs = page.eval_on_selector_all(
         "#stage-owner-plot rect.owner-seg",

@@ -204,7 +204,8 @@ def test_apply_mode_run_page_has_no_vllm_usage_card(wide: Any, real_server: str)
     wide.goto(_run_url(real_server, E))
     facts = _api(real_server, f"/api/v1/runs/{E}")["facts"]
     assert facts["kv_sized_by"] == "memest"
-    assert wide.inner_text("#kv-sized-by") == "memest"
+    assert wide.get_attribute("#kv-sized-by", "data-value") == "memest"
+    assert wide.inner_text("#kv-sized-by") == "memest (MEMEST_ESTIMATE=apply)"
     assert wide.locator("#fact-estimator-error").count() == 0
     assert wide.inner_text("#fact-kv-bytes") == fmt_gib(facts["kv_cache_bytes"])
     labels = wide.eval_on_selector_all(
@@ -232,7 +233,8 @@ def test_compare_page_names_what_it_compares(wide: Any, real_server: str) -> Non
     # A's KV cache was sized by vLLM, D's by memest (apply): both differences are named.
     assert (
         wide.inner_text("#changes")
-        == "Differences: kv_sized_by vllm → memest; gpu_memory_utilization 0.85 → 0.7."
+        == "Differences: KV cache sized by vLLM → memest (MEMEST_ESTIMATE=apply); "
+        "gpu_memory_utilization 0.85 → 0.7."
     )
     legend = wide.eval_on_selector_all(
         "#compare-plot svg text", "els => els.map(e => e.textContent)"
@@ -308,7 +310,7 @@ def test_history_compares_within_one_configuration(wide: Any, real_server: str) 
     )
     assert x_labels == [[f"#{n}", run] for run, n in numbers.items()]
     # Ticks on nice steps, every x label inside its chart.
-    for metric in ("kv_tokens", "graph_pool_bytes", "estimator_error_bytes"):
+    for metric in ("kv_tokens", "graph_pool_bytes", "usage_minus_budget_bytes"):
         svg = f'svg[data-metric="{metric}"]'
         ticks = wide.eval_on_selector_all(
             f"{svg} text[text-anchor=end][font-size='10']:not([transform])",

@@ -135,6 +135,7 @@ def test_startup_plan_folder_must_exist(tmp_path: Path, capsys: pytest.CaptureFi
 
 REAL = Path(__file__).resolve().parents[2] / "tests/data/starts"
 S = REAL / "call9.S_llama8b_s128_t4096.apply.report.rank0.json"
+LLAMA_CONFIG = Path(__file__).resolve().parents[2] / "examples/llama8b.config.json"
 
 
 def test_the_inverse_alone_prints_no_what_if(capsys: pytest.CaptureFixture[str]) -> None:
@@ -167,12 +168,31 @@ def test_inverse_errors_name_the_flag_asked(
 
 
 def test_max_model_len_in_the_grid(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["estimate", "--from", str(S), "--grid", '{"max_model_len": 8192}', "--json"]) == 0
+    # Past the start's own length the model's positions decide: its config.json says them.
+    grid = ["--grid", '{"max_model_len": 8192}', "--model-config", str(LLAMA_CONFIG)]
+    assert main(["estimate", "--from", str(S), *grid, "--json"]) == 0
     w = json.loads(capsys.readouterr().out)["what_if"]
     assert w["max_model_len_to"] == 8192 and "max_model_len 8192" in w["grid_to"]
     assert w["concurrency_to"] == w["kv_tokens_to"] / 8192
-    assert main(["estimate", "--from", str(S), "--grid", '{"max_model_len": 8192}']) == 0
+    assert main(["estimate", "--from", str(S), *grid]) == 0
     assert "at 4,096 -> " in capsys.readouterr().out
+    assert main(["estimate", "--from", str(S), "--grid", '{"max_model_len": 8192}']) == 2
+    assert "max_position_embeddings is not known" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "estimate",
+                "--from",
+                str(S),
+                "--grid",
+                '{"max_model_len": 131072}',
+                "--model-config",
+                str(LLAMA_CONFIG),
+            ]
+        )
+        == 2
+    )
+    assert "max_position_embeddings 8192" in capsys.readouterr().err
 
 
 E_REPORT = (

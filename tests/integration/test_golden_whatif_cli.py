@@ -106,6 +106,9 @@ ESTIMATE_CASES: dict[str, list[str]] = {
         f"{A}.report.rank0.json",
         "--grid",
         _grid(gpu_memory_utilization=0.9, max_model_len=8192),
+        # A length past the start's own needs the model's positions (max_position_embeddings).
+        "--model-config",
+        MODEL,
     ],
     "inverse-kv-tokens": [
         "--from",

@@ -38,6 +38,7 @@ _OPTIONAL_INTS = (
     "index_topk",
     "index_n_heads",
     "index_head_dim",
+    "max_position_embeddings",
 )
 
 

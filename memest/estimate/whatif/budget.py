@@ -132,6 +132,14 @@ def _check_model_len(
         raise ConfigError(
             "grid.max_model_len", length, f"above the model's max_position_embeddings {limit}"
         )
+    if not isinstance(limit, int) and before and length > before:
+        # Past the start's own length the model's positions decide, and nothing says them.
+        raise ConfigError(
+            "grid.max_model_len",
+            length,
+            f"above this start's {before:,} and the model's max_position_embeddings is not "
+            "known (the report records none): give the model's config.json",
+        )
     if tokens_to is not None and tokens_to < length:
         raise ConfigError(
             "grid.max_model_len",

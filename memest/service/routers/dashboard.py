@@ -14,11 +14,20 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from jinja2 import pass_context
 from markupsafe import Markup, escape
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from memest.analysis.ranks import rank_check
 from memest.analysis.stages import stage_bars
-from memest.builds.history import history
+from memest.builds.compare import Comparison, Delta
+from memest.builds.history import (
+    History,
+    HistoryEntry,
+    history_entry,
+    history_of,
+    history_pages,
+    history_window,
+)
 from memest.builds.runs import (
     RunFacts,
     build_label,
@@ -51,14 +60,17 @@ from memest.reporters.views import (
     model_name,
     notes,
     phase_rows,
+    phase_words,
     short_paths,
+    sized_by_words,
     sizing_words,
 )
 from memest.schema import RunReport, StartAccounting
 from memest.service import store
 from memest.service.deps import CacheDep, FactoryDep, ReadAuth, ResponseCacheDep, SessionDep
 from memest.service.errors import NotFound
-from memest.service.models import Run
+from memest.service.models import Report, Run
+from memest.service.page_cache import EntryCache
 from memest.units import count_cell, gib_cell, ratio_cell
 
 router = APIRouter(tags=["dashboard"], dependencies=[ReadAuth])
@@ -101,6 +113,9 @@ templates.env.filters.update(
     owner_color=plots.owner_color,
     owner_label=owner_label,
     series_color=plots_history.series_color,
+    series_key=plots_history.series_key,
+    sized_by_words=sized_by_words,
+    phase_words=phase_words,
     model_name=model_name,
     short_paths=short_paths,
     sizing_words=sizing_words,
@@ -256,6 +271,7 @@ def _model_page(
     facts = run_facts(rep)
     bd = rep.breakdown
     bars = stage_bars(rep, max_owners=PAGE_OWNERS_PER_STAGE, max_stages=PAGE_STAGES)
+    runners = runner_counts(rep)
     peaks = [r for r in bd.live_peaks if r.peak_bytes >= SHOWN_MIN_BYTES] if bd else []
     retained = [r for r in bd.retained if r.bytes >= SHOWN_MIN_BYTES] if bd else []
     return _page(
@@ -275,7 +291,8 @@ def _model_page(
         retained=sorted(retained, key=lambda r: -r.bytes)[:TOP_ROWS],
         hidden_rows=(len(bd.live_peaks) + len(bd.retained)) if bd else 0,
         bars=bars,
-        runners=runner_counts(rep),
+        runners=runners[:PAGE_STAGES],
+        runners_left_off=max(len(runners) - PAGE_STAGES, 0),
         facts=facts,
         accounting=accounting,
         rec=recommendation(accounting),
@@ -348,9 +365,13 @@ def compare_page(
     ra = cache.get(store.lead_report(session, a))
     rb = cache.get(store.lead_report(session, b))
     cmp = compare(ra, rb)
+    shown, more = _capped_rows(cmp)
     return _page(
         request,
         "compare.html",
+        shown=shown,
+        more=more,
+        api_compare=f"/api/v1/compare?a={quote(a, safe='')}&b={quote(b, safe='')}",
         title=f"{model_name(ra.model)}: {cmp.a_name} → {cmp.b_name} · memest",
         cmp=cmp,
         ra=ra,
@@ -359,8 +380,32 @@ def compare_page(
         thresholds=PAGE_THRESHOLDS,
         verdict_words=VERDICT_WORDS,
         noise_bytes=RUN_TO_RUN_SPREAD,
-        svg=plots.compare_svg(cmp),
+        svg=plots.compare_svg(cmp.model_copy(update={"stages": shown["stages"]})),
     )
+
+
+#: Rows of each stage and owner table the compare page shows: those that changed most (a
+#: report of 80,000 stages made a 112 MB page); the comparison's JSON has every row.
+PAGE_COMPARE_ROWS = 30
+
+
+def _capped_rows(cmp: Comparison) -> tuple[dict[str, list[Delta]], dict[str, int]]:
+    """Per long table, the PAGE_COMPARE_ROWS rows that changed most (in their order; the total
+    row kept), and how many rows are left off."""
+    shown: dict[str, list[Delta]] = {}
+    more: dict[str, int] = {}
+    for name in ("owners", "stages", "stage_graph_counts"):
+        rows: list[Delta] = getattr(cmp, name)
+        if len(rows) <= PAGE_COMPARE_ROWS:
+            shown[name], more[name] = rows, 0
+            continue
+        ranked = sorted(
+            range(len(rows)),
+            key=lambda i: (rows[i].key != "total", -abs(rows[i].delta or 0)),
+        )
+        keep = sorted(ranked[:PAGE_COMPARE_ROWS])
+        shown[name], more[name] = [rows[i] for i in keep], len(rows) - len(keep)
+    return shown, more
 
 
 def _compare_verdicts(fa: RunFacts, fb: RunFacts) -> dict[str, dict[str, Any]]:
@@ -385,27 +430,129 @@ def _compare_verdicts(fa: RunFacts, fb: RunFacts) -> dict[str, dict[str, Any]]:
 @router.get(
     "/history/{model:path}",
     response_class=HTMLResponse,
-    responses={**HTML_PAGE, 404: {"description": "No such model"}},
+    responses={**HTML_PAGE, 404: {"description": "No such model, or no such page"}},
 )
 def history_page(
-    request: Request, model: str, session: SessionDep, cache: CacheDep
+    request: Request,
+    model: str,
+    factory: FactoryDep,
+    responses: ResponseCacheDep,
+    page: Annotated[
+        int,
+        Query(ge=1, le=10**6, description="1: the newest runs; 2: the ones before", examples=[1]),
+    ] = 1,
 ) -> HTMLResponse:
-    """A model's builds over time: KV tokens, graph-pool bytes and estimator error, with the
-    regressions against the previous build highlighted."""
-    runs = store.model_runs(session, model)
-    reports = [cache.get(store.lead_report(session, r.run_id)) for r in runs]
-    hist = history(model, reports)
-    return _page(
+    """A model's builds over time, HISTORY_PAGE_RUNS runs a page: KV tokens, graph-pool bytes
+    and each start's usage − budget, with the regressions against the previous build of the same
+    configuration and KV sizing highlighted."""
+    with factory() as session:
+        stored = _model_state(session, model)
+        # The page changes only when the model's runs or reports do (stored says so), and with
+        # the request's own parts (logout button, root path).
+        key = (
+            "history-page",
+            model,
+            page,
+            stored,
+            bool(request.cookies.get("memest_session")),
+            str(request.scope.get("root_path", "")),
+        )
+        body = responses.get(key)
+        if body is not None:
+            return HTMLResponse(body)
+        hist = _history(request, session, model, stored)
+    pages = history_pages(hist)
+    if page > pages:
+        raise NotFound(f"history of {model!r} has {pages} page(s), not {page}", field="page")
+    window = history_window(hist, page)
+    answer = _page(
         request,
         "history.html",
         title=f"{model_name(model)} history · memest",
         model=model,
-        original_model=reports[-1].config.model if reports else model,
-        hist=hist,
+        hist=window,
+        total_runs=len(hist.points),
+        total_configs=len(hist.configs),
+        page=page,
+        pages=pages,
         numbers={p.run_id: i for i, p in enumerate(hist.points, start=1)},
-        svgs=plots_history.history_svgs(hist),
-        legend=plots_history.config_legends(hist),
+        svgs=plots_history.history_svgs(window),
+        legend=plots_history.config_legends(window),
     )
+    responses.put(key, bytes(answer.body))
+    return answer
+
+
+def _model_state(session: Session, model: str) -> tuple[int, str, int, int]:
+    """What changes whenever a model's runs or reports do: its runs, the newest run's ingest
+    time (a run deleted and stored again is newer), its reports and their ranks (a rank added
+    to a run). Only columns stored ahead of a report's payload are read (SQLite then never
+    reads the payload's pages)."""
+    runs, newest = session.execute(
+        select(func.count(Run.run_id), func.max(Run.ingested_at)).where(Run.model == model)
+    ).one()
+    if not runs:
+        raise NotFound(f"no runs of model {model!r}", field="model")
+    reports, ranks = session.execute(
+        select(func.count(Report.run_id), func.coalesce(func.sum(Report.rank), 0))
+        .join(Run, Report.run_id == Run.run_id)
+        .where(Run.model == model)
+    ).one()
+    return runs, str(newest), reports, ranks
+
+
+def _history(
+    request: Request,
+    session: Session,
+    model: str,
+    stored: tuple[int, str, int, int],
+) -> History:
+    """The model's whole history for this stored state, kept in the app's entry cache (a page
+    is a window of it)."""
+    entries = _entry_cache(request)
+    key = ("history", model, stored)
+    hist = entries.get(key)
+    if not isinstance(hist, History):
+        runs = store.model_runs(session, model)
+        leads = store.lead_keys(session, [r.run_id for r in runs])
+        hist = history_of(model, _history_entries(request, session, leads))
+        entries.put(key, hist)
+    return hist
+
+
+def _history_entries(
+    request: Request,
+    session: Session,
+    leads: dict[str, tuple[str, str]],
+) -> list[HistoryEntry]:
+    """Each run's history entry, kept per lead report (its id and its run's ingest time, which
+    name one content) in the app's entry cache: far smaller than a parsed report, so thousands
+    of runs stay cached and only the reports not seen yet are read, in bulk."""
+    entries = _entry_cache(request)
+    found = {lead: entries.get(lead) for lead in leads.values()}
+    missing = [lead[0] for lead, hit in found.items() if not isinstance(hit, HistoryEntry)]
+    for chunk in (missing[i : i + 500] for i in range(0, len(missing), 500)):
+        for row in session.scalars(select(Report).where(Report.report_id.in_(chunk))):
+            lead = leads.get(row.run_id)
+            if lead is not None and lead[0] == row.report_id:
+                # Parsed here, not through the report cache: a history of thousands of runs
+                # would fill it with reports no page shows (and the collector with their objects).
+                entry = history_entry(RunReport.model_validate_json(row.payload))
+                found[lead] = entry
+                entries.put(lead, entry)
+    return [hit for hit in found.values() if isinstance(hit, HistoryEntry)]
+
+
+#: History entries kept per app (each a few hundred bytes).
+HISTORY_ENTRIES = 50_000
+
+
+def _entry_cache(request: Request) -> EntryCache[HistoryEntry | History]:
+    state = request.app.state
+    if not hasattr(state, "history_entries"):
+        state.history_entries = EntryCache[HistoryEntry | History](HISTORY_ENTRIES)
+    entries: EntryCache[HistoryEntry | History] = state.history_entries
+    return entries
 
 
 @router.get("/docs", response_class=HTMLResponse, responses=HTML_PAGE)

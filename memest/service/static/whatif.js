@@ -108,11 +108,12 @@
     setText("wi-max-model-len-to", count(w.max_model_len_to), w.max_model_len_to);
     setText("wi-concurrency-from", ratio(result.concurrency_from), result.concurrency_from);
     setText("wi-concurrency-to", ratio(result.concurrency_to), result.concurrency_to);
-    setText("wi-flag", result.kv_cache_memory_bytes_to === null ? "no KV budget" :
-      "--kv-cache-memory-bytes " + result.kv_cache_memory_bytes_to);
+    setText("wi-flag", result.kv_cache_flag_to === null ? "no KV budget" : result.kv_cache_flag_to);
     var tbody = document.querySelector("#whatif-terms tbody");
     tbody.textContent = "";
     result.terms.forEach(function (t) {
+      // A zero MLA row says nothing on another model (memest.reporters.views.FAMILY_TERMS).
+      if (t.term === "mla_context_bytes" && !t.bytes_from && !t.bytes_to) { return; }
       var tr = document.createElement("tr");
       tr.setAttribute("data-term", t.term);
       cell(tr, t.label).setAttribute("title", t.term);

@@ -141,3 +141,28 @@ def test_push_refuses_a_url_that_is_not_http_in_one_line(
     captured = capsys.readouterr()
     assert captured.out == ""  # nothing was tried
     assert captured.err.count("\n") == 1 and "http(s)://HOST" in captured.err
+
+
+def test_two_starts_under_one_run_id_are_both_stored_and_a_repush_is_already_stored(
+    tmp_path: Path, live_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Launches that reuse one MEMEST_RUN_ID: the second start gets a fresh run id (the first
+    one's plus its report id's first characters), and pushing both again answers "already
+    stored" for each, never 409."""
+    first = demo_report(SLUGS[0], "main").model_copy(
+        update={"run_id": "reused-run-id", "world_size": 1, "rank": 0}
+    )
+    second = first.model_copy(update={"report_id": "0123456789abcdef" * 2})
+    folder = tmp_path / "starts"
+    folder.mkdir()
+    (folder / "1.json").write_text(first.model_dump_json())
+    (folder / "2.json").write_text(second.model_dump_json())
+    args = ["push", str(folder), "--url", live_server, "--token", TOKEN, "--retries", "0"]
+    assert main(args) == 0
+    lines = _lines(capsys)
+    assert lines[-1] == "2 sent, 0 already stored, 0 skipped, 0 failed"
+    assert any("2.json: created as run reused-run-id.01234567 " in x for x in lines), lines
+    assert main(args) == 0
+    lines = _lines(capsys)
+    assert lines[-1] == "0 sent, 2 already stored, 0 skipped, 0 failed"
+    assert any("2.json: already stored as run reused-run-id.01234567 " in x for x in lines)

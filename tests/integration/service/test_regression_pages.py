@@ -43,7 +43,7 @@ def test_compare_warns_when_the_kv_sizing_differs(demo_client: TestClient) -> No
     assert _verdict(html, "kv-ratio") == "other_mode"
     assert _verdict(html, "kv-bytes-delta") == "other_mode"
     assert _verdict(html, "pool-delta") == "noise"
-    assert "sized by different estimators (vllm → memest)" in html
+    assert "sized by different estimators (vLLM → memest (MEMEST_ESTIMATE=apply))" in html
 
 
 def test_published_runs_say_why_there_is_no_what_if(demo_client: TestClient) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from memest.cli import main
+from memest.schema import ModelShape
 
 from .conftest import AUTH  # noqa: TID252
 
@@ -110,7 +111,10 @@ def test_every_refusal_is_one_detail_and_field(client: TestClient) -> None:
 
 def test_max_model_len_moves_the_concurrency(client: TestClient) -> None:
     run_id = _store(client)
-    r = client.post(f"/api/v1/runs/{run_id}/estimate", json={"grid": {"max_model_len": 8192}})
+    r = client.post(
+        f"/api/v1/runs/{run_id}/estimate",
+        json={"grid": {"max_model_len": 8192}, "model_dims": json.loads(MODEL.read_text())},
+    )
     assert r.status_code == 200, r.text
     got = r.json()
     w = got["what_if"]
@@ -120,6 +124,33 @@ def test_max_model_len_moves_the_concurrency(client: TestClient) -> None:
     assert got["concurrency_to"] == w["kv_tokens_to"] / 8192
     # Twice as long requests: about half as many fit.
     assert abs(got["concurrency_to"] * 2 - got["concurrency_from"]) < 1
+
+
+def test_max_model_len_past_the_models_positions_is_refused(client: TestClient) -> None:
+    """Llama-3-8B has 8,192 positions: 131,072 is refused whether the report records them, the
+    request gives the config.json, or nothing says them (then any length past the start's)."""
+    report = json.loads(REPORT.read_text())
+    config = json.loads(MODEL.read_text())
+    report["config"]["model_dims"] = {
+        name: config[name] for name in ModelShape.model_fields if name in config
+    }
+    report["report_id"], report["run_id"] = "f" * 32, "llama8b-with-positions"
+    assert client.post("/api/v1/reports", json=report, headers=AUTH).status_code == 201
+    stored_bare = _store(client)
+    asks = [
+        ("llama8b-with-positions", {}, "max_position_embeddings 8192"),
+        (
+            stored_bare,
+            {"model_dims": json.loads(MODEL.read_text())},
+            "max_position_embeddings 8192",
+        ),
+        (stored_bare, {}, "max_position_embeddings is not known"),
+    ]
+    for run_id, extra, reason in asks:
+        body = {"grid": {"max_model_len": 131072}, **extra}
+        r = client.post(f"/api/v1/runs/{run_id}/estimate", json=body)
+        assert r.status_code == 422, r.text
+        assert r.json()["field"] == "grid.max_model_len" and reason in r.json()["detail"]
 
 
 def test_the_inverse_never_passes_max_num_batched_tokens(client: TestClient) -> None:

@@ -64,7 +64,11 @@ def test_history_compares_runs_of_one_kv_sizing_only() -> None:
     )
     third = history("llama8b", [apply, enable, again]).points[2]
     assert third.compared_with == enable.run_id and third.config_changes == []
-    assert set(hist.regression_labels) == {"kv_tokens", "graph_pool_bytes", "estimator_error_bytes"}
+    assert set(hist.regression_labels) == {
+        "kv_tokens",
+        "graph_pool_bytes",
+        "usage_minus_budget_bytes",
+    }
 
 
 def test_notes_show_bytes_in_gib_and_name_the_logged_estimate() -> None:

@@ -34,7 +34,7 @@ def test_hashed_inductor_owners_read_as_compiled_code() -> None:
         assert owner_label(o) == "compiled code (Inductor call; owner not named)"
         assert owner_color(o) == owner_color("compiled_piece")
     other = "unattributed:make_dummy (vllm/v1/worker/gpu/input_batch.py)"
-    assert owner_label(other) == "make_dummy in input_batch.py (no owner rule)"
+    assert owner_label(other) == "allocated in make_dummy (input_batch.py); owner not named"
 
 
 def test_phases_nest_by_their_windows() -> None:
