@@ -763,6 +763,27 @@ def _time_allocator_snapshots(torch: Any) -> None:
     torch._C._cuda_memorySnapshot = timed
 
 
+def _serving_steps(
+    llm: Any, cfg: dict[str, Any], used_end: int, reserved_end: int
+) -> dict[str, Any]:
+    """The three steps whose largest usage is serving's peak. A step that fails leaves the
+    engine dead (a later generate() waits forever), so its error is printed at once and the
+    steps after it are not run."""
+    steps = (
+        lambda: _first_full_step(llm, cfg, used_end),
+        lambda: _context_step(llm, cfg, used_end, reserved_end),
+        lambda: _batch_step(llm, cfg, used_end, reserved_end),
+    )
+    out: dict[str, Any] = {}
+    for run in steps:
+        out.update(run())
+        errors = {k: v for k, v in out.items() if k.endswith("step_error")}
+        if errors:
+            print(f"STEP FAILED {errors}; the steps after it are not run", flush=True)
+            break
+    return out
+
+
 def _first_full_step(llm: Any, cfg: dict[str, Any], used_end: int) -> dict[str, Any]:
     """Serve max_num_batched_tokens - 1 prompt tokens in one step and read the device peak.
 
@@ -1148,9 +1169,7 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
         "end_reserved_bytes": int(torch.cuda.memory_reserved()),
         "end_allocated_bytes": int(torch.cuda.memory_allocated()),
     }
-    step = _first_full_step(llm, cfg, int(total - free))
-    step.update(_context_step(llm, cfg, int(total - free), end_torch["end_reserved_bytes"]))
-    step.update(_batch_step(llm, cfg, int(total - free), end_torch["end_reserved_bytes"]))
+    step = _serving_steps(llm, cfg, int(total - free), end_torch["end_reserved_bytes"])
     peak = getattr(worker, "peak_activation_memory", None)
     est = getattr(worker, "cudagraph_memory_estimate", None)
     headroom = None

@@ -1,5 +1,9 @@
 """Capture plans: vLLM 0.33.0's own sizing ("main") and the seed's five fields, graphs per runner.
 
+A pipeline, each stage called once and returning a value: flags -> PlanInput (inputs.py,
+overlay.py) -> vLLM's sizes (vllm033.vllm_sizes) -> the seed's tiers (seed.resolve_seed) ->
+rows (resolve.py). Each sizing hands the rows one RunnerSizes (sizes.py).
+
 Usage::
 
     from memest.plan import PlanInput, resolve, resolve_both, plan_input_from_compilation_config
@@ -27,8 +31,15 @@ from memest.plan.inputs import (
 )
 from memest.plan.padding import PaddingCost, expected_padding, uniform_histogram
 from memest.plan.resolve import SIZING_LEGEND, SIZING_NAMES, SIZINGS, resolve, resolve_both
-from memest.plan.seed import SeedSizes, resolve_seed
-from memest.plan.vllm033 import MainSizes, capture_sizes, manager_descriptors
+from memest.plan.seed import resolve_seed
+from memest.plan.sizes import DecodeTier, RunnerSizes
+from memest.plan.vllm033 import (
+    MainSizes,
+    VllmSizes,
+    capture_sizes,
+    manager_descriptors,
+    vllm_sizes,
+)
 
 
 def clear_caches() -> None:
@@ -50,10 +61,12 @@ __all__ = [
     "SIZING_LEGEND",
     "SIZING_NAMES",
     "SPEC_METHODS",
+    "VllmSizes",
+    "DecodeTier",
     "MainSizes",
     "PaddingCost",
     "PlanInput",
-    "SeedSizes",
+    "RunnerSizes",
     "av_grid",
     "capture_sizes",
     "clear_caches",
@@ -67,4 +80,5 @@ __all__ = [
     "resolve_both",
     "resolve_seed",
     "uniform_histogram",
+    "vllm_sizes",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
 from memest.errors import ConfigError
@@ -230,6 +230,10 @@ class PlanInput:
         max_prefill_cudagraph_capture_tokens ... max_decode_cudagraph_capture_tokens: the seed's
             five fields; None means "take the default".
 
+    Derived once on construction (the later stages read them as plain values): ``q`` (the
+    target's uniform-decode query length, 1 + K), ``drafter`` (how the drafter captures graphs),
+    ``block_q`` (a block drafter's query slots) and ``uses_legacy_fields``.
+
     Raises:
         ConfigError: a field has a bad value, or legacy and new fields are mixed.
     """
@@ -251,6 +255,10 @@ class PlanInput:
     max_decode_cudagraph_capture_requests: int | None = None
     decode_cudagraph_capture_request_sizes: tuple[int, ...] | None = None
     max_decode_cudagraph_capture_tokens: int | None = None
+    q: int = field(init=False, repr=False, compare=False)
+    drafter: DrafterKind = field(init=False, repr=False, compare=False)
+    block_q: int = field(init=False, repr=False, compare=False)
+    uses_legacy_fields: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._normalise_lists()
@@ -259,6 +267,19 @@ class PlanInput:
         self._check_modes()
         self._check_capture_fields()
         self._check_not_mixed()
+        self._derive()
+
+    def _derive(self) -> None:
+        k, method = self.num_speculative_tokens, self.spec_method
+        derived = {
+            "q": 1 + k,
+            "drafter": "none" if method is None else SPEC_METHODS[method],
+            # DSpark samples from the anchor: K query slots; the DFlash family adds the bonus slot.
+            "block_q": k if method == "dspark" else 1 + k,
+            "uses_legacy_fields": any(getattr(self, n) is not None for n in LEGACY_FIELDS),
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
     def _normalise_lists(self) -> None:
         # Lists become tuples, so an input is hashable and the memoized rules accept it.
@@ -366,20 +387,6 @@ class PlanInput:
                 f"legacy sizing field must not be mixed with {', '.join(mixed)}",
             )
 
-    @property
-    def q(self) -> int:
-        """Uniform-decode query length of the target: 1 + K."""
-        return 1 + self.num_speculative_tokens
-
-    @property
-    def drafter(self) -> DrafterKind:
-        """How the drafter captures graphs."""
-        return "none" if self.spec_method is None else SPEC_METHODS[self.spec_method]
-
-    @property
-    def uses_legacy_fields(self) -> bool:
-        return any(getattr(self, n) is not None for n in LEGACY_FIELDS)
-
 
 def gpu_preset(name: str) -> bool:
     """SM100 or not, for a GPU preset name (gb200, b200, h100, h200).
@@ -414,7 +421,7 @@ def _opt_int(config: Mapping[str, Any], key: str) -> int | None:
 def plan_input_from_compilation_config(
     compilation_config: Mapping[str, Any] | str | None,
     *,
-    sm100: bool,
+    sm100: bool | None,
     max_num_seqs: int,
     max_num_batched_tokens: int,
     spec_method: str | None = None,
@@ -426,14 +433,18 @@ def plan_input_from_compilation_config(
 ) -> PlanInput:
     """Build a PlanInput from a vLLM-style ``--compilation-config`` dict (or its JSON text).
 
-    Understood keys: ``cudagraph_mode`` (name or CUDAGraphMode), ``cudagraph_capture_sizes``,
+    ``sm100`` None takes it from ``gpu``, a preset name (``gpu_preset``). Understood keys:
+    ``cudagraph_mode`` (name or CUDAGraphMode), ``cudagraph_capture_sizes``,
     ``max_cudagraph_capture_size`` and the seed's five fields. vLLM 0.33.0's other
     CompilationConfig fields (compile settings) do not change capture sizes and are ignored;
     any other key is refused.
 
     Raises:
-        ConfigError: bad JSON, a non-object, an unknown key or a bad value (named).
+        ConfigError: bad JSON, a non-object, an unknown key, a bad value or an unknown GPU
+            preset (named).
     """
+    if sm100 is None:
+        sm100 = gpu_preset(gpu)
     config: Mapping[str, Any]
     if compilation_config is None:
         config = {}

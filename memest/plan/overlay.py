@@ -20,7 +20,6 @@ from memest.plan.inputs import (
     PlanInput,
     check_compilation_fields,
     check_scheduler,
-    gpu_preset,
     plan_input_from_compilation_config,
 )
 from memest.schema import CapturePlan, GpuInfo, RunConfig
@@ -99,7 +98,8 @@ def _capture_settings(changes: Mapping[str, Any], config: RunConfig) -> dict[str
     if config.cudagraph_mode:
         settings["cudagraph_mode"] = config.cudagraph_mode
     given = _json_object("compilation_config", changes.get("compilation_config")) or {}
-    check_compilation_fields(given, "grid.compilation_config")
+    if given:
+        check_compilation_fields(given, "grid.compilation_config")
     for key, value in given.items():
         if key in CAPTURE_KEYS:
             settings[key] = value
@@ -149,11 +149,14 @@ def is_sm100(gpu: GpuInfo | None) -> bool:
     return bool(gpu and gpu.compute_capability and gpu.compute_capability.startswith("10."))
 
 
-def plan_input(config: RunConfig, *, sm100: bool, gpu: str = "") -> PlanInput:
+def plan_input(config: RunConfig, *, sm100: bool | None, gpu: str = "") -> PlanInput:
     """The memest.plan input that decides a start's capture plan, from its configuration.
 
+    ``sm100`` None takes it from ``gpu``, a preset name.
+
     Raises:
-        ConfigError: the configuration has no scheduler limits, or a setting is refused.
+        ConfigError: the configuration has no scheduler limits, or a setting (or the preset)
+            is refused.
     """
     if config.max_num_seqs is None or config.max_num_batched_tokens is None:
         raise ConfigError("config", config.model, "max_num_seqs / max_num_batched_tokens unknown")
@@ -176,6 +179,9 @@ def overlay_plan(
 ) -> tuple[CapturePlan, RunConfig]:
     """``config`` with ``changes`` overlaid, and the capture plan vLLM 0.33.0 sizes for it.
 
+    The pipeline's first stage (flags -> PlanInput) then the rest in one call of
+    memest.plan.resolve, so a pre-flight or a what-if resolves its plan once.
+
     ``gpu``: a start's GpuInfo, or a preset name (``h200``), which decides vLLM's capture ceiling.
 
     Raises:
@@ -184,8 +190,9 @@ def overlay_plan(
     from memest.plan.resolve import resolve
 
     out = overlay_config(config, changes)
+    sm100: bool | None
     if isinstance(gpu, str):
-        sm100, label = gpu_preset(gpu), gpu.lower()
+        sm100, label = None, gpu.lower()  # the preset decides, named if unknown
     else:
         sm100, label = is_sm100(gpu), gpu.name if gpu is not None else ""
     return resolve(plan_input(out, sm100=sm100, gpu=label), "vllm-0.33.0"), out

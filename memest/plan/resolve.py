@@ -1,20 +1,20 @@
-"""Graphs per runner for a resolved configuration, for the seed's sizing and vLLM 0.33.0's."""
+"""The plan pipeline: flags -> PlanInput -> vLLM's sizes -> the seed's tiers -> rows.
+
+``resolve`` and ``resolve_both`` run each stage once: vLLM 0.33.0's sizing of the input
+(memest.plan.vllm033.vllm_sizes), the seed's from it where the seed is asked
+(memest.plan.seed.resolve_seed), then the rows of each sizing's RunnerSizes, which read
+nothing else.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from memest.errors import ConfigError
 from memest.plan.inputs import BLOCK_DRAFTERS, PlanInput
-from memest.plan.seed import SeedSizes, one_token_tier_ks, resolve_seed, vllm_sizes
-from memest.plan.vllm033 import (
-    MODE_HALVES,
-    CudaGraphMode,
-    decode_query_lens,
-    uniform_decode_requests,
-)
+from memest.plan.seed import resolve_seed
+from memest.plan.sizes import DecodeTier, RunnerSizes
+from memest.plan.vllm033 import MODE_HALVES, CudaGraphMode, vllm_sizes
 from memest.schema.plan import CapturePlan, GraphMode, RunnerRow, Sizing
 
 SIZINGS: tuple[Sizing, ...] = ("seed", "vllm-0.33.0")
@@ -94,96 +94,17 @@ def request_row(
     )
 
 
-def _block_q(inp: PlanInput) -> int:
-    # DSpark samples from the anchor: K query slots; the DFlash family adds the bonus slot.
-    return inp.num_speculative_tokens if inp.spec_method == "dspark" else inp.q
-
-
 def _block_label(inp: PlanInput) -> str:
     return f"{BLOCK_DRAFTERS.get(inp.spec_method or '', 'Drafter')} FULL block routine"
 
 
-class _Sizes(Protocol):
-    """Where one sizing takes each runner's sizes from (vLLM 0.33.0's one list, or the seed's)."""
-
-    tokens: list[int]  # PIECEWISE and FULL-mixed token sizes
-    av_tokens: list[int]  # adaptive verification's token sizes
-    one_token_requests: list[int]  # later draft steps (q = 1)
-
-    def decode_rows(self, runner: str, q: int, label: str | None = None) -> list[RunnerRow]:
-        """Uniform-decode rows of a manager whose query length is q (one per dynamic-SD tier)."""
-        ...
-
-    def block_rows(self, q: int, label: str) -> list[RunnerRow]:
-        """The DSpark / DFlash block routine's rows."""
-        ...
+def _tier_rows(
+    runner: str, tiers: Sequence[DecodeTier], label: str | None = None
+) -> list[RunnerRow]:
+    return [request_row(runner, t.requests, q=t.q, tier_k=t.tier_k, label=label) for t in tiers]
 
 
-@dataclass
-class _MainSizes:
-    """vLLM 0.33.0: every runner draws from the one capture-size list."""
-
-    inp: PlanInput
-    sizes: list[int]
-    max_size: int
-    tokens: list[int] = field(init=False)
-    av_tokens: list[int] = field(init=False)
-    one_token_requests: list[int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.tokens = self.sizes
-        self.av_tokens = [t for t in self.sizes if t <= self.inp.max_num_seqs * self.inp.q]
-        self.one_token_requests = self._requests(decode_query_len=1, q=1)
-
-    def _requests(self, *, decode_query_len: int, q: int) -> list[int]:
-        return uniform_decode_requests(
-            self.sizes,
-            max_size=self.max_size,
-            max_num_seqs=self.inp.max_num_seqs,
-            decode_query_len=decode_query_len,
-            q=q,
-        )
-
-    def decode_rows(self, runner: str, q: int, label: str | None = None) -> list[RunnerRow]:
-        inp, k, dyn = self.inp, self.inp.num_speculative_tokens, self.inp.dynamic_sd
-        qs = decode_query_lens(
-            q, max_num_seqs=inp.max_num_seqs, num_speculative_tokens=k, dynamic_sd=dyn
-        )
-        rows = []
-        for tier_q in sorted(qs, reverse=True):
-            requests = self._requests(decode_query_len=q, q=tier_q)
-            tier = tier_q - (q - k) if dyn is not None and q > k else None
-            rows.append(request_row(runner, requests, q=tier_q, tier_k=tier, label=label))
-        return rows
-
-    def block_rows(self, q: int, label: str) -> list[RunnerRow]:
-        return self.decode_rows("draft.block.full", q, label=label)
-
-
-@dataclass
-class _SeedSizes:
-    """The seed's five fields: prefill tokens, decode requests per tier, a token budget."""
-
-    sizes: SeedSizes
-    tokens: list[int]
-    av_tokens: list[int] = field(init=False)
-    one_token_requests: list[int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.av_tokens = list(self.sizes.av_tokens)
-        self.one_token_requests = list(self.sizes.one_token_requests)
-
-    def decode_rows(self, runner: str, q: int, label: str | None = None) -> list[RunnerRow]:
-        return [
-            request_row(runner, tier.requests, q=tier.q, tier_k=tier.tier_k)
-            for tier in self.sizes.target_decode
-        ]
-
-    def block_rows(self, q: int, label: str) -> list[RunnerRow]:
-        return [request_row("draft.block.full", self.sizes.block_requests(q), q=q, label=label)]
-
-
-def _target_rows(src: _Sizes, inp: PlanInput, mode: CudaGraphMode) -> list[RunnerRow]:
+def _target_rows(src: RunnerSizes, inp: PlanInput, mode: CudaGraphMode) -> list[RunnerRow]:
     decode_half, mixed_half = MODE_HALVES[mode]
     seqs = inp.max_num_seqs
     rows: list[RunnerRow] = []
@@ -202,11 +123,11 @@ def _target_rows(src: _Sizes, inp: PlanInput, mode: CudaGraphMode) -> list[Runne
             )
         )
     elif decode_half == "FULL":
-        rows.extend(src.decode_rows("target.full", inp.q))
+        rows.extend(_tier_rows("target.full", src.decode))
     return rows
 
 
-def _drafter_rows(src: _Sizes, inp: PlanInput, mode: CudaGraphMode) -> list[RunnerRow]:
+def _drafter_rows(src: RunnerSizes, inp: PlanInput, mode: CudaGraphMode) -> list[RunnerRow]:
     decode_half, mixed_half = MODE_HALVES[mode]
     decode_full = decode_half == "FULL"
     seqs, q = inp.max_num_seqs, inp.q
@@ -227,12 +148,12 @@ def _drafter_rows(src: _Sizes, inp: PlanInput, mode: CudaGraphMode) -> list[Runn
                 token_row("draft.step0.full", src.tokens, graph_mode="FULL", max_num_seqs=seqs, q=q)
             )
         elif decode_full:
-            rows.extend(src.decode_rows("draft.step0.full", q))
+            rows.extend(_tier_rows("draft.step0.full", src.decode))
         if inp.num_speculative_tokens >= 2 and decode_full:
             # With dynamic SD the fused draft loop is captured once per K >= 2 of the schedule.
             rows.extend(
-                request_row("draft.steps.full", src.one_token_requests, q=1, tier_k=tier_k)
-                for tier_k in one_token_tier_ks(inp)
+                request_row("draft.steps.full", src.one_token, q=1, tier_k=tier_k)
+                for tier_k in src.one_token_ks
             )
     elif inp.drafter == "multi_module_mtp":
         # Compiled piecewise graphs cannot specialize the module index: PIECEWISE is dropped.
@@ -241,25 +162,20 @@ def _drafter_rows(src: _Sizes, inp: PlanInput, mode: CudaGraphMode) -> list[Runn
                 token_row("draft.mtp.full", src.tokens, graph_mode="FULL", max_num_seqs=seqs, q=q)
             )
         elif decode_full:
-            rows.extend(src.decode_rows("draft.mtp.full", q))
+            rows.extend(_tier_rows("draft.mtp.full", src.decode))
     elif inp.drafter == "block":
         if decode_full:
-            rows.extend(src.block_rows(_block_q(inp), _block_label(inp)))
+            rows.extend(_tier_rows("draft.block.full", src.block, _block_label(inp)))
     elif inp.spec_method is not None:
         rows.append(_none_row())
     return rows
 
 
-def _main_plan(inp: PlanInput) -> CapturePlan:
-    main = vllm_sizes(inp, inp.cudagraph_mode)
-    mode: CudaGraphMode = inp.cudagraph_mode
-    if inp.adaptive_verification and mode != "FULL_DECODE_ONLY":
-        mode = "FULL_AND_PIECEWISE"  # resolve_adaptive_cudagraph_mode with piecewise available
-    rows: list[RunnerRow] = []
-    if mode != "NONE" and main.sizes:
-        src = _MainSizes(inp, list(main.sizes), main.max_size)
-        rows = _target_rows(src, inp, mode) + _drafter_rows(src, inp, mode)
-    return _plan(inp, "vllm-0.33.0", rows, main.max_size, main.sizes, main.warnings, {})
+def _rows(src: RunnerSizes, inp: PlanInput) -> list[RunnerRow]:
+    """The rows of one sizing: the target's, then the drafter's."""
+    if not src.captures:
+        return []
+    return _target_rows(src, inp, src.mode) + _drafter_rows(src, inp, src.mode)
 
 
 def _none_row() -> RunnerRow:
@@ -277,42 +193,11 @@ def _none_row() -> RunnerRow:
     )
 
 
-def _seed_plan(inp: PlanInput) -> CapturePlan:
-    sizes: SeedSizes = resolve_seed(inp)
-    mode = inp.cudagraph_mode
-    prefill = sizes.prefill_tokens if mode != "NONE" else []
-    src = _SeedSizes(sizes, list(prefill))
-    rows = _target_rows(src, inp, mode) + _drafter_rows(src, inp, mode)
-    resolved: dict[str, int | list[int] | None] = {
-        "max_prefill_cudagraph_capture_tokens": prefill[-1] if prefill else 0,
-        "prefill_cudagraph_capture_token_sizes": list(prefill),
-        "max_decode_cudagraph_capture_requests": sizes.decode_cap_requests,
-        "decode_cudagraph_capture_request_sizes": list(sizes.target_decode[0].requests)
-        if sizes.target_decode
-        else [],
-        "max_decode_cudagraph_capture_tokens": sizes.budget_tokens,
-    }
-    recorded_sizes = sorted(
-        set(prefill)
-        | set(sizes.av_tokens)
-        | {n * t.q for t in sizes.target_decode for n in t.requests}
-    )
-    return _plan(
-        inp, "seed", rows, sizes.recorded_max_tokens, recorded_sizes, sizes.warnings, resolved
-    )
-
-
-def _plan(
-    inp: PlanInput,
-    sizing: Sizing,
-    rows: list[RunnerRow],
-    max_size: int,
-    recorded: Sequence[int],
-    warnings: Sequence[str],
-    resolved: dict[str, int | list[int] | None],
-) -> CapturePlan:
+def _plan(inp: PlanInput, src: RunnerSizes) -> CapturePlan:
+    """The rows stage: one sizing's RunnerSizes as a capture plan."""
+    rows = _rows(src, inp)
     return CapturePlan(
-        sizing=sizing,
+        sizing=src.sizing,
         gpu=inp.gpu or ("sm100" if inp.sm100 else "other"),
         sm100=inp.sm100,
         max_num_seqs=inp.max_num_seqs,
@@ -321,16 +206,16 @@ def _plan(
         num_speculative_tokens=inp.num_speculative_tokens,
         runners=rows,
         total_graphs=sum(r.graph_count for r in rows),
-        max_cudagraph_capture_size=max_size,
-        warnings=list(warnings),
+        max_cudagraph_capture_size=src.max_size,
+        warnings=list(src.warnings),
         cudagraph_mode=inp.cudagraph_mode,
         performance_mode=inp.performance_mode,
         adaptive_verification=inp.adaptive_verification,
         dynamic_sd_schedule=None
         if inp.dynamic_sd is None
         else [list(row) for row in inp.dynamic_sd],
-        cudagraph_capture_sizes=list(recorded),
-        resolved_fields=resolved,
+        cudagraph_capture_sizes=list(src.recorded),
+        resolved_fields=dict(src.resolved),
     )
 
 
@@ -345,13 +230,15 @@ def resolve(inp: PlanInput, sizing: Sizing = "seed") -> CapturePlan:
     Raises:
         ConfigError: an unknown sizing, or an input vLLM itself rejects.
     """
-    if sizing == "seed":
-        return _seed_plan(inp)
+    if sizing not in SIZINGS:
+        raise ConfigError("sizing", sizing, f"unknown; expected one of {list(SIZINGS)}")
+    vllm = vllm_sizes(inp)
     if sizing == "vllm-0.33.0":
-        return _main_plan(inp)
-    raise ConfigError("sizing", sizing, f"unknown; expected one of {list(SIZINGS)}")
+        return _plan(inp, vllm.runners)
+    return _plan(inp, resolve_seed(inp, vllm.main))
 
 
 def resolve_both(inp: PlanInput) -> tuple[CapturePlan, CapturePlan]:
-    """(seed plan, vLLM 0.33.0 plan) for the same input, side by side."""
-    return _seed_plan(inp), _main_plan(inp)
+    """(seed plan, vLLM 0.33.0 plan) for the same input, side by side; vLLM's sizes once."""
+    vllm = vllm_sizes(inp)
+    return _plan(inp, resolve_seed(inp, vllm.main)), _plan(inp, vllm.runners)

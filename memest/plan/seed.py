@@ -8,80 +8,22 @@ SM100, and whenever a legacy field is set, prefill and target decode keep vLLM 0
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from memest.plan.grids import av_grid, decode_grid, prefill_grid
 from memest.plan.inputs import PlanInput
+from memest.plan.sizes import DecodeTier, ResolvedFields, RunnerSizes
 from memest.plan.vllm033 import (
-    CudaGraphMode,
     MainSizes,
-    capture_sizes,
     ceil_counts,
-    dynamic_sd_ks,
     dynamic_sd_tiers,
+    one_token_tier_ks,
 )
 
 #: Default max_prefill_cudagraph_capture_tokens on SM100 (before min with max_num_batched_tokens).
 SM100_PREFILL_CAP_TOKENS = 8192
 #: Interim default max_decode_cudagraph_capture_tokens on SM100.
 SM100_DECODE_BUDGET_TOKENS = 4096
-
-
-@dataclass(frozen=True)
-class DecodeTier:
-    """Target uniform-decode request sizes at one query length."""
-
-    q: int
-    requests: list[int]
-    tier_k: int | None = None
-
-
-@dataclass
-class SeedSizes:
-    """The seed's resolved sizes for every runner kind.
-
-    Attributes:
-        prefill_tokens: PIECEWISE token sizes (also FULL mixed sizes in FULL mode).
-        target_decode: uniform-decode request sizes per tier (one tier without dynamic SD).
-        decode_cap_requests: resolved max_decode_cudagraph_capture_requests at q = 1 + K.
-        budget_tokens: resolved max_decode_cudagraph_capture_tokens (None: no budget).
-        one_token_requests: later draft steps' request sizes (q = 1).
-        av_tokens: adaptive-verification token sizes.
-        recorded_max_tokens: the recorded max_cudagraph_capture_size (all graph kinds).
-        main: vLLM 0.33.0's resolution of the same input where it seeds the sizes (off SM100,
-            legacy fields); empty on SM100 defaults.
-        warnings: dropped entries and clipped caps, each naming the field.
-    """
-
-    prefill_tokens: list[int]
-    target_decode: list[DecodeTier]
-    decode_cap_requests: int
-    decode_source: list[int]
-    decode_from_grid: bool
-    budget_tokens: int | None
-    one_token_requests: list[int]
-    av_tokens: list[int]
-    recorded_max_tokens: int
-    main: MainSizes
-    warnings: list[str] = field(default_factory=list)
-
-    def block_requests(self, q: int) -> list[int]:
-        """DSpark / DFlash-family request sizes at ``q``: the decode source up to the cap.
-
-        The cap is the decode cap, the budget / q and the recorded maximum / q, whichever is
-        lowest; it is always captured.
-        """
-        cap = min(self.decode_cap_requests, self.recorded_max_tokens // q)
-        if self.budget_tokens is not None:
-            cap = min(cap, self.budget_tokens // q)
-        if cap < 1 or not self.decode_source:
-            return []
-        if self.decode_from_grid:
-            return decode_grid(cap)
-        return sorted({n for n in self.decode_source if n <= cap} | {cap})
-
-
-_EMPTY_MAIN = MainSizes((), 0, ())
 
 
 def _main_request_counts(main: MainSizes, q: int, max_num_seqs: int) -> list[int]:
@@ -117,28 +59,20 @@ def _clip_cap(name: str, cap: int, limit: int, limit_name: str, warnings: list[s
     return cap
 
 
-def vllm_sizes(inp: PlanInput, mode: CudaGraphMode = "FULL_AND_PIECEWISE") -> MainSizes:
-    """vLLM 0.33.0's capture sizes for ``inp`` under a cudagraph mode."""
-    return capture_sizes(
-        sm100=inp.sm100,
-        max_num_seqs=inp.max_num_seqs,
-        max_num_batched_tokens=inp.max_num_batched_tokens,
-        num_speculative_tokens=inp.num_speculative_tokens,
-        dynamic_sd=inp.dynamic_sd,
-        cudagraph_capture_sizes=inp.cudagraph_capture_sizes,
-        max_cudagraph_capture_size=inp.max_cudagraph_capture_size,
-        performance_mode=inp.performance_mode,
-        cudagraph_mode=mode,
-    )
+_EMPTY_MAIN = MainSizes((), 0, ())
 
 
-def resolve_seed(inp: PlanInput) -> SeedSizes:
-    """Resolve the seed's five fields for ``inp`` (see the module docstring)."""
+def resolve_seed(inp: PlanInput, vllm: MainSizes) -> RunnerSizes:
+    """The pipeline's seed stage: the five fields resolved for ``inp`` (module docstring).
+
+    ``vllm`` is vLLM 0.33.0's capture-size list for the same input (memest.plan.vllm033.
+    vllm_sizes), read only where it seeds the sizes: off SM100 and with legacy fields.
+    """
     warnings: list[str] = []
     legacy = inp.uses_legacy_fields
     # vLLM's own list seeds the off-SM100 and legacy paths; SM100 defaults never read it.
     main_defaults = legacy or not inp.sm100
-    main = vllm_sizes(inp) if main_defaults else _EMPTY_MAIN
+    main = vllm if main_defaults else _EMPTY_MAIN
     if legacy:
         warnings.append(
             "cudagraph_capture_sizes / max_cudagraph_capture_size are deprecated: they "
@@ -155,25 +89,74 @@ def resolve_seed(inp: PlanInput) -> SeedSizes:
     av: list[int] = []
     if inp.adaptive_verification and decode.cap > 0:
         av = av_grid(min(decode.cap * inp.q, inp.max_num_batched_tokens))
-    # The recorded maximum covers every graph kind this configuration captures.
+    recorded_max = _recorded_max(inp, prefill, av, one_token, tiers)
+    tokens = prefill if inp.cudagraph_mode != "NONE" else []
+    block: list[DecodeTier] = []
+    if inp.drafter == "block":
+        requests = _block_requests(decode, budget, recorded_max, inp.block_q)
+        block = [DecodeTier(inp.block_q, requests)]
+    return RunnerSizes(
+        sizing="seed",
+        mode=inp.cudagraph_mode,
+        tokens=tokens,
+        av_tokens=av,
+        decode=tiers,
+        block=block,
+        one_token=one_token,
+        one_token_ks=one_token_tier_ks(
+            inp.dynamic_sd, inp.max_num_seqs, inp.num_speculative_tokens
+        ),
+        max_size=recorded_max,
+        recorded=sorted(set(tokens) | set(av) | {n * t.q for t in tiers for n in t.requests}),
+        warnings=warnings + list(main.warnings),
+        resolved=_resolved_fields(tokens, decode, tiers, budget),
+    )
+
+
+def _recorded_max(
+    inp: PlanInput,
+    prefill: list[int],
+    av: list[int],
+    one_token: list[int],
+    tiers: list[DecodeTier],
+) -> int:
+    """The recorded max_cudagraph_capture_size: the widest graph of every kind captured."""
     drafts_one_token = inp.drafter == "target_dependent_ar" and inp.num_speculative_tokens >= 2
-    recorded = max(
+    return max(
         [0, *prefill[-1:], *av[-1:], *(one_token[-1:] if drafts_one_token else [])]
         + [t.requests[-1] * t.q for t in tiers if t.requests]
     )
-    return SeedSizes(
-        prefill_tokens=prefill,
-        target_decode=tiers,
-        decode_cap_requests=decode.cap,
-        decode_source=decode.requests,
-        decode_from_grid=decode.from_grid,
-        budget_tokens=budget,
-        one_token_requests=one_token,
-        av_tokens=av,
-        recorded_max_tokens=recorded,
-        main=main,
-        warnings=warnings + list(main.warnings),
-    )
+
+
+def _resolved_fields(
+    prefill: list[int], decode: _DecodeSource, tiers: list[DecodeTier], budget: int | None
+) -> ResolvedFields:
+    """The five fields as resolved, for the plan's record."""
+    return {
+        "max_prefill_cudagraph_capture_tokens": prefill[-1] if prefill else 0,
+        "prefill_cudagraph_capture_token_sizes": list(prefill),
+        "max_decode_cudagraph_capture_requests": decode.cap,
+        "decode_cudagraph_capture_request_sizes": list(tiers[0].requests) if tiers else [],
+        "max_decode_cudagraph_capture_tokens": budget,
+    }
+
+
+def _block_requests(
+    decode: _DecodeSource, budget: int | None, recorded_max: int, q: int
+) -> list[int]:
+    """DSpark / DFlash-family request sizes at ``q``: the decode source up to the cap.
+
+    The cap is the decode cap, the budget / q and the recorded maximum / q, whichever is
+    lowest; it is always captured.
+    """
+    cap = min(decode.cap, recorded_max // q)
+    if budget is not None:
+        cap = min(cap, budget // q)
+    if cap < 1 or not decode.requests:
+        return []
+    if decode.from_grid:
+        return decode_grid(cap)
+    return sorted({n for n in decode.requests if n <= cap} | {cap})
 
 
 def _prefill_tokens(
@@ -281,15 +264,3 @@ def _one_token_requests(inp: PlanInput, decode: _DecodeSource, budget: int | Non
         return [n for n in decode.requests if budget is None or n <= budget]
     one_cap = inp.max_num_seqs if budget is None else min(inp.max_num_seqs, budget)
     return decode_grid(one_cap)
-
-
-def one_token_tier_ks(inp: PlanInput) -> list[int | None]:
-    """K values that get their own one-token draft decode graphs (None: no dynamic SD).
-
-    With dynamic SD the fused draft loop is specialized per K ≥ 2 of the schedule, widest first.
-    """
-    if inp.dynamic_sd is None:
-        return [None]
-    ks = dynamic_sd_ks(inp.dynamic_sd, inp.max_num_seqs, inp.num_speculative_tokens)
-    tiers: list[int | None] = [k for k in sorted(ks - {0, 1}, reverse=True)]
-    return tiers

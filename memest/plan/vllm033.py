@@ -3,7 +3,8 @@
 ``capture_sizes`` mirrors ``VllmConfig._set_cudagraph_sizes`` (vllm/config/vllm.py) and
 ``manager_descriptors`` mirrors ``CudaGraphManager._init_candidates``
 (vllm/v1/worker/gpu/cudagraph_utils.py) for one rank without LoRA or micro-batching.
-tests/integration/test_vllm_oracle.py compares both with vLLM's own code.
+tests/integration/test_vllm_oracle.py compares both with vLLM's own code. ``vllm_sizes`` is the
+plan pipeline's stage: a PlanInput's capture sizes and every runner's graphs, in one pass.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from memest.errors import ConfigError
+from memest.plan.sizes import DecodeTier, RunnerSizes
+
+if TYPE_CHECKING:  # inputs.py imports this module's rules to validate a PlanInput
+    from memest.plan.inputs import PlanInput
 
 CudaGraphMode = Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 PerformanceMode = Literal["balanced", "interactivity", "throughput"]
@@ -409,3 +414,100 @@ def manager_descriptors(
         # stable, as list.sort(reverse=True) in vLLM: equal widths keep insertion order
         out[mode] = sorted(descs, key=lambda d: d.num_tokens, reverse=True)
     return out
+
+
+def one_token_tier_ks(
+    dynamic_sd: DynamicSDSchedule | None, max_num_seqs: int, num_speculative_tokens: int
+) -> list[int | None]:
+    """K values that get their own one-token draft decode graphs (None: no dynamic SD).
+
+    With dynamic SD the fused draft loop is specialized per K >= 2 of the schedule, widest first.
+    """
+    if dynamic_sd is None:
+        return [None]
+    ks = dynamic_sd_ks(dynamic_sd, max_num_seqs, num_speculative_tokens)
+    return [k for k in sorted(ks - {0, 1}, reverse=True)]
+
+
+@dataclass(frozen=True)
+class VllmSizes:
+    """vLLM 0.33.0's sizing of one PlanInput: the capture-size list, and each runner's graphs.
+
+    Attributes:
+        main: ``cudagraph_capture_sizes`` as vLLM resolves them with CUDA graphs on (the seed
+            starts from them off SM100 and with legacy fields).
+        runners: the graphs each CudaGraphManager captures from them under the input's mode.
+    """
+
+    main: MainSizes
+    runners: RunnerSizes
+
+
+_NO_SIZES = MainSizes((), 0, ())
+
+
+def vllm_sizes(inp: PlanInput) -> VllmSizes:
+    """The pipeline's vLLM stage: capture sizes once, then every runner's graphs from them.
+
+    Raises:
+        ConfigError: where vLLM raises or asserts (see ``capture_sizes``).
+    """
+    main = capture_sizes(
+        sm100=inp.sm100,
+        max_num_seqs=inp.max_num_seqs,
+        max_num_batched_tokens=inp.max_num_batched_tokens,
+        num_speculative_tokens=inp.num_speculative_tokens,
+        dynamic_sd=inp.dynamic_sd,
+        cudagraph_capture_sizes=inp.cudagraph_capture_sizes,
+        max_cudagraph_capture_size=inp.max_cudagraph_capture_size,
+        performance_mode=inp.performance_mode,
+    )
+    used = _NO_SIZES if inp.cudagraph_mode == "NONE" else main
+    return VllmSizes(main, _runner_sizes(inp, used))
+
+
+def _runner_sizes(inp: PlanInput, main: MainSizes) -> RunnerSizes:
+    """Every runner draws from the one capture-size list (CudaGraphManager per runner)."""
+    sizes, seqs = list(main.sizes), inp.max_num_seqs
+
+    def tiers(decode_query_len: int) -> list[DecodeTier]:
+        """Uniform-decode graphs of a manager whose query length is ``decode_query_len``."""
+        k, dyn = inp.num_speculative_tokens, inp.dynamic_sd
+        qs = decode_query_lens(
+            decode_query_len, max_num_seqs=seqs, num_speculative_tokens=k, dynamic_sd=dyn
+        )
+        per_step = decode_query_len - k
+        return [
+            DecodeTier(
+                q,
+                uniform_decode_requests(
+                    sizes,
+                    max_size=main.max_size,
+                    max_num_seqs=seqs,
+                    decode_query_len=decode_query_len,
+                    q=q,
+                ),
+                q - per_step if dyn is not None and decode_query_len > k else None,
+            )
+            for q in sorted(qs, reverse=True)
+        ]
+
+    mode = inp.cudagraph_mode
+    if inp.adaptive_verification and mode != "FULL_DECODE_ONLY":
+        mode = "FULL_AND_PIECEWISE"  # resolve_adaptive_cudagraph_mode, piecewise available
+    return RunnerSizes(
+        sizing="vllm-0.33.0",
+        mode=mode,
+        tokens=sizes,
+        av_tokens=[t for t in sizes if t <= seqs * inp.q],
+        decode=tiers(inp.q),
+        block=tiers(inp.block_q) if inp.drafter == "block" else [],
+        one_token=uniform_decode_requests(
+            sizes, max_size=main.max_size, max_num_seqs=seqs, decode_query_len=1, q=1
+        ),
+        one_token_ks=one_token_tier_ks(inp.dynamic_sd, seqs, inp.num_speculative_tokens),
+        max_size=main.max_size,
+        recorded=sizes,
+        warnings=list(main.warnings),
+        captures=bool(sizes),
+    )

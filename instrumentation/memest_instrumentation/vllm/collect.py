@@ -57,6 +57,14 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(getattr(value, "value", value))
 
 
+def resolved_utilization(cache_config: Any) -> float:
+    """gpu_memory_utilization as vLLM uses it: 0.34 leaves the field unset (None) and resolves
+    it by sizing mode (1.0 with the growable KV cache, 0.92 without)."""
+    resolved = getattr(cache_config, "resolved_gpu_memory_utilization", None)
+    value = cache_config.gpu_memory_utilization if resolved is None else resolved
+    return float(value)
+
+
 def read_config(worker: Any) -> None:
     """The resolved configuration (hook map 3.4)."""
     st = state()
@@ -70,7 +78,7 @@ def read_config(worker: Any) -> None:
         max_num_seqs=_int(getattr(sc, "max_num_seqs", None)),
         max_num_batched_tokens=_int(getattr(sc, "max_num_batched_tokens", None)),
         max_model_len=_int(getattr(mc, "max_model_len", None)),
-        gpu_memory_utilization=float(vc.cache_config.gpu_memory_utilization),
+        gpu_memory_utilization=resolved_utilization(vc.cache_config),
         tensor_parallel_size=int(getattr(vc.parallel_config, "tensor_parallel_size", 1) or 1),
         speculative_method=getattr(spec, "method", None) if spec is not None else None,
         num_speculative_tokens=int(getattr(spec, "num_speculative_tokens", 0) or 0)

@@ -12,8 +12,9 @@ the minimum block count over ranks. memest's hooks:
 - ``measure_kv_cache_bytes``: the readings it sized from. With ``MEMEST_ESTIMATE=apply`` memest
   passes its own terms through the function's own parameters: ``transient_peak_bytes`` the
   larger of vLLM's measured peak and memest's warm profile pass's activation headroom,
-  ``margin_floor_bytes`` memest's margin (``MEMEST_MARGIN_BYTES``) and ``margin_fraction`` 0,
-  so the margin is memest's instead of vLLM's guess. (``kv_cache_memory_bytes`` would turn the
+  ``margin_floor_bytes`` memest's margin (vLLM's 512 MiB non-torch reserve, which caps torch's
+  allocator, plus ``MEMEST_MARGIN_BYTES``) and ``margin_fraction`` 0, so the margin is memest's
+  instead of vLLM's guess. (``kv_cache_memory_bytes`` would turn the
   growable cache off; ``gpu_memory_utilization`` only caps the budget, and
   ``reserved_headroom_bytes`` scales vLLM's margin with it.)
 - ``Worker.extend_kv_cache``: phase ``kv_cache_extend``; the report is written after it, since
@@ -43,11 +44,13 @@ def _constants() -> ExtensibleKV:
     return kv
 
 
-def memest_transient_bytes(vllm_transient_bytes: int) -> int:
+def memest_transient_bytes(vllm_transient_bytes: int) -> int | None:
     """The transient peak memest has vLLM keep free: the larger of vLLM's own measurement and
-    memest's warm profile pass's activation headroom (unmeasured: vLLM's alone)."""
+    memest's warm profile pass's activation headroom; None where memest did not measure it."""
     ours = state().figures.profile_headroom_bytes
-    return max(int(vllm_transient_bytes), int(ours or 0))
+    if ours is None:
+        return None
+    return max(int(vllm_transient_bytes), int(ours))
 
 
 def wrap_measure_kv_cache_bytes(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -75,13 +78,30 @@ def wrap_measure_kv_cache_bytes(orig: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _memest_terms(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The measure_kv_cache_bytes arguments memest replaces in apply mode."""
+def _memest_terms(kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """The measure_kv_cache_bytes arguments memest replaces in apply mode, or None (vLLM's own
+    sizing stands) when memest has not measured its transient: its margin of
+    MEMEST_MARGIN_BYTES is safe only beside a measured transient, and torch's reservation is
+    capped by what the sizing keeps free, so a short transient fails serving's first step."""
+    transient = memest_transient_bytes(kwargs.get("transient_peak_bytes", 0))
+    if transient is None:
+        state().notes.append(
+            "growable KV cache: memest's activation headroom was not measured; "
+            "vLLM's own sizing kept"
+        )
+        return None
     return {
-        "transient_peak_bytes": memest_transient_bytes(kwargs.get("transient_peak_bytes", 0)),
-        "margin_floor_bytes": state().settings.margin_bytes,
+        "transient_peak_bytes": transient,
+        "margin_floor_bytes": memest_margin_bytes(),
         "margin_fraction": 0.0,
     }
+
+
+def memest_margin_bytes() -> int:
+    """memest's margin: MEMEST_MARGIN_BYTES on top of vLLM's non-torch reserve. vLLM caps torch's
+    allocator at what the sizing leaves free less that reserve, so a margin below it would cap
+    torch under the transient it was sized for (the first step then fails to allocate)."""
+    return _constants().non_torch_reserve_bytes + state().settings.margin_bytes
 
 
 def wrap_measure_kv_cache_blocks(orig: Callable[..., Any]) -> Callable[..., Any]:

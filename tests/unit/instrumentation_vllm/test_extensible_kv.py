@@ -99,11 +99,15 @@ def test_apply_passes_memests_transient_and_margin(monkeypatch: pytest.MonkeyPat
     blocks = _sizing(memest_headroom=5 * GIB)  # memest's warm pass saw more than vLLM
     sizing = state().vllm.extensible_kv
     assert sizing is not None and sizing.sized_by == "memest"
-    # headroom 40.5 GiB less memest's 0.25 GiB margin, less its 5 GiB transient
-    assert sizing.memest_kv_bytes == int(35.25 * GIB)
-    assert blocks == int(35.25 * GIB) // (2 << 20)
+    # headroom 40.5 GiB less memest's margin (the 0.5 GiB non-torch reserve vLLM caps torch's
+    # allocator by, plus MEMEST_MARGIN_BYTES 0.25), less its 5 GiB transient
+    assert sizing.memest_kv_bytes == int(34.75 * GIB)
+    assert blocks == int(34.75 * GIB) // (2 << 20)
     assert sizing.vllm_kv_bytes == int(33.5 * GIB)  # what vLLM alone would have committed
-    assert (sizing.memest_transient_peak_bytes, sizing.memest_margin_bytes) == (5 * GIB, GIB // 4)
+    assert (sizing.memest_transient_peak_bytes, sizing.memest_margin_bytes) == (
+        5 * GIB,
+        GIB // 2 + GIB // 4,
+    )
 
 
 def test_the_report_follows_extend_kv_cache(
@@ -130,3 +134,25 @@ def test_the_report_follows_extend_kv_cache(
     sizing = report["vllm"]["extensible_kv"]
     assert (sizing["committed_blocks"], sizing["committed_bytes"]) == (16_000, 16_000 * (2 << 20))
     assert report["vllm"]["num_gpu_blocks"] == 16_000
+
+
+def test_apply_without_memests_headroom_keeps_vllms_sizing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """memest's margin (0 by default) stands only beside its measured transient: with no warm
+    profile pass measured, vLLM's own margin and transient size the cache."""
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    monkeypatch.setenv("MEMEST_ESTIMATE", "apply")
+    blocks = _sizing(memest_headroom=None)
+    sizing = state().vllm.extensible_kv
+    assert sizing is not None and sizing.sized_by == "vllm"
+    assert blocks == int(33.5 * GIB) // (2 << 20)  # as vLLM alone, above
+    assert any("not measured" in n for n in state().notes)
+
+
+def test_an_unset_utilization_is_read_as_vllm_resolves_it() -> None:
+    """0.34's CacheConfig leaves gpu_memory_utilization None; the report takes the resolved one."""
+    from memest_instrumentation.vllm.collect import resolved_utilization
+    from vllm.config import CacheConfig
+
+    assert CacheConfig().gpu_memory_utilization is None
+    assert resolved_utilization(CacheConfig()) == CacheConfig().resolved_gpu_memory_utilization
+    assert resolved_utilization(CacheConfig(gpu_memory_utilization=0.8)) == 0.8

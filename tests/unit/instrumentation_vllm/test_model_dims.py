@@ -255,3 +255,11 @@ def test_a_dsa_models_top_k_is_recorded() -> None:
     shape = dims.model_shape(model_config)
     assert shape is not None
     assert (shape.index_topk, shape.kv_lora_rank, shape.dtype) == (2048, 512, "bfloat16")
+
+
+def test_utilization_is_the_fields_where_vllm_has_no_resolved_one() -> None:
+    from memest_instrumentation.vllm.collect import resolved_utilization
+
+    assert resolved_utilization(types.SimpleNamespace(gpu_memory_utilization=0.8)) == 0.8
+    unset = types.SimpleNamespace(gpu_memory_utilization=None, resolved_gpu_memory_utilization=1.0)
+    assert resolved_utilization(unset) == 1.0
