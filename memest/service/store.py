@@ -259,14 +259,11 @@ def delete_run(factory: sessionmaker[Session], run_id: str) -> list[str]:
         NotFound: no such run.
     """
     with write_session(factory) as session:
-        # FOR UPDATE: of concurrent deletes of one run (PostgreSQL), one finds the row; the
-        # others wait for its commit and then find none (404). SQLite's writers are serial.
+        # FOR UPDATE: of concurrent deletes (PostgreSQL) one finds the row, the rest none (404).
         run = session.scalar(select(Run).where(Run.run_id == run_id).with_for_update())
         if run is None:
             raise NotFound(f"no run {run_id!r}", field="run_id")
-        report_ids = list(
-            session.scalars(select(Report.report_id).where(Report.run_id == run_id)).all()
-        )
+        report_ids = list(session.scalars(select(Report.report_id).where(Report.run_id == run_id)))
         session.execute(delete(Report).where(Report.run_id == run_id))
         session.delete(run)
     return report_ids
