@@ -9,17 +9,16 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
 from memest.errors import ConfigError
-from memest.preflight import preflight, request_from
 from memest.reporters.preflight import closing_lines, heading_lines, kv_line, term_lines
 from memest.schema.preflight import PreflightResult
-from memest.service import examples
+from memest.service import calculations, examples
 from memest.service.body import load_json
-from memest.service.deps import ReadAuth, SettingsDep
-from memest.service.errors import BadRequest, PayloadTooLarge
+from memest.service.compute import ComputePool
+from memest.service.deps import ComputeDep, ReadAuth, SettingsDep
+from memest.service.errors import BadRequest, PayloadTooLarge, ServiceError
 from memest.service.routers.dashboard import HTML_PAGE, templates
 
 router = APIRouter(tags=["dashboard"], dependencies=[ReadAuth])
@@ -108,24 +107,26 @@ def _request_fields(form: dict[str, str]) -> dict[str, Any]:
     return fields
 
 
-def _predict(form: dict[str, str]) -> PreflightResult:
-    return preflight(request_from(_request_fields(form)))
+async def _predict(form: dict[str, str], pool: ComputePool) -> PreflightResult:
+    """The prediction in a calculator worker, with the API's limits and deadline."""
+    raw = json.dumps(_request_fields(form)).encode()
+    return PreflightResult.model_validate_json(await pool.run(calculations.preflight_json, raw))
 
 
 # A browser form, not an API (POST /api/v1/preflight is): kept out of the OpenAPI document.
 @router.post("/preflight", include_in_schema=False)
-async def preflight_submit(request: Request, settings: SettingsDep) -> HTMLResponse:
+async def preflight_submit(
+    request: Request, settings: SettingsDep, pool: ComputeDep
+) -> HTMLResponse:
     """Predict from the form and show the table under it; a refused field shows the form again."""
     form = {
         **{name: "" for name in _FORM_FIELDS},
         **await _read_form(request, settings.max_report_bytes),
     }
     try:
-        result = await run_in_threadpool(_predict, form)
-    except (ConfigError, BadRequest) as exc:
+        result = await _predict(form, pool)
+    except ConfigError as exc:
         return _page(request, form, error=str(exc), status=422)
-    except (ValueError, ArithmeticError) as exc:  # absurd dimensions overflow a figure
-        return _page(
-            request, form, error=f"the config leads to no valid prediction: {exc}", status=422
-        )
+    except ServiceError as exc:  # a refused field (4xx), or no worker in time (503/504)
+        return _page(request, form, error=exc.message, status=exc.status_code)
     return _page(request, form, result=result)

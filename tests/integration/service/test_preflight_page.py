@@ -67,3 +67,13 @@ def test_a_refused_field_shows_the_form_again_naming_it(client: TestClient) -> N
     assert "max_model_len" in page and "max_position_embeddings=8192" in page
     status, page = _submit(client, max_num_seqs="many")
     assert status == 422 and "max_num_seqs" in page and "whole number" in page
+
+
+def test_the_page_refuses_what_the_api_refuses(client: TestClient) -> None:
+    """The page computes in the calculator workers with the API's input limits: a config of
+    3,000 layers is refused with the field named, not computed."""
+    config = json.loads(CONFIG.read_text())
+    config["num_hidden_layers"] = 3000
+    status, page = _submit(client, model_config=json.dumps(config))
+    assert status == 422
+    assert "model_config.num_hidden_layers" in html.unescape(page)
