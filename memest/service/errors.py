@@ -129,13 +129,13 @@ def as_service_error(exc: BaseException) -> ServiceError | None:
     return None
 
 
-def _wants_page(request: Request) -> bool:
+def wants_page(request: Request) -> bool:
     """A browser navigating to a page (not an API client, not a form post)."""
     accept = request.headers.get("accept", "")
     return request.method == "GET" and "text/html" in accept
 
 
-def _not_found_page(request: Request, message: str) -> HTMLResponse:
+def not_found_page(request: Request, message: str) -> HTMLResponse:
     """A dashboard page that does not exist, as a page (an API path keeps its JSON answer)."""
     root = escape(str(request.scope.get("root_path", "")))
     body = (
@@ -166,21 +166,21 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # No route at this address: a browser gets a page, every other client FastAPI's JSON.
-        if exc.status_code == 404 and _wants_page(request):
+        if exc.status_code == 404 and wants_page(request):
             if not request.url.path.startswith("/api/"):
-                return _not_found_page(request, "No page at this address")
+                return not_found_page(request, "No page at this address")
         return await http_exception_handler(request, exc)
 
     @app.exception_handler(ServiceError)
     async def _service_error(request: Request, exc: ServiceError) -> Response:
-        if exc.status_code == 401 and _wants_page(request):
+        if exc.status_code == 401 and wants_page(request):
             # A person at a browser: send them to the login form, then back here.
             path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path
             target = path + (f"?{request.url.query}" if request.url.query else "")
             return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
-        if exc.status_code == 404 and _wants_page(request):
+        if exc.status_code == 404 and wants_page(request):
             if not request.url.path.startswith("/api/"):
-                return _not_found_page(request, exc.message)
+                return not_found_page(request, exc.message)
         body: dict[str, object] = {"detail": exc.message}
         if exc.field is not None:
             body["field"] = exc.field

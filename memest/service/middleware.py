@@ -6,7 +6,8 @@ from __future__ import annotations
 from urllib.parse import unquote_to_bytes
 
 from starlette.datastructures import MutableHeaders
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: The pages load only their own stylesheet and script (vendored under /static) and inline SVG.
@@ -37,6 +38,19 @@ def _control_in_path(scope: Scope) -> bool:
     """A control character (newline, tab, ...) in the path: no stored model or run id holds one
     (ingest refuses them), and the path routes cannot match across a newline."""
     return any(0 < ord(c) < 0x20 or c == "\x7f" for c in scope.get("path", ""))
+
+
+def _no_such_page(scope: Scope) -> Response:
+    """A path with a control character: a browser gets the not-found page, an API client JSON."""
+    from memest.service.errors import not_found_page, wants_page
+
+    request = Request(scope)
+    if wants_page(request) and not request.url.path.startswith("/api/"):
+        return not_found_page(request, "No page at this address")
+    return JSONResponse(
+        status_code=404,
+        content={"detail": "no such page: the path holds a control character", "field": "path"},
+    )
 
 
 def head_bytes(scope: Scope) -> int:
@@ -78,14 +92,7 @@ class HardeningMiddleware:
             await refusal(scope, receive, send_with_headers)
             return
         if _control_in_path(scope):
-            refusal = JSONResponse(
-                status_code=404,
-                content={
-                    "detail": "no such page: the path holds a control character",
-                    "field": "path",
-                },
-            )
-            await refusal(scope, receive, send_with_headers)
+            await _no_such_page(scope)(scope, receive, send_with_headers)
             return
         where = _nul_in_target(scope)
         if where is not None:
