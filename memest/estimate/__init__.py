@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from memest.estimate.phases import (
         check_report,
         full_init_kv_budget,
-        full_init_terms,
         non_kv_bytes,
         requested_bytes,
     )
@@ -31,6 +30,7 @@ if TYPE_CHECKING:
         startup_plan_filename,
         write_startup_plan,
     )
+    from memest.estimate.terms.catalog import full_init_terms
     from memest.estimate.vllm_estimate import extrapolate_full_graph_memory, vllm_cudagraph_estimate
     from memest.estimate.whatif import law_for, pool_predictions, resolve_grid, what_if
     from memest.schema import FullInitTerms
@@ -45,7 +45,7 @@ _SOURCES: dict[str, str] = {
     "kv_tokens": "memest.estimate.kv",
     "check_report": "memest.estimate.phases",
     "full_init_kv_budget": "memest.estimate.phases",
-    "full_init_terms": "memest.estimate.phases",
+    "full_init_terms": "memest.estimate.terms.catalog",
     "non_kv_bytes": "memest.estimate.phases",
     "requested_bytes": "memest.estimate.phases",
     "PLAN_SCHEMAS": "memest.estimate.startup_plan",

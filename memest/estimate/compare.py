@@ -7,11 +7,11 @@ from memest.estimate.phases import (
     device_used,
     final_reading,
     full_init_kv_budget,
-    full_init_terms,
     measured_kv_bytes,
     non_kv_bytes,
     terms_components,
 )
+from memest.estimate.terms.catalog import full_init_terms
 from memest.estimate.vllm_estimate import vllm_cudagraph_estimate
 from memest.schema import (
     EstimateComparison,

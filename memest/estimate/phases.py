@@ -67,7 +67,7 @@ def phase(report: RunReport, name: str) -> PhaseRecord | None:
     return found[-1] if found else None
 
 
-def _require_phase(report: RunReport, name: str) -> PhaseRecord:
+def require_phase(report: RunReport, name: str) -> PhaseRecord:
     record = phase(report, name)
     if record is None:
         raise ReportFormatError(f"report {report.report_id}: phase {name!r} is missing")
@@ -211,38 +211,6 @@ def kv_phase_extra_bytes(report: RunReport, kv_alloc: PhaseRecord) -> int:
     added = kv_alloc.end.torch_allocated_bytes - kv_alloc.start.torch_allocated_bytes
     in_torch = 0 if growable_kv_bytes(report) else measured_kv_bytes(report)
     return max(added - in_torch, 0)
-
-
-def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerms:
-    """Read the full-initialization terms of one complete start.
-
-    Args:
-        report: a start with at least the weights, profile_run and kv_cache_alloc phases and
-            an end state (``end`` or ``capture``), a KV-cache spec and the budget.
-        margin_bytes: memory to keep free on top of the measured terms.
-
-    Raises:
-        ReportFormatError: a phase, reading or figure the model needs is missing.
-    """
-    from memest.estimate.terms.catalog import ReportReadings, read_terms
-
-    check_report(report)
-    if margin_bytes < 0:
-        raise ReportFormatError(f"margin_bytes={margin_bytes}: must not be negative")
-    readings = ReportReadings(
-        report,
-        _require_phase(report, "weights"),
-        _require_phase(report, "profile_run"),
-        _require_phase(report, "kv_cache_alloc"),
-        final_reading(report),
-    )
-    return FullInitTerms(
-        requested_bytes=requested_bytes(report),
-        **read_terms(readings),
-        graph_pool_by_stage_bytes=graph_pool_by_stage(report),
-        margin_bytes=margin_bytes,
-        source=f"report {report.report_id}",
-    )
 
 
 def non_kv_bytes(terms: FullInitTerms) -> int:

@@ -8,6 +8,7 @@ vLLM version: ``data/<gpu>-vllm-<version>.json``.
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from importlib import resources
 from typing import Any
 
@@ -51,8 +52,9 @@ class Calibration(MemestModel):
     starts: list[str] = Field(default_factory=list, description="Report ids fitted")
     command: str = ""
 
-    @property
+    @cached_property
     def label(self) -> str:
+        """What the calibration models (read on every surface of a prediction: computed once)."""
         return f"{self.gpu} + vLLM {self.vllm_version} + CUDA {self.cuda_version}"
 
 

@@ -63,8 +63,9 @@ def calibrated_vllm(gpu: str) -> VllmVersion:
     return resolve_version(cal.vllm_version if cal is not None else None)
 
 
-def setup(req: PreflightRequest) -> Setup:
-    """Shapes, grid and capture plan of a request (vLLM 0.33.0's sizing and defaults).
+def setup(req: PreflightRequest, vllm: VllmVersion | None = None) -> Setup:
+    """Shapes, grid and capture plan of a request, with ``vllm``'s defaults (None: the release
+    the GPU kind's calibration models).
 
     Raises:
         ConfigError: the config, a flag or the grid is refused (the field is named).
@@ -74,7 +75,7 @@ def setup(req: PreflightRequest) -> Setup:
     target = model_shape(
         cfg, tp=req.tensor_parallel_size, dtype=req.dtype, quantization=req.quantization
     )
-    vllm = calibrated_vllm(req.gpu)
+    vllm = vllm or calibrated_vllm(req.gpu)
     serve = vllm.serve_defaults
     seqs, mbt = (
         SERVE_DEFAULTS[sm100] if sm100 else (serve.max_num_seqs, serve.max_num_batched_tokens)
@@ -288,7 +289,7 @@ def preflight(req: PreflightRequest, calibration: Calibration | None = None) -> 
     """
     row = resolve_version(req.vllm_version)
     cal = calibration or load_calibration(req.gpu)
-    s = setup(req)
+    s = setup(req, resolve_version(cal.vllm_version))
     laws = catalog.laws(s, cal.coefficients)
     util = s.config.gpu_memory_utilization
     assert util is not None

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from memest.errors import ReportFormatError
 from memest.estimate.activation import (
     activation_bytes,
     activation_shape,
@@ -49,11 +50,15 @@ from memest.estimate.mla_context import profile_standin_bytes, run_mla_context_b
 from memest.estimate.model_shape import ModelShape
 from memest.estimate.phases import (
     activation_headroom,
+    check_report,
     device_used,
+    final_reading,
     graph_pool_by_stage,
     growable_kv_bytes,
     kept_after_kv,
     kv_phase_extra_bytes,
+    requested_bytes,
+    require_phase,
 )
 from memest.estimate.profiling import ProfilingReadings, capture_details, pool_by_stage
 from memest.estimate.terms import dsa
@@ -447,3 +452,33 @@ def moved_terms(m: Move) -> tuple[dict[str, int], dict[str, str]]:
         if law:
             laws[t.field] = law
     return values, laws
+
+
+def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerms:
+    """Read the full-initialization terms of one complete start (each term's reader, below).
+
+    Args:
+        report: a start with at least the weights, profile_run and kv_cache_alloc phases and
+            an end state (``end`` or ``capture``), a KV-cache spec and the budget.
+        margin_bytes: memory to keep free on top of the measured terms.
+
+    Raises:
+        ReportFormatError: a phase, reading or figure the model needs is missing.
+    """
+    check_report(report)
+    if margin_bytes < 0:
+        raise ReportFormatError(f"margin_bytes={margin_bytes}: must not be negative")
+    readings = ReportReadings(
+        report,
+        require_phase(report, "weights"),
+        require_phase(report, "profile_run"),
+        require_phase(report, "kv_cache_alloc"),
+        final_reading(report),
+    )
+    return FullInitTerms(
+        requested_bytes=requested_bytes(report),
+        **read_terms(readings),
+        graph_pool_by_stage_bytes=graph_pool_by_stage(report),
+        margin_bytes=margin_bytes,
+        source=f"report {report.report_id}",
+    )

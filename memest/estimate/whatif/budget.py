@@ -21,8 +21,9 @@ from memest.estimate.kv import (
     rescale_kv_dtype,
 )
 from memest.estimate.model_shape import DTYPE_BYTES
-from memest.estimate.phases import full_init_kv_budget, full_init_terms, non_kv_bytes
+from memest.estimate.phases import full_init_kv_budget, non_kv_bytes
 from memest.estimate.runner_buffers import ModelDims
+from memest.estimate.terms.catalog import full_init_terms
 from memest.estimate.whatif.grid import Grids, describe_grid, grids
 from memest.estimate.whatif.models import TermRow, WhatIfCalibration
 from memest.estimate.whatif.pools import Pools, predict_pools

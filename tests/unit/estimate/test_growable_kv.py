@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from memest.estimate import account
-from memest.estimate.phases import full_init_terms, measured_kv_bytes
+from memest.estimate.phases import measured_kv_bytes
+from memest.estimate.terms.catalog import full_init_terms
 from memest.schema import ExtensibleKvSizing, MemoryReading, RunReport
 
 ROOT = Path(__file__).resolve().parents[3]
