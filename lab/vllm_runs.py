@@ -468,6 +468,24 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("G_gemma3_6l_s128_t4096", "apply"),
         ("N_qwen3next4l_s64_t2048", "alone"),
     ],
+    # with MEMEST_LAB_CARRY=.vllm_h200_034: memest apply and its plan, dense, MoE and MLA
+    # (vLLM 0.34.0 alone at the dense shape: call 47)
+    "v034_apply": [
+        ("A_llama8b_s128_t4096_udef", "apply"),
+        ("A_llama8b_s128_t4096_udef", "plan"),
+        ("M_qwen3moe8l_s64_t2048_udef", "alone"),
+        ("M_qwen3moe8l_s64_t2048_udef", "apply"),
+        ("L_dsv2lite8l_s64_t2048_fa_udef", "alone"),
+        ("L_dsv2lite8l_s64_t2048_fa_udef", "apply"),
+    ],
+    # vLLM 0.33.0: the hybrids with memest apply and plan, Qwen3-Next alone first
+    "hybrid_plan": [
+        ("G_gemma3_6l_s128_t4096", "apply"),
+        ("G_gemma3_6l_s128_t4096", "plan"),
+        ("N_qwen3next4l_s64_t2048", "alone"),
+        ("N_qwen3next4l_s64_t2048", "apply"),
+        ("N_qwen3next4l_s64_t2048", "plan"),
+    ],
     # with MEMEST_LAB_CARRY=.vllm_h200_034: vLLM 0.34.0 alone and memest apply, dense
     "v034_dense": [
         ("A_llama8b_s128_t4096_udef", "alone"),
@@ -906,6 +924,18 @@ def _context_step(
     }
 
 
+def _batch_step_prompt(cfg: dict[str, Any]) -> list[int]:
+    """The fanned-out prompt: long enough that the step's max_num_seqs prompts fill one whole
+    prompt-logprobs chunk (memest.estimate.sampler.PROMPT_LOGPROBS_CHUNK_ROWS rows, or
+    max_num_batched_tokens), the widest one serving scores, and no longer (at least 7 tokens)."""
+    from memest.estimate.sampler import prompt_logprobs_rows
+
+    n, mbt = int(cfg["max_num_seqs"]), int(cfg["mbt"])
+    length = max(7, -(-prompt_logprobs_rows(mbt) // n))
+    length = min(length, max(mbt // n, 1), int(cfg.get("max_model_len", MAX_MODEL_LEN)) - 2)
+    return [11 + i % 997 for i in range(length)]
+
+
 def _batch_step(llm: Any, cfg: dict[str, Any], used_end: int, reserved_end: int) -> dict[str, Any]:
     """One request fanned out to max_num_seqs sequences with vLLM's
     SamplingParams.for_sampler_warmup() options (the profile run's second sampler pass: float32
@@ -933,7 +963,7 @@ def _batch_step(llm: Any, cfg: dict[str, Any], used_end: int, reserved_end: int)
         torch.cuda.synchronize()
         free0, total = torch.cuda.mem_get_info()
         outside0 = (total - free0) - torch.cuda.memory_reserved()
-        llm.generate([{"prompt_token_ids": [11, 12, 13, 14, 15, 16, 17]}], sp)
+        llm.generate([{"prompt_token_ids": _batch_step_prompt(cfg)}], sp)
     except Exception as exc:  # the figure is optional; the start's record is not
         return {"batch_step_error": f"{type(exc).__name__}: {exc}"[:300]}
     torch.cuda.synchronize()
@@ -943,6 +973,7 @@ def _batch_step(llm: Any, cfg: dict[str, Any], used_end: int, reserved_end: int)
     outside = max(int((total - free1) - reserved1 - outside0), 0)
     return {
         "batch_step_seqs": n,
+        "batch_step_prompt_tokens": len(_batch_step_prompt(cfg)),
         "batch_step_reserved_growth_bytes": growth,
         "batch_step_outside_growth_bytes": outside,
         "batch_step_usage_bytes": used_end + growth + outside,
@@ -1145,6 +1176,10 @@ def child(cfg_name: str, mode: str, result_path: Path) -> None:
     )
     if cfg["util"] is not None:  # None: the installed vLLM's default (1.0 growable on 0.34)
         kw["gpu_memory_utilization"] = cfg["util"]
+    if mode.startswith("plan") and CARRY.name.endswith("_034"):
+        # 0.34 reads a startup plan only on its fixed-size path (gpu_worker: the growable cache
+        # measures after capture instead)
+        kw["enable_extensible_kv_cache"] = False
     if cfg.get("mla_prefill_backend"):
         kw["attention_config"] = {"mla_prefill_backend": cfg["mla_prefill_backend"]}
         if cfg["mla_prefill_backend"] == "FLASH_ATTN":

@@ -59,8 +59,8 @@ def activation_shape(shape: ModelShape) -> ModelShape:
 
 
 def sampler_reserve(shape: ModelShape, max_num_seqs: int, max_num_batched_tokens: int) -> int:
-    """The full-batch sampler's reserve of a profile pass (memest.estimate.sampler), read on the
-    activation law's shape."""
+    """A full-batch step's sampler and prompt-logprobs reserve (memest.estimate.sampler), read on
+    the activation law's shape."""
     return sampler_reserve_bytes(activation_shape(shape), max_num_seqs, max_num_batched_tokens)
 
 
@@ -72,6 +72,7 @@ def profile_pass_bytes(
     drafter: ModelShape | None = None,
     drafter_factor: float = 0.0,
 ) -> int:
-    """A profile pass's activation headroom: the forward's law plus the sampler's reserve."""
+    """Serving's activation headroom: the profile pass's forward law plus a full-batch step's
+    sampler and prompt-logprobs reserve."""
     forward = activation_bytes(tokens, activation_shape(target), factor, drafter, drafter_factor)
     return forward + sampler_reserve(target, max_num_seqs, tokens)

@@ -21,6 +21,15 @@ segments: nothing at a few hundred rows, one float32 logits segment at ``vllm se
 (Llama-3-8B, vocabulary 128,256: 0.489 GiB; the repo's default-flags starts measured 1.648 GiB
 of activation headroom against the forward law's 1.157).
 
+Serving asks for one more vocabulary-wide tensor the profile run never does: a request with
+prompt logprobs (``SamplingParams.for_sampler_warmup`` sets ``prompt_logprobs=1``) has its step's
+prompt rows scored after sampling, ``compute_logits`` over chunks of ``CHUNK_SIZE`` (1,024) rows
+(``v1/worker/gpu/sample/prompt_logprob.py`` compute_prompt_logprobs_with_chunking), in the
+model's dtype. The sampler's tensors are freed by then and stay cached; a chunk takes a freed
+block that fits or reserves its own segment (Gemma-3's 262,144-entry vocabulary: 512 MiB, which
+no freed block of a 4,096-token forward holds). ``prompt_logprobs_reserve_bytes`` is that part,
+which the profile run's measured headroom lacks.
+
 The reserve belongs to the batch step (max_num_seqs rows sampled at once), not to a prefill over
 cached context (memest.estimate.mla_context): at the budget's edge the allocator releases cached
 free segments and retries before it fails (``release_cached_blocks``), so transients of two
@@ -29,10 +38,16 @@ different steps combine by max, never by sum.
 
 from __future__ import annotations
 
+from memest.errors import ConfigError
 from memest.estimate.allocsim import PoolSim, round_size, segment_size
-from memest.estimate.model_shape import ModelShape
+from memest.estimate.model_shape import ModelShape, model_shape
+from memest.schema import RunConfig
 
 FP32_BYTES = 4
+
+#: Prompt rows scored per ``compute_logits`` call (vLLM 0.33.0 and 0.34.0: ``CHUNK_SIZE`` of
+#: ``v1/worker/gpu/sample/prompt_logprob.py``).
+PROMPT_LOGPROBS_CHUNK_ROWS = 1024
 
 
 def sampler_rows(max_num_seqs: int, max_num_batched_tokens: int) -> int:
@@ -58,20 +73,65 @@ def forward_free_segments(shape: ModelShape, tokens: int) -> list[int]:
     return [segment_size(round_size(tokens * w * shape.dtype_bytes)) for w in widths if w > 0]
 
 
-def sampler_reserve_bytes(shape: ModelShape, max_num_seqs: int, max_num_batched_tokens: int) -> int:
-    """Reservation the full-batch sampler pass adds over the forward's freed segments.
+def prompt_logprobs_rows(max_num_batched_tokens: int) -> int:
+    """Rows of the widest prompt-logprobs chunk a step can score."""
+    return max(min(PROMPT_LOGPROBS_CHUNK_ROWS, max_num_batched_tokens), 0)
 
-    ``shape`` is the one the activation law reads (a MoE layer without its routed experts'
-    caches, which live in the persistent fused-MoE workspace).
-    """
-    requests = sampler_requests(shape, sampler_rows(max_num_seqs, max_num_batched_tokens))
-    if not requests:
-        return 0
+
+def _batch_step_sim(shape: ModelShape, max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, int]:
+    """(reserved after the sampler's requests, reserved after the prompt-logprobs chunk), both
+    over the forward's freed segments."""
     sim = PoolSim()
     addr = 0
     for size in forward_free_segments(shape, max_num_batched_tokens):
         sim.seed_segment([(addr, size, False)])
         addr += size + (2 << 20)  # segments never touch, so they never merge
+    requests = sampler_requests(shape, sampler_rows(max_num_seqs, max_num_batched_tokens))
     for i, size in enumerate(requests):
         sim.alloc(i, size, stream=0, index=i)
-    return sim.result().reserved_bytes
+    after_sampler = sim.result().reserved_bytes
+    for i in range(len(requests)):
+        sim.free(i)
+    rows = prompt_logprobs_rows(max_num_batched_tokens)
+    if rows:
+        sim.alloc(len(requests), rows * shape.vocab * shape.dtype_bytes, stream=0)
+    return after_sampler, sim.result().reserved_bytes
+
+
+def sampler_reserve_bytes(shape: ModelShape, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """Reservation a full-batch step's sampler and prompt-logprobs chunk add over the forward's
+    freed segments.
+
+    ``shape`` is the one the activation law reads (a MoE layer without its routed experts'
+    caches, which live in the persistent fused-MoE workspace).
+    """
+    return _batch_step_sim(shape, max_num_seqs, max_num_batched_tokens)[1]
+
+
+def prompt_logprobs_reserve_bytes(
+    shape: ModelShape, max_num_seqs: int, max_num_batched_tokens: int
+) -> int:
+    """What the prompt-logprobs chunk adds beyond the profile pass's sampler: the part a start's
+    measured headroom lacks."""
+    after_sampler, after_prompt = _batch_step_sim(shape, max_num_seqs, max_num_batched_tokens)
+    return after_prompt - after_sampler
+
+
+def run_prompt_logprobs_bytes(config: RunConfig) -> int:
+    """``prompt_logprobs_reserve_bytes`` for one start from its recorded dimensions (0 when a
+    dimension it needs is missing), on the activation law's shape."""
+    from memest.estimate.activation import activation_shape
+
+    dims = config.model_dims
+    if dims is None or not config.max_num_batched_tokens:
+        return 0
+    try:
+        shape = model_shape(
+            dims.model_dump(exclude_none=True) | {"torch_dtype": dims.dtype},
+            tp=config.tensor_parallel_size,
+        )
+    except ConfigError:
+        return 0
+    return prompt_logprobs_reserve_bytes(
+        activation_shape(shape), config.max_num_seqs or 1, config.max_num_batched_tokens
+    )

@@ -9,7 +9,9 @@ allocator, after ``empty_cache``):
   outside PyTorch the captured graphs hold until the profiling teardown;
 - runner buffers that ``initialize_kv_cache`` allocates beside the profiling KV cache;
 - device memory in use now (weights, profiling residue, CUDA context, NCCL);
-- the profile run's transient activation peak, which serving needs again.
+- the profile run's transient activation peak, which serving needs again, plus the
+  prompt-logprobs chunk a serving step scores and the profile run does not
+  (memest.estimate.sampler).
 
 ``Worker.determine_available_memory`` then returns requested memory minus those terms
 (``memest.estimate.full_init_kv_budget``), so the KV cache is sized once, right.
@@ -22,6 +24,7 @@ from typing import Any
 from memest.estimate import full_init_kv_budget
 from memest.estimate.mla_context import run_mla_context_bytes
 from memest.estimate.profiling import ProfilingReadings, capture_details, profiling_terms
+from memest.estimate.sampler import run_prompt_logprobs_bytes
 from memest.schema import FullInitTerms, MemoryReading
 from memest_instrumentation.vllm import dims, measure
 from memest_instrumentation.vllm.state import guarded, state
@@ -37,6 +40,15 @@ def _mla_context_bytes(worker: Any) -> int:
     if st.config is None:
         return 0
     return guarded("mla_context", run_mla_context_bytes, st.config, block_size) or 0
+
+
+def _prompt_logprobs_bytes() -> int:
+    """memest.estimate.sampler's prompt-logprobs chunk for this start (0 when unreadable): a
+    serving step allocates it, the profile run whose headroom memest measured does not."""
+    st = state()
+    if st.config is None:
+        return 0
+    return guarded("prompt_logprobs", run_prompt_logprobs_bytes, st.config) or 0
 
 
 def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
@@ -69,6 +81,7 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
         margin_bytes=st.settings.margin_bytes,
         stage_pool_bytes=by_stage,
         mla_context_bytes=_mla_context_bytes(worker),
+        prompt_logprobs_bytes=_prompt_logprobs_bytes(),
     )
     st.apply_terms.details = capture_details(readings)
     return profiling_terms(

@@ -11,7 +11,9 @@ weights_bytes                  parameter shapes x dtype bytes / TP (shape; FP8: 
                                + float32 scales) + penalties and structured-output masks + the
                                DSA top-k buffer + fitted rest
 profile_peak_activation_bytes  the forward's law (activation; a MoE layer without its routed
-                               experts' caches) + the full-batch sampler's reserve (sampler)
+                               experts' caches) + a full-batch step's sampler and prompt-logprobs
+                               reserve (sampler; a start's reading adds the prompt chunk, which
+                               the profile run does not allocate)
                                + MLA's profile stand-in + DSA's logits stand-in (dsa)
 mla_context_bytes              MLA's / DSA's prefill over cached context beyond the sampler's
                                reserve (mla_context: the two steps combine by max)
@@ -48,6 +50,7 @@ from memest.estimate.activation import (
 )
 from memest.estimate.mla_context import profile_standin_bytes, run_mla_context_bytes
 from memest.estimate.model_shape import ModelShape
+from memest.estimate.sampler import run_prompt_logprobs_bytes
 from memest.estimate.phases import (
     activation_headroom,
     check_report,
@@ -376,8 +379,9 @@ TERMS: tuple[Term, ...] = (
     ),
     Term(
         "profile_peak_activation_bytes",
-        read=lambda r: activation_headroom(r.report, r.profile),
-        plugin=lambda r: r.activation_bytes,
+        read=lambda r: activation_headroom(r.report, r.profile)
+        + run_prompt_logprobs_bytes(r.report.config),
+        plugin=lambda r: r.activation_bytes + r.prompt_logprobs_bytes,
         law=_law_activation,
         move=_move_activation,
         law_range=_range_activation,
