@@ -160,6 +160,10 @@ def main() -> None:
             if r["call"] not in DIAGNOSTIC_CALLS
             else "start (diagnostic: memest's profile_run hook was not installed)",
         }
+        failed = [k for k in ("step", "context_step", "batch_step") if r.get(f"{k}_error")]
+        if failed:  # the engine stopped: that step's need is unknown, serving did not hold
+            rec["failed_steps"] = {k: r[f"{k}_error"] for k in failed}
+            rec["kind"] = "start (a serving step failed: " + ", ".join(failed) + ")"
         for kind in ("step", "context_step", "batch_step"):
             if r.get(f"{kind}_usage_bytes") is not None:
                 rec[f"{kind}_usage_minus_budget_bytes"] = r[f"{kind}_usage_bytes"] - budget

@@ -478,6 +478,17 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("L_dsv2lite8l_s64_t2048_fa_udef", "alone"),
         ("L_dsv2lite8l_s64_t2048_fa_udef", "apply"),
     ],
+    # with MEMEST_LAB_CARRY=.vllm_h200_034: memest apply again with MLA's context in its
+    # transient (the MLA start) and the prompt-logprobs chunk (both)
+    "v034_recheck": [
+        ("L_dsv2lite8l_s64_t2048_fa_udef", "apply"),
+        ("A_llama8b_s128_t4096_udef", "apply"),
+    ],
+    # vLLM 0.33.0: Qwen3-Next class alone, then memest apply (FLA's GDN prefill compiles long)
+    "hybrid_n": [
+        ("N_qwen3next4l_s64_t2048", "alone"),
+        ("N_qwen3next4l_s64_t2048", "apply"),
+    ],
     # vLLM 0.33.0: the hybrids with memest apply and plan, Qwen3-Next alone first
     "hybrid_plan": [
         ("G_gemma3_6l_s128_t4096", "apply"),

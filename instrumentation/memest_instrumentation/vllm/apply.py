@@ -19,6 +19,7 @@ allocator, after ``empty_cache``):
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from memest.estimate import full_init_kv_budget
@@ -49,6 +50,17 @@ def _prompt_logprobs_bytes() -> int:
     if st.config is None:
         return 0
     return guarded("prompt_logprobs", run_prompt_logprobs_bytes, st.config) or 0
+
+
+def serving_transient_bytes(vllm_config: Any) -> int | None:
+    """What serving's steps take beyond init, from this start's readings: the warm profile
+    pass's activation headroom, the prompt-logprobs chunk and MLA's prefill over cached
+    context (each as the term model counts it); None where the headroom was not measured."""
+    headroom = state().figures.profile_headroom_bytes
+    if headroom is None:
+        return None
+    context = _mla_context_bytes(SimpleNamespace(vllm_config=vllm_config))
+    return int(headroom) + _prompt_logprobs_bytes() + context
 
 
 def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:

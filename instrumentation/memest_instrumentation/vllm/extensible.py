@@ -11,7 +11,8 @@ the minimum block count over ranks. memest's hooks:
   before and after the sizing (``report.vllm.extensible_kv``);
 - ``measure_kv_cache_bytes``: the readings it sized from. With ``MEMEST_ESTIMATE=apply`` memest
   passes its own terms through the function's own parameters: ``transient_peak_bytes`` the
-  larger of vLLM's measured peak and memest's warm profile pass's activation headroom,
+  larger of vLLM's measured peak and what serving's steps take by memest's terms (the warm
+  profile pass's activation headroom, the prompt-logprobs chunk, MLA's prefill over context),
   ``margin_floor_bytes`` vLLM's non-torch reserve plus ``MEMEST_MARGIN_BYTES``
   (``ExtensibleKV.memest_margin_bytes``) and ``margin_fraction`` 0, so the margin is memest's
   instead of vLLM's guess. (``kv_cache_memory_bytes`` would turn the
@@ -47,11 +48,25 @@ def _constants() -> ExtensibleKV:
 
 def memest_transient_bytes(vllm_transient_bytes: int) -> int | None:
     """The transient peak memest has vLLM keep free: the larger of vLLM's own measurement and
-    memest's warm profile pass's activation headroom; None where memest did not measure it."""
-    ours = state().figures.profile_headroom_bytes
+    what memest measured serving's steps take (apply.serving_transient_bytes: the warm profile
+    pass's headroom, the prompt-logprobs chunk, MLA's prefill over cached context); None where
+    memest did not measure the headroom."""
+    from memest_instrumentation.vllm.apply import serving_transient_bytes
+
+    ours = serving_transient_bytes(_current_vllm_config())
     if ours is None:
         return None
     return max(int(vllm_transient_bytes), int(ours))
+
+
+def _current_vllm_config() -> Any:
+    """The engine's configuration while vLLM sizes its cache (None where unreadable)."""
+    try:
+        from vllm.config import get_current_vllm_config
+
+        return get_current_vllm_config()
+    except Exception:
+        return None
 
 
 def wrap_measure_kv_cache_bytes(orig: Callable[..., Any]) -> Callable[..., Any]:
