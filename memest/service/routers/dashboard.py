@@ -67,6 +67,7 @@ from memest.reporters.views import (
 )
 from memest.schema import RunReport, StartAccounting
 from memest.service import store
+from memest.service.db import read_session
 from memest.service.deps import CacheDep, FactoryDep, ReadAuth, ResponseCacheDep, SessionDep
 from memest.service.errors import NotFound
 from memest.service.models import Report, Run
@@ -217,28 +218,35 @@ def model_page(
 ) -> HTMLResponse:
     """A model's page: stacked bars of added pool memory per stage and owner beside the graph-count
     table of the capture plan, the phase split, estimates, and the model's runs."""
-    # The session is opened and closed here, in the route's one thread-pool call: a session
-    # dependency costs two more hand-offs between the event loop and a thread, each a wait for
-    # the GIL while reports are being parsed.
-    with factory() as session:
-        return _cached_model_page(request, model, session, cache, responses, run)
+    # Every read in one snapshot (read_session): a run deleted meanwhile is whole or gone, so
+    # the page is the old one or a 404, never half a run (a 500). The session, opened here in
+    # the route's one thread-pool call, is closed before the page is built: no connection (or
+    # PostgreSQL snapshot) is held while it renders.
+    with read_session(factory) as session:
+        key, runs, chosen = _model_page_key(request, model, session, run)
+        body = responses.get(key)
+        if body is not None:
+            return HTMLResponse(body)
+        rows = store.run_reports(session, chosen.run_id)
+        if not rows:  # deleted before this snapshot began, after its run row was read elsewhere
+            raise NotFound(f"no run {chosen.run_id!r}", field="run")
+        reports = [cache.get(r) for r in rows]
+    page = _model_page(request, model, runs, chosen, reports)
+    responses.put(key, bytes(page.body))
+    return page
 
 
-def _cached_model_page(
-    request: Request,
-    model: str,
-    session: Session,
-    cache: store.ReportCache,
-    responses: store.ResponseCache,
-    run: str | None,
-) -> HTMLResponse:
+def _model_page_key(
+    request: Request, model: str, session: Session, run: str | None
+) -> tuple[tuple[Any, ...], list[Run], Run]:
+    """The model's runs, the one shown, and the key of its cached page: everything the page
+    shows, as stored (the shown run's reports by id and content digest, the listed runs' fixed
+    fields) and what the request itself changes (logout button, root path). A report deleted or
+    stored again is another key, so a cached page is never stale."""
     runs = store.model_runs(session, model)
     chosen = runs[-1] if run is None else next((r for r in runs if r.run_id == run), None)
     if chosen is None:
         raise NotFound(f"model {model!r} has no run {run!r}", field="run")
-    # Everything the page shows, as stored: the shown run's reports by id and content digest, the
-    # listed runs' fixed fields, and what the request itself changes (logout button, root path).
-    # A report deleted or stored again is another key, so a cached page is never stale.
     key = (
         chosen.run_id,
         "model-page",
@@ -248,24 +256,16 @@ def _cached_model_page(
         bool(request.cookies.get("memest_session")),
         str(request.scope.get("root_path", "")),
     )
-    body = responses.get(key)
-    if body is not None:
-        return HTMLResponse(body)
-    page = _model_page(request, model, session, cache, runs, chosen)
-    responses.put(key, bytes(page.body))
-    return page
+    return key, runs, chosen
 
 
 def _model_page(
     request: Request,
     model: str,
-    session: Session,
-    cache: store.ReportCache,
     runs: list[Run],
     chosen: Run,
+    all_ranks: list[RunReport],
 ) -> HTMLResponse:
-    rows = store.run_reports(session, chosen.run_id)
-    all_ranks = [cache.get(r) for r in rows]
     rep = all_ranks[0]
     accounting = account(rep)
     facts = run_facts(rep)
@@ -285,7 +285,7 @@ def _model_page(
         build=build_label(rep),
         config=config_summary(rep.config),
         fingerprint=fingerprint(rep),
-        ranks=[r.rank for r in rows],
+        ranks=[r.rank for r in all_ranks],
         rank_check=rank_check(all_ranks),
         peaks=sorted(peaks, key=lambda r: -r.peak_bytes)[:TOP_ROWS],
         retained=sorted(retained, key=lambda r: -r.bytes)[:TOP_ROWS],
@@ -445,7 +445,7 @@ def history_page(
     """A model's builds over time, HISTORY_PAGE_RUNS runs a page: KV tokens, graph-pool bytes
     and each start's usage − budget, with the regressions against the previous build of the same
     configuration and KV sizing highlighted."""
-    with factory() as session:
+    with read_session(factory) as session:  # one snapshot: a run deleted meanwhile is whole or gone
         stored = _model_state(session, model)
         # The page changes only when the model's runs or reports do (stored says so), and with
         # the request's own parts (logout button, root path).

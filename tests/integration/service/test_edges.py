@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from copy import deepcopy
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 import httpx
@@ -467,3 +468,62 @@ def test_reads_racing_a_delete_answer_the_run_or_404(live_db: str) -> None:
                 assert http.delete(run, headers=AUTH).status_code == 200
                 seen.update(reads)
     assert seen <= {200, 404}, seen
+
+
+def test_pages_racing_a_delete_answer_the_page_or_404(live_db: str) -> None:
+    """The dashboard's pages read a run that a DELETE removes meanwhile: the old page or a 404
+    (a browser's not-found page), never a 500."""
+    seen: set[int] = set()
+    with httpx.Client(base_url=live_db, timeout=60) as http:
+        base = _report()
+        assert http.post("/api/v1/reports", json=base, headers=AUTH).status_code == 201
+        model = quote(base["model"], safe="")
+        for _ in range(10):
+            data = _report()
+            run = data["run_id"]
+            assert http.post("/api/v1/reports", json=data, headers=AUTH).status_code == 201
+            paths = [
+                f"/models/{model}",  # the newest run: the one being deleted
+                f"/models/{model}?run={run}",
+                f"/compare?a={base['run_id']}&b={run}",
+                f"/history/{model}",
+            ]
+
+            def read(i: int, paths: list[str] = paths) -> int:
+                page = httpx.get(live_db + paths[i % len(paths)], timeout=60)
+                return page.status_code
+
+            with ThreadPoolExecutor(8) as pool:
+                reads = pool.map(read, range(30))
+                assert http.delete(f"/api/v1/runs/{run}", headers=AUTH).status_code == 200
+                seen.update(reads)
+    assert seen <= {200, 404}, seen
+
+
+@pytest.mark.parametrize("shown", ["newest", "named"])
+def test_a_delete_between_a_pages_reads_leaves_the_old_page(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, shown: str
+) -> None:
+    """The run is deleted (and committed) right after the model page has listed the model's
+    runs: the page's reads share one snapshot, so it shows the run as it was, not a 500."""
+    from memest.service import store
+
+    client = TestClient(create_app(Settings(database_url=db_url, write_token=TOKEN)))  # type: ignore[call-arg]
+    with client:
+        data = _report()
+        assert client.post("/api/v1/reports", json=data, headers=AUTH).status_code == 201
+        listed = store.model_runs
+        factory = client.app.state.sessionmaker  # type: ignore[attr-defined]
+
+        def list_then_delete(session: Any, model: str) -> Any:
+            runs = listed(session, model)
+            store.delete_run(factory, data["run_id"])
+            return runs
+
+        monkeypatch.setattr(store, "model_runs", list_then_delete)
+        query = "" if shown == "newest" else f"?run={data['run_id']}"
+        page = client.get(f"/models/{quote(data['model'], safe='')}{query}")
+        assert page.status_code == 200, page.text
+        assert data["run_id"] in page.text
+        monkeypatch.setattr(store, "model_runs", listed)
+        assert client.get(f"/api/v1/runs/{data['run_id']}").status_code == 404
