@@ -286,6 +286,38 @@ def test_the_calculators_answer_within_the_limits(client: TestClient) -> None:
     assert "kv_budget_bytes_to" in what_if.json() or what_if.json()
 
 
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        # 2^20 as the widest graph resolves to about 70,000 capture sizes (a 1.4 MB answer).
+        ({"max_cudagraph_capture_size": 1 << 20}, "compilation_config"),
+        (
+            {"cudagraph_capture_sizes": [8] * (limits.MAX_CAPTURE_SIZES + 1)},
+            "compilation_config.cudagraph_capture_sizes",
+        ),
+    ],
+)
+def test_the_plan_refuses_a_grid_past_the_capture_size_limit(
+    client: TestClient, config: dict[str, Any], field: str
+) -> None:
+    answer = client.get("/api/v1/plan", params={"compilation_config": json.dumps(config)})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["field"] == field
+    assert f"at most {limits.MAX_CAPTURE_SIZES}" in answer.json()["detail"]
+
+
+def test_the_plan_is_computed_in_a_calculator_worker(make_client: MakeClient) -> None:
+    """GET /api/v1/plan goes through the worker pool: past its deadline it is a 503/504 naming
+    the setting, like the other calculators, and within it the plan."""
+    slow = make_client(compute_deadline_s=0.001)
+    answer = slow.get("/api/v1/plan")
+    assert answer.status_code in (503, 504), answer.text
+    assert "MEMEST_COMPUTE" in answer.json()["detail"]
+    plan = make_client().get("/api/v1/plan", params={"sizing": "vllm-0.33.0"})
+    assert plan.status_code == 200, plan.text
+    assert plan.json()["runners"]
+
+
 # --- the worker pool ------------------------------------------------------------------------
 
 
@@ -302,6 +334,21 @@ def test_a_computation_past_the_deadline_is_stopped_with_a_504() -> None:
         anyio.run(run)
     finally:
         pool.shutdown()
+
+
+def test_a_worker_yields_the_cpu_to_the_event_loop() -> None:
+    """Calculator workers run at a lower CPU priority than the server (its event loop)."""
+    import os
+
+    from memest.service.compute import WORKER_NICENESS
+    from tests.integration.service.slow_calc import niceness
+
+    pool = ComputePool(workers=1, deadline_s=30.0)
+    try:
+        answer = anyio.run(pool.run, niceness)
+    finally:
+        pool.shutdown()
+    assert int(answer) == min(os.nice(0) + WORKER_NICENESS, 19)
 
 
 def test_no_free_worker_within_the_deadline_is_a_503() -> None:
@@ -395,6 +442,22 @@ def test_a_database_outage_fails_readiness_not_liveness(client: TestClient) -> N
     assert ready.status_code == 503
     assert ready.json()["detail"].startswith("database: OperationalError")
     assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_liveness_is_answered_ahead_of_the_app(make_client: MakeClient) -> None:
+    """/healthz is answered by the outermost layer: open with a read token set, with the
+    security headers, ahead of every other layer."""
+    client = make_client(read_token=READ)
+    answer = client.get("/healthz")
+    assert answer.status_code == 200 and answer.json() == {"status": "ok"}
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+    assert client.head("/healthz").status_code == 200
+    assert client.get("/api/v1/models").status_code == 401  # the rest still needs the token
+    # Ahead of the hardening layer too: a head past its limit is refused everywhere else.
+    big = {"x-filler": "a" * 20_000}
+    assert client.get("/readyz", headers=big).status_code == 431
+    assert client.get("/healthz", headers=big).status_code == 200
 
 
 # --- paths and names ------------------------------------------------------------------------
