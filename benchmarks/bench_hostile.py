@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from copy import deepcopy
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import httpx
 
@@ -170,6 +171,13 @@ def _post(path: str, body: bytes, headers: dict[str, str] | None = None) -> Atta
     return attack
 
 
+def _get(path: str) -> Attack:
+    def attack(http: httpx.Client) -> int:
+        return http.get(path).status_code
+
+    return attack
+
+
 def _scenario(
     url: str, port: int, name: str, attack: Attack, count: int, parallel: int, cap_s: float
 ) -> dict[str, Any]:
@@ -294,6 +302,7 @@ def _run_all(url: str, port: int, cap_s: float) -> list[dict[str, Any]]:
             answer = http.post("/api/v1/reports", json=data, headers=auth)
             assert answer.status_code == 201, answer.text
             stored[stages] = data["run_id"]
+            model = data["model"]
     w30k = _report(30_000, triggers=False)
     w_limit = _report(limits.MAX_STAGES)
     dump = lambda d: json.dumps(d).encode()  # noqa: E731
@@ -386,6 +395,39 @@ def _run_all(url: str, port: int, cap_s: float) -> list[dict[str, Any]]:
             url, port, "100 login guesses, rotated X-Forwarded-For", _login_guess, 100, 4, cap_s
         ),
         _trickled_logins(url, port, 1000, min(cap_s, 15.0)),
+        _scenario(
+            url,
+            port,
+            "16 plans of max_cudagraph_capture_size 2^20",
+            _get(
+                "/api/v1/plan?"
+                + urlencode({"compilation_config": '{"max_cudagraph_capture_size": 1048576}'})
+            ),
+            16,
+            16,
+            cap_s,
+        ),
+        _scenario(
+            url,
+            port,
+            "45 model pages of a 2k x 2k run",
+            _get(f"/models/{quote(model, safe='')}?run={stored[2000]}"),
+            45,
+            45,
+            cap_s,
+        ),
+        _scenario(
+            url,
+            port,
+            "45 compare pages, 1k x 1k vs 2k x 2k",
+            _get(f"/compare?a={stored[1000]}&b={stored[2000]}"),
+            45,
+            45,
+            cap_s,
+        ),
+        _scenario(
+            url, port, "45 history pages", _get(f"/history/{quote(model, safe='')}"), 45, 45, cap_s
+        ),
     ]
     return results
 

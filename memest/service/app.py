@@ -23,7 +23,7 @@ from memest.service.errors import Conflict, install_handlers
 from memest.service.ingest import IngestPool
 from memest.service.metrics import ServiceMetrics
 from memest.service.metrics_cache import MetricsCache, metric_rows_json
-from memest.service.middleware import HardeningMiddleware
+from memest.service.middleware import HardeningMiddleware, LivenessMiddleware
 from memest.service.ratelimit import FailureLimiter
 from memest.service.routers import (
     calculators,
@@ -146,6 +146,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Outermost: the client address every limit counts is the one a trusted proxy forwards;
         # anyone else's X-Forwarded-For is ignored.
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxies())
+    # Outermost of all: liveness answers before any other layer runs.
+    app.add_middleware(LivenessMiddleware)
     for router in (
         reports,
         models,

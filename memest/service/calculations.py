@@ -1,17 +1,20 @@
 """What the calculator routes compute, as the worker processes run it (memest.service.compute):
-the body parsed with its limits (memest.service.body.parse_body), the input limits
+the capture plan of a query, the body parsed with its limits (memest.service.body.parse_body), the input limits
 (memest.service.limits), then memest's calculators, answered as JSON bytes. Each is a
 module-level function of bytes and strings: a pydantic model pickles slowly (a 2 MiB report
 takes longer to pickle than to validate), so none crosses the process boundary."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from memest.schema import CapturePlan, RunReport
 from memest.schema.preflight import PreflightRequest
 from memest.service import limits
-from memest.service.body import parse_body
+from memest.service.body import load_json, parse_body
+from memest.service.errors import Unavailable
 
 
 class WhatIfRequest(BaseModel):
@@ -75,3 +78,32 @@ def run_estimate_json(run_id: str, payloads: dict[int, str], raw: bytes) -> byte
         compilation if isinstance(compilation, dict) else None, "grid.compilation_config"
     )
     return run_estimate(report, body).model_dump_json().encode()
+
+
+def plan_json(query: dict[str, Any]) -> bytes:
+    """GET /api/v1/plan: the capture plan of the query's parameters (memest.plan), its
+    --compilation-config JSON parsed with the body's limits, and the plan within the capture
+    sizes and runners a plan sent to the what-if may have."""
+    from memest.service.plans import resolve_plan
+
+    text = query.get("compilation_config")
+    compilation = checked_compilation_config(text)
+    try:
+        plan = resolve_plan(**{**query, "compilation_config": compilation})
+    except LookupError as exc:
+        raise Unavailable(str(exc), field="memest.plan") from None
+    limits.check_resolved_plan(plan, "compilation_config" if text else "max_num_batched_tokens")
+    return plan.model_dump_json().encode()
+
+
+def checked_compilation_config(text: str | None) -> dict[str, Any] | str | None:
+    """The --compilation-config JSON, parsed with the body's limits (depth, finite numbers,
+    int64) and its capture-size lists within the limit; anything but an object goes on as text
+    for memest.plan to name what is wrong."""
+    if text is None:
+        return None
+    parsed = load_json(text.encode(), field="compilation_config")
+    if not isinstance(parsed, dict):
+        return text
+    limits.check_compilation_config(parsed, "compilation_config")
+    return parsed

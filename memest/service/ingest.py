@@ -13,6 +13,7 @@ from datetime import UTC
 from memest.identity import stored_form
 from memest.schema import RunReport
 from memest.service.body import parse_body
+from memest.service.compute import lower_priority
 from memest.service.errors import (
     BadRequest,
 )
@@ -109,7 +110,11 @@ class IngestPool:
         self._pool = self._new() if processes else None
 
     def _new(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(self._processes, mp_context=multiprocessing.get_context("spawn"))
+        return ProcessPoolExecutor(
+            self._processes,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=lower_priority,  # a parse yields a contended core to the event loop
+        )
 
     def prepare(self, body: bytes) -> Prepared:
         """prepare_body(body), in a worker when there are any (called from an ingest thread)."""

@@ -88,6 +88,24 @@ def check_plan(plan: CapturePlan, field: str) -> None:
     check_capture_sizes(plan.cudagraph_capture_sizes, f"{field}.cudagraph_capture_sizes")
 
 
+def check_resolved_plan(plan: CapturePlan, field: str) -> None:
+    """A plan a query resolves (GET /api/v1/plan) holds no more runners and capture sizes than a
+    plan the what-if takes: ``field`` names the parameter that sets its grid (a
+    max_cudagraph_capture_size of 10^6 resolves to 70,000 sizes, a 1.4 MB answer)."""
+    if len(plan.runners) > MAX_RUNNERS:
+        raise refuse(field, len(plan.runners), MAX_RUNNERS, "runners in its plan")
+    for runner in plan.runners:
+        if len(runner.sizes) > MAX_CAPTURE_SIZES:
+            raise BadRequest(
+                f"{field} resolves to {len(runner.sizes)} capture sizes for {runner.runner}; "
+                f"the service takes at most {MAX_CAPTURE_SIZES} per runner",
+                field=field,
+            )
+    sizes = plan.cudagraph_capture_sizes or []
+    if len(sizes) > MAX_CAPTURE_SIZES:
+        raise refuse(field, len(sizes), MAX_CAPTURE_SIZES, "capture sizes in its plan")
+
+
 def check_report(report: RunReport, field: str = "") -> None:
     """A report's plans, breakdown rows and recorded model shape."""
     at = f"{field}." if field else ""

@@ -3,6 +3,7 @@ and NUL characters in the request target, and add the security headers to every 
 
 from __future__ import annotations
 
+import json
 from urllib.parse import unquote_to_bytes
 
 from starlette.datastructures import MutableHeaders
@@ -103,3 +104,34 @@ class HardeningMiddleware:
             await refusal(scope, receive, send_with_headers)
             return
         await self.app(scope, receive, send_with_headers)
+
+
+#: GET /healthz's answer (memest.service.routers.health documents the route).
+HEALTHZ_PATH = "/healthz"
+HEALTHZ_BODY = json.dumps({"status": "ok"}).encode()
+_HEALTHZ_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"content-length", str(len(HEALTHZ_BODY)).encode()),
+    *SECURITY_HEADERS,
+]
+
+
+class LivenessMiddleware:
+    """The outermost layer: GET /healthz answered here, before every other middleware, the
+    router and the dependencies, so that liveness costs the event loop two sends however busy
+    the rest of the app is (a kubelet's probe must not queue behind the app's own work)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"] == HEALTHZ_PATH
+            and scope["method"] in ("GET", "HEAD")
+        ):
+            await send({"type": "http.response.start", "status": 200, "headers": _HEALTHZ_HEADERS})
+            body = b"" if scope["method"] == "HEAD" else HEALTHZ_BODY
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)

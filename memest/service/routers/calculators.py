@@ -8,12 +8,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Query, Response
 
 from memest.schema import CapturePlan, EstimateComparison, RunReport, WhatIf
-from memest.service import calculations, examples, limits
-from memest.service.body import BodyRoute, JsonBody, load_json
+from memest.service import calculations, examples
+from memest.service.body import BodyRoute, JsonBody
 from memest.service.calculations import WhatIfRequest
 from memest.service.deps import ComputeDep, ReadAuth
-from memest.service.errors import Unavailable
-from memest.service.plans import resolve_plan
 
 router = APIRouter(
     prefix="/api/v1", tags=["calculators"], dependencies=[ReadAuth], route_class=BodyRoute
@@ -30,11 +28,16 @@ _PLAN_EXAMPLE = examples.REPORT["capture_plans"][0] if examples.REPORT["capture_
             "description": "The capture plan: graphs per runner",
             "content": {"application/json": {"example": _PLAN_EXAMPLE}} if _PLAN_EXAMPLE else {},
         },
-        422: {"description": "memest.plan rejected a parameter (named in `field`)"},
-        503: {"description": "memest.plan is not available"},
+        422: {
+            "description": "memest.plan rejected a parameter, or the plan it resolves is past "
+            "memest.service.limits (named in `field`)"
+        },
+        503: {"description": "memest.plan is not available, or no calculator worker was free"},
+        504: {"description": "The computation ran past MEMEST_COMPUTE_DEADLINE_S and was stopped"},
     },
 )
-def capture_plan(
+async def capture_plan(
+    pool: ComputeDep,
     sizing: Annotated[
         Literal["seed", "vllm-0.33.0"],
         Query(description="seed: the five-field sizing; vllm-0.33.0: main's shared token list"),
@@ -68,34 +71,21 @@ def capture_plan(
     adaptive_verification: Annotated[
         bool, Query(description="Target verification with variable query lengths")
     ] = False,
-) -> CapturePlan:
+) -> Response:
     """Resolve a capture plan with memest.plan: how many graphs each runner captures and how wide
-    (vLLM 0.33.0's sizing, or the seed's five fields)."""
-    try:
-        return resolve_plan(
-            sizing=sizing,
-            gpu=gpu,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            speculative_method=speculative_method,
-            num_speculative_tokens=num_speculative_tokens,
-            compilation_config=_checked_config(compilation_config),
-            adaptive_verification=adaptive_verification,
-        )
-    except LookupError as exc:
-        raise Unavailable(str(exc), field="memest.plan") from None
-
-
-def _checked_config(text: str | None) -> dict[str, Any] | str | None:
-    """The --compilation-config JSON, parsed with the body's limits (depth, finite numbers, int64);
-    anything but an object goes on as text for memest.plan to name what is wrong."""
-    if text is None:
-        return None
-    parsed = load_json(text.encode(), field="compilation_config")
-    if not isinstance(parsed, dict):
-        return text
-    limits.check_compilation_config(parsed, "compilation_config")
-    return parsed
+    (vLLM 0.33.0's sizing, or the seed's five fields), in a calculator worker."""
+    query = {
+        "sizing": sizing,
+        "gpu": gpu,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "speculative_method": speculative_method,
+        "num_speculative_tokens": num_speculative_tokens,
+        "compilation_config": compilation_config,
+        "adaptive_verification": adaptive_verification,
+    }
+    body = await pool.run(calculations.plan_json, query)
+    return Response(body, media_type="application/json")
 
 
 CALCULATOR_ANSWERS: dict[int | str, dict[str, Any]] = {

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Annotated, Any
 from urllib.parse import quote
 
+import anyio
+import anyio.to_thread
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from jinja2 import pass_context
 from markupsafe import Markup, escape
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from memest.analysis.ranks import rank_check
 from memest.analysis.stages import stage_bars
@@ -67,6 +70,7 @@ from memest.reporters.views import (
 )
 from memest.schema import RunReport, StartAccounting
 from memest.service import store
+from memest.service.db import read_session
 from memest.service.deps import CacheDep, FactoryDep, ReadAuth, ResponseCacheDep, SessionDep
 from memest.service.errors import NotFound
 from memest.service.models import Report, Run
@@ -162,6 +166,21 @@ HTML_PAGE: dict[int | str, dict[str, Any]] = {
 }
 
 
+#: Pages built at once (threads that parse reports and render): a parse of a large stored report
+#: is one call that holds the GIL throughout, so every build running beside the event loop
+#: delays it; the rest wait here, and most then find their page (or its reports) cached.
+PAGE_BUILDS = 1
+
+
+async def _page_build(
+    request: Request, build: Callable[..., HTMLResponse], *args: Any
+) -> HTMLResponse:
+    state = request.app.state
+    if not hasattr(state, "page_builds"):
+        state.page_builds = anyio.CapacityLimiter(PAGE_BUILDS)
+    return await anyio.to_thread.run_sync(build, *args, limiter=state.page_builds)
+
+
 def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
     return templates.TemplateResponse(request, name, context)
 
@@ -200,7 +219,7 @@ def index(
     response_class=HTMLResponse,
     responses={**HTML_PAGE, 404: {"description": "No such model or run"}},
 )
-def model_page(
+async def model_page(
     request: Request,
     model: str,
     factory: FactoryDep,
@@ -217,28 +236,48 @@ def model_page(
 ) -> HTMLResponse:
     """A model's page: stacked bars of added pool memory per stage and owner beside the graph-count
     table of the capture plan, the phase split, estimates, and the model's runs."""
-    # The session is opened and closed here, in the route's one thread-pool call: a session
-    # dependency costs two more hand-offs between the event loop and a thread, each a wait for
-    # the GIL while reports are being parsed.
-    with factory() as session:
-        return _cached_model_page(request, model, session, cache, responses, run)
+    return await _page_build(
+        request, _model_page_now, request, model, factory, cache, responses, run
+    )
 
 
-def _cached_model_page(
+def _model_page_now(
     request: Request,
     model: str,
-    session: Session,
+    factory: sessionmaker[Session],
     cache: store.ReportCache,
     responses: store.ResponseCache,
     run: str | None,
 ) -> HTMLResponse:
+    # Every read in one snapshot (read_session): a run deleted meanwhile is whole or gone, so
+    # the page is the old one or a 404, never half a run (a 500). The session, opened here in
+    # the route's one thread-pool call, is closed before the page is built: no connection (or
+    # PostgreSQL snapshot) is held while it renders.
+    with read_session(factory) as session:
+        key, runs, chosen = _model_page_key(request, model, session, run)
+        body = responses.get(key)
+        if body is not None:
+            return HTMLResponse(body)
+        rows = store.run_reports(session, chosen.run_id)
+        if not rows:  # deleted before this snapshot began, after its run row was read elsewhere
+            raise NotFound(f"no run {chosen.run_id!r}", field="run")
+        reports = [cache.get(r) for r in rows]
+    page = _model_page(request, model, runs, chosen, reports)
+    responses.put(key, bytes(page.body))
+    return page
+
+
+def _model_page_key(
+    request: Request, model: str, session: Session, run: str | None
+) -> tuple[tuple[Any, ...], list[Run], Run]:
+    """The model's runs, the one shown, and the key of its cached page: everything the page
+    shows, as stored (the shown run's reports by id and content digest, the listed runs' fixed
+    fields) and what the request itself changes (logout button, root path). A report deleted or
+    stored again is another key, so a cached page is never stale."""
     runs = store.model_runs(session, model)
     chosen = runs[-1] if run is None else next((r for r in runs if r.run_id == run), None)
     if chosen is None:
         raise NotFound(f"model {model!r} has no run {run!r}", field="run")
-    # Everything the page shows, as stored: the shown run's reports by id and content digest, the
-    # listed runs' fixed fields, and what the request itself changes (logout button, root path).
-    # A report deleted or stored again is another key, so a cached page is never stale.
     key = (
         chosen.run_id,
         "model-page",
@@ -248,24 +287,16 @@ def _cached_model_page(
         bool(request.cookies.get("memest_session")),
         str(request.scope.get("root_path", "")),
     )
-    body = responses.get(key)
-    if body is not None:
-        return HTMLResponse(body)
-    page = _model_page(request, model, session, cache, runs, chosen)
-    responses.put(key, bytes(page.body))
-    return page
+    return key, runs, chosen
 
 
 def _model_page(
     request: Request,
     model: str,
-    session: Session,
-    cache: store.ReportCache,
     runs: list[Run],
     chosen: Run,
+    all_ranks: list[RunReport],
 ) -> HTMLResponse:
-    rows = store.run_reports(session, chosen.run_id)
-    all_ranks = [cache.get(r) for r in rows]
     rep = all_ranks[0]
     accounting = account(rep)
     facts = run_facts(rep)
@@ -285,7 +316,7 @@ def _model_page(
         build=build_label(rep),
         config=config_summary(rep.config),
         fingerprint=fingerprint(rep),
-        ranks=[r.rank for r in rows],
+        ranks=[r.rank for r in all_ranks],
         rank_check=rank_check(all_ranks),
         peaks=sorted(peaks, key=lambda r: -r.peak_bytes)[:TOP_ROWS],
         retained=sorted(retained, key=lambda r: -r.bytes)[:TOP_ROWS],
@@ -340,9 +371,9 @@ def _whole_gpu(report: RunReport, accounting: StartAccounting, sized_by: str | N
     response_class=HTMLResponse,
     responses={**HTML_PAGE, 404: {"description": "One of the runs does not exist"}},
 )
-def compare_page(
+async def compare_page(
     request: Request,
-    session: SessionDep,
+    factory: FactoryDep,
     cache: CacheDep,
     a: Annotated[
         str,
@@ -362,8 +393,15 @@ def compare_page(
     ],
 ) -> HTMLResponse:
     """Two runs side by side, in the seed's "main → PR" layout."""
-    ra = cache.get(store.lead_report(session, a))
-    rb = cache.get(store.lead_report(session, b))
+    return await _page_build(request, _compare_page_now, request, factory, cache, a, b)
+
+
+def _compare_page_now(
+    request: Request, factory: sessionmaker[Session], cache: store.ReportCache, a: str, b: str
+) -> HTMLResponse:
+    with read_session(factory) as session:
+        ra = cache.get(store.lead_report(session, a))
+        rb = cache.get(store.lead_report(session, b))
     cmp = compare(ra, rb)
     shown, more = _capped_rows(cmp)
     return _page(
@@ -432,7 +470,7 @@ def _compare_verdicts(fa: RunFacts, fb: RunFacts) -> dict[str, dict[str, Any]]:
     response_class=HTMLResponse,
     responses={**HTML_PAGE, 404: {"description": "No such model, or no such page"}},
 )
-def history_page(
+async def history_page(
     request: Request,
     model: str,
     factory: FactoryDep,
@@ -445,7 +483,17 @@ def history_page(
     """A model's builds over time, HISTORY_PAGE_RUNS runs a page: KV tokens, graph-pool bytes
     and each start's usage − budget, with the regressions against the previous build of the same
     configuration and KV sizing highlighted."""
-    with factory() as session:
+    return await _page_build(request, _history_page_now, request, model, factory, responses, page)
+
+
+def _history_page_now(
+    request: Request,
+    model: str,
+    factory: sessionmaker[Session],
+    responses: store.ResponseCache,
+    page: int,
+) -> HTMLResponse:
+    with read_session(factory) as session:  # one snapshot: a run deleted meanwhile is whole or gone
         stored = _model_state(session, model)
         # The page changes only when the model's runs or reports do (stored says so), and with
         # the request's own parts (logout button, root path).

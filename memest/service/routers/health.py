@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from memest.service.deps import FactoryDep, MetricsDep, ReadAuth
 from memest.service.metrics_cache import MetricsCache
+from memest.service.middleware import HEALTHZ_BODY
 
 router = APIRouter(tags=["health"])
 
@@ -27,11 +28,12 @@ router = APIRouter(tags=["health"])
 async def healthz() -> Response:
     """Liveness: the server's event loop answers (always open, no token). It never touches the
     database, so a database outage fails readiness (/readyz), not liveness: a restart would not
-    bring the database back."""
+    bring the database back. memest.service.middleware.LivenessMiddleware answers it ahead of
+    every other layer; this route documents it (and answers an app built without that layer)."""
     return Response(_OK, media_type="application/json")
 
 
-_OK = json.dumps({"status": "ok"})
+_OK = HEALTHZ_BODY  # the one answer, also LivenessMiddleware's
 
 
 @router.get(

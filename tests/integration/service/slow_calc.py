@@ -9,3 +9,10 @@ import time
 def sleep_then_answer(seconds: float) -> bytes:
     time.sleep(seconds)
     return b"{}"
+
+
+def niceness() -> bytes:
+    """The worker's own CPU niceness, as JSON."""
+    import os
+
+    return str(os.nice(0)).encode()

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from copy import deepcopy
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 import httpx
@@ -285,6 +286,38 @@ def test_the_calculators_answer_within_the_limits(client: TestClient) -> None:
     assert "kv_budget_bytes_to" in what_if.json() or what_if.json()
 
 
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        # 2^20 as the widest graph resolves to about 70,000 capture sizes (a 1.4 MB answer).
+        ({"max_cudagraph_capture_size": 1 << 20}, "compilation_config"),
+        (
+            {"cudagraph_capture_sizes": [8] * (limits.MAX_CAPTURE_SIZES + 1)},
+            "compilation_config.cudagraph_capture_sizes",
+        ),
+    ],
+)
+def test_the_plan_refuses_a_grid_past_the_capture_size_limit(
+    client: TestClient, config: dict[str, Any], field: str
+) -> None:
+    answer = client.get("/api/v1/plan", params={"compilation_config": json.dumps(config)})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["field"] == field
+    assert f"at most {limits.MAX_CAPTURE_SIZES}" in answer.json()["detail"]
+
+
+def test_the_plan_is_computed_in_a_calculator_worker(make_client: MakeClient) -> None:
+    """GET /api/v1/plan goes through the worker pool: past its deadline it is a 503/504 naming
+    the setting, like the other calculators, and within it the plan."""
+    slow = make_client(compute_deadline_s=0.001)
+    answer = slow.get("/api/v1/plan")
+    assert answer.status_code in (503, 504), answer.text
+    assert "MEMEST_COMPUTE" in answer.json()["detail"]
+    plan = make_client().get("/api/v1/plan", params={"sizing": "vllm-0.33.0"})
+    assert plan.status_code == 200, plan.text
+    assert plan.json()["runners"]
+
+
 # --- the worker pool ------------------------------------------------------------------------
 
 
@@ -301,6 +334,21 @@ def test_a_computation_past_the_deadline_is_stopped_with_a_504() -> None:
         anyio.run(run)
     finally:
         pool.shutdown()
+
+
+def test_a_worker_yields_the_cpu_to_the_event_loop() -> None:
+    """Calculator workers run at a lower CPU priority than the server (its event loop)."""
+    import os
+
+    from memest.service.compute import WORKER_NICENESS
+    from tests.integration.service.slow_calc import niceness
+
+    pool = ComputePool(workers=1, deadline_s=30.0)
+    try:
+        answer = anyio.run(pool.run, niceness)
+    finally:
+        pool.shutdown()
+    assert int(answer) == min(os.nice(0) + WORKER_NICENESS, 19)
 
 
 def test_no_free_worker_within_the_deadline_is_a_503() -> None:
@@ -396,6 +444,22 @@ def test_a_database_outage_fails_readiness_not_liveness(client: TestClient) -> N
     assert client.get("/healthz").json() == {"status": "ok"}
 
 
+def test_liveness_is_answered_ahead_of_the_app(make_client: MakeClient) -> None:
+    """/healthz is answered by the outermost layer: open with a read token set, with the
+    security headers, ahead of every other layer."""
+    client = make_client(read_token=READ)
+    answer = client.get("/healthz")
+    assert answer.status_code == 200 and answer.json() == {"status": "ok"}
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+    assert client.head("/healthz").status_code == 200
+    assert client.get("/api/v1/models").status_code == 401  # the rest still needs the token
+    # Ahead of the hardening layer too: a head past its limit is refused everywhere else.
+    big = {"x-filler": "a" * 20_000}
+    assert client.get("/readyz", headers=big).status_code == 431
+    assert client.get("/healthz", headers=big).status_code == 200
+
+
 # --- paths and names ------------------------------------------------------------------------
 
 
@@ -467,3 +531,62 @@ def test_reads_racing_a_delete_answer_the_run_or_404(live_db: str) -> None:
                 assert http.delete(run, headers=AUTH).status_code == 200
                 seen.update(reads)
     assert seen <= {200, 404}, seen
+
+
+def test_pages_racing_a_delete_answer_the_page_or_404(live_db: str) -> None:
+    """The dashboard's pages read a run that a DELETE removes meanwhile: the old page or a 404
+    (a browser's not-found page), never a 500."""
+    seen: set[int] = set()
+    with httpx.Client(base_url=live_db, timeout=60) as http:
+        base = _report()
+        assert http.post("/api/v1/reports", json=base, headers=AUTH).status_code == 201
+        model = quote(base["model"], safe="")
+        for _ in range(10):
+            data = _report()
+            run = data["run_id"]
+            assert http.post("/api/v1/reports", json=data, headers=AUTH).status_code == 201
+            paths = [
+                f"/models/{model}",  # the newest run: the one being deleted
+                f"/models/{model}?run={run}",
+                f"/compare?a={base['run_id']}&b={run}",
+                f"/history/{model}",
+            ]
+
+            def read(i: int, paths: list[str] = paths) -> int:
+                page = httpx.get(live_db + paths[i % len(paths)], timeout=60)
+                return page.status_code
+
+            with ThreadPoolExecutor(8) as pool:
+                reads = pool.map(read, range(30))
+                assert http.delete(f"/api/v1/runs/{run}", headers=AUTH).status_code == 200
+                seen.update(reads)
+    assert seen <= {200, 404}, seen
+
+
+@pytest.mark.parametrize("shown", ["newest", "named"])
+def test_a_delete_between_a_pages_reads_leaves_the_old_page(
+    db_url: str, monkeypatch: pytest.MonkeyPatch, shown: str
+) -> None:
+    """The run is deleted (and committed) right after the model page has listed the model's
+    runs: the page's reads share one snapshot, so it shows the run as it was, not a 500."""
+    from memest.service import store
+
+    client = TestClient(create_app(Settings(database_url=db_url, write_token=TOKEN)))  # type: ignore[call-arg]
+    with client:
+        data = _report()
+        assert client.post("/api/v1/reports", json=data, headers=AUTH).status_code == 201
+        listed = store.model_runs
+        factory = client.app.state.sessionmaker  # type: ignore[attr-defined]
+
+        def list_then_delete(session: Any, model: str) -> Any:
+            runs = listed(session, model)
+            store.delete_run(factory, data["run_id"])
+            return runs
+
+        monkeypatch.setattr(store, "model_runs", list_then_delete)
+        query = "" if shown == "newest" else f"?run={data['run_id']}"
+        page = client.get(f"/models/{quote(data['model'], safe='')}{query}")
+        assert page.status_code == 200, page.text
+        assert data["run_id"] in page.text
+        monkeypatch.setattr(store, "model_runs", listed)
+        assert client.get(f"/api/v1/runs/{data['run_id']}").status_code == 404

@@ -44,9 +44,12 @@ def test_a_path_model_is_stored_under_its_folder_name(make_client: MakeClient) -
 
     page = client.get("/models/llama8b").text
     assert "<h1" in page and ">llama8b</h1>" in page
-    assert f'title="{PATH}"' in page  # the full original on hover
+    # No page shows the local path, not even on hover (a title attribute names the model).
+    assert 'title="llama8b"' in page
+    for path in ("/models/llama8b", "/history/llama8b", "/"):
+        shown = client.get(path)
+        assert shown.status_code == 200 and PATH not in shown.text, path
     assert client.get(f"/models/{quote(PATH, safe='')}").status_code == 404
-    assert PATH not in client.get("/").text.replace(f'title="{PATH}"', "")
 
 
 def test_an_original_name_without_config_copy_is_kept_in_a_note(make_client: MakeClient) -> None:
