@@ -74,6 +74,7 @@ from memest.estimate.whatif import TermRow, WhatIfAnswer, WhatIfQuestion, answer
 from memest.files import load_json_file, load_json_object
 from memest.preflight.calibration import what_if_calibration
 from memest.reporters.estimate import render_accounting, render_what_if
+from memest.reporters.growable import growable_table
 from memest.reporters.kv_groups import kv_groups_table
 from memest.reporters.recommend import kv_cache_flag, recommended_kv_cache_bytes
 from memest.reporters.table import text_lines
@@ -304,8 +305,10 @@ def _as_text(out: dict[str, Any]) -> str:
     grid_result: WhatIf | None = out["what_if"]
     parts = [render_accounting(out["accounting"])]
     groups = kv_groups_table(out["accounting"].kv_groups, out["accounting"].max_model_len)
-    if groups is not None:
-        parts.append("\n" + "\n".join(text_lines([groups])) + "\n")
+    growable = growable_table(out["accounting"].growable_kv)
+    for table in (groups, growable):
+        if table is not None:
+            parts.append("\n" + "\n".join(text_lines([table])) + "\n")
     if grid_result is not None:
         parts.append("\nWhat-if\n\n" + render_what_if(grid_result))
         parts.append(_render_terms(out["terms"]))

@@ -9,16 +9,12 @@ keep free; vLLM adds its margin, memest its own.
 
 from __future__ import annotations
 
+from memest.estimate.growable import transient_bytes
 from memest.estimate.kv import kv_tokens
 from memest.estimate.phases import budget_bytes, non_kv_bytes
 from memest.schema import FullInitTerms, KVCacheSpec
 from memest.schema.preflight import GrowableKvPrediction, PreflightRequest, PreflightResult
 from memest.vllm_versions import VllmVersion
-
-
-def transient_bytes(terms: FullInitTerms) -> int:
-    """The terms a start holds only at its peak, not resident after capture."""
-    return terms.profile_peak_activation_bytes + terms.mla_context_bytes
 
 
 def predict_growable(
