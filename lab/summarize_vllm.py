@@ -13,6 +13,10 @@ right after init (serving's first full-size step) and read the reservation it ad
 ``usage_kind`` "first full-size step" records use usage = in use at the end of init + that
 growth, measured in the start itself; that is the figure the issue's target is judged on for
 those calls. Earlier calls keep the definition above ("end of init + activation peak").
+vLLM 0.34.0 starts with its growable KV cache measured at serving's peak also carry what its
+sizing kept free (``growable_transient_kept_bytes``, ``growable_margin_bytes``) and
+``margin_left_unused_bytes``: budget - usage at serving's peak, the memory it kept free that
+serving never used (vLLM alone: its margin's waste; memest apply: memest's).
 From call 15 on, a step over cached context follows (17 requests sharing a cached prefix that
 fills one MLA chunked-prefill workspace chunk): usage is the larger of the two steps, both kept.
 
@@ -37,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python3 lab/X.py`: the repo root
 from lab.vllm_runs import CONFIGS  # noqa: E402
+from memest.vllm_versions import resolve_version  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1] / "reports" / "vllm"
 RAW = HERE / "raw"
@@ -180,6 +185,8 @@ def main() -> None:
             rec["kv_bytes"] = kvg["tensor_bytes"] // max(kvg["tensors"], 1)
         if r.get("context_step_context_tokens") is not None:
             rec["context_step_context_tokens"] = r["context_step_context_tokens"]
+        if usage_kind.startswith("serving's peak"):
+            rec.update(growable_margin(r, usage, budget))
         if (r["call"], r["config"]) in DIAGNOSTIC_STARTS:
             rec["kind"] = f"start (diagnostic: {DIAGNOSTIC_STARTS[(r['call'], r['config'])]})"
         short = r.get("step_tokens") is not None and r["step_tokens"] < r["config_mbt"] - 1
@@ -198,6 +205,27 @@ def main() -> None:
             f"{rec['estimator']:22s} {rec['usage_minus_budget_gib']:+.3f} GiB  "
             f"kv_tokens {rec['kv_tokens'] or 0:,} {rec.get('variant') or ''}"
         )
+
+
+def growable_margin(r: dict, usage: int, budget: int) -> dict:
+    """vLLM 0.34's growable KV cache of a start measured at serving's peak: what its sizing
+    kept free (the larger of its measured transient peak and torch's reservation growth, and
+    vLLM's margin, ExtensibleKV.margin_bytes) and the margin left unused, budget - usage at
+    serving's peak: memory the sizing kept free that serving's peak never used (at vLLM's
+    default utilization of 1.0 the budget is the whole GPU). Empty for any other start."""
+    ext = r.get("extensible_kv_cache")
+    if not ext or r.get("vllm_version") != "0.34.0":
+        return {}
+    kv = resolve_version("0.34.0").extensible_kv
+    assert kv is not None
+    transient = int(ext["reserved_headroom_bytes"])
+    unused = budget - usage
+    return {
+        "growable_transient_kept_bytes": max(transient, int(ext["torch_reserve_growth_bytes"])),
+        "growable_margin_bytes": kv.margin_bytes(transient),
+        "margin_left_unused_bytes": unused,
+        "margin_left_unused_gib": round(unused / GiB, 3),
+    }
 
 
 def architecture(config: str) -> str:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from memest.errors import ConfigError
 
@@ -27,6 +28,7 @@ __all__ = [
     "NEWEST",
     "SUPPORTED",
     "VERSIONS",
+    "KERNEL_BLOCKS",
     "ExtensibleKV",
     "ServeDefaults",
     "UnsupportedVllmVersion",
@@ -148,6 +150,27 @@ class ServeDefaults:
     max_model_len: int | None = None
 
 
+#: Kernel block sizes per attention backend (``get_supported_kernel_block_sizes``, bf16/fp16 KV
+#: cache, dense attention): a KV block may be any multiple of one of them ("multiple of 16" is
+#: 16). Identical in vLLM 0.33.0 and 0.34.0 (every backend's method checked against both
+#: releases' source); what differs is the default they are tried against (``default_block_size``).
+KERNEL_BLOCKS: Mapping[str, tuple[int, ...]] = {
+    "FLASH_ATTN": (16,),
+    "FLASHINFER": (16, 32, 64),
+    "TRITON_ATTN": (16,),
+    "FLASH_ATTN_MLA": (16,),
+    "FLASHMLA": (64,),
+    "FLASHINFER_MLA": (32, 64),
+    "TRITON_MLA": (16,),
+    "CUTLASS_MLA": (128,),
+    "FLASH_ATTN_MLA_SPARSE": (64,),
+    "FLASHMLA_SPARSE": (64,),
+    "FLASHINFER_MLA_SPARSE_SM90": (64,),
+    "FLASH_ATTN_MLA_SPARSE_FA4": (64,),
+    "FLASHINFER_MLA_SPARSE": (32,),
+}
+
+
 @dataclass(frozen=True)
 class VllmVersion:
     """One supported vLLM release and the defaults memest takes from it."""
@@ -168,6 +191,23 @@ class VllmVersion:
     extensible_kv: ExtensibleKV | None = None
     #: ``resolved_gpu_memory_utilization`` unset with the growable cache on.
     extensible_gpu_memory_utilization: float = 1.0
+    #: Kernel block sizes per attention backend (``KERNEL_BLOCKS``).
+    kernel_blocks: Mapping[str, tuple[int, ...]] = field(default_factory=lambda: KERNEL_BLOCKS)
+
+    def supports_block_size(self, backend: str, block_size: int) -> bool:
+        """``AttentionBackend.supports_block_size``: a multiple of one of the backend's kernel
+        block sizes (a KV block may hold several kernel blocks)."""
+        return any(block_size % k == 0 for k in self.kernel_blocks[backend])
+
+    def preferred_block_size(self, backend: str) -> int:
+        """The KV block size a start without ``--block-size`` gets on ``backend``
+        (``Platform.update_block_size_for_backend`` -> ``get_preferred_block_size`` of
+        ``CacheConfig.DEFAULT_BLOCK_SIZE``): the release's default when the backend takes it,
+        else the backend's smallest kernel block size."""
+        default = self.default_block_size
+        if self.supports_block_size(backend, default):
+            return default
+        return min(self.kernel_blocks[backend])
 
     @property
     def extensible_by_default(self) -> bool:

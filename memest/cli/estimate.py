@@ -2,7 +2,7 @@
 
 memest estimate --from REPORT.json [--grid JSON [--snapshot PATH] [--model-config JSON
                 [--drafter-config JSON]]] [--kv-tokens N |
-                --concurrency C] [--margin SIZE] [--json]
+                --concurrency C] [--margin SIZE] [--vllm-version X.Y.Z] [--json]
                 [--write-startup-plan DIR [--create-dir]]
 
 REPORT.json is a RunReport (schema version 1) with the phases weights, profile_run,
@@ -41,6 +41,12 @@ segments, which linear laws miss by up to a segment per trigger).
 G' (or, without --grid, the start's own grid, with no what-if printed): the
 gpu_memory_utilization that holds N tokens, and the largest max_num_seqs, never above G''s
 max_num_batched_tokens, that still holds them at G's utilization.
+--vllm-version names the vLLM release G' runs (0.33.0 or 0.34.0; default: the installed one,
+else the newest supported), whose rules the what-if takes from memest.vllm_versions: its capture
+sizing (memest.plan.SIZING_BY_VERSION: 0.34.0 runs the five capture fields), its KV block size (a
+start at its own release's default block size gets the new release's: 16 tokens on 0.33.0, 64 on
+0.34.0) and, on 0.34.0, its growable KV cache's sizing at G' beside memest's (as the pre-flight
+predicts it). On a start measured on another release, the terms are the start's, moved to G'.
 --write-startup-plan writes the startup-plan file (VLLM_ENABLE_STARTUP_PLAN=1) of the vLLM
 release that made the report (build.vllm_version: schema 1 for 0.33.0, 2 for 0.34.0) into
 DIR, which should be {VLLM_CACHE_ROOT}/startup_plan; the report must carry the worker's plan
@@ -74,6 +80,7 @@ from memest.estimate.whatif import TermRow, WhatIfAnswer, WhatIfQuestion, answer
 from memest.files import load_json_file, load_json_object
 from memest.preflight.calibration import what_if_calibration
 from memest.reporters.estimate import render_accounting, render_what_if
+from memest.reporters.growable import growable_table
 from memest.reporters.kv_groups import kv_groups_table
 from memest.reporters.recommend import kv_cache_flag, recommended_kv_cache_bytes
 from memest.reporters.table import text_lines
@@ -145,6 +152,13 @@ class EstimateCommand:
             help="like --kv-tokens with N = C x max_model_len (C requests at full length)",
         )
         parser.add_argument("--margin", default="0", help="memory kept free, e.g. 64MiB")
+        parser.add_argument(
+            "--vllm-version",
+            metavar="X.Y.Z",
+            help="the vLLM release G' runs (0.33.0 or 0.34.0; default: the installed one, else "
+            "the newest supported): its capture sizing, KV block size and 0.34's growable KV "
+            "sizing",
+        )
         parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
         parser.add_argument(
             "--write-startup-plan",
@@ -198,6 +212,7 @@ def _answer(args: argparse.Namespace, report: RunReport, margin: int) -> WhatIfA
         margin_bytes=margin,
         kv_tokens=args.kv_tokens,
         concurrency=args.concurrency,
+        vllm_version=args.vllm_version,
     )
     snapshot = load_snapshot(args.snapshot) if args.snapshot is not None else None
     return answer(
@@ -214,7 +229,7 @@ def _flag(field: str) -> str:
     """A core field name as the CLI spells it: kv_tokens -> --kv-tokens, grid.x -> --grid x."""
     if field.startswith("grid."):
         return f"--grid {field.removeprefix('grid.')}"
-    if field in ("kv_tokens", "concurrency", "gpu_memory_utilization"):
+    if field in ("kv_tokens", "concurrency", "gpu_memory_utilization", "vllm_version"):
         return f"--{field.replace('_', '-')}"
     return field
 
@@ -304,8 +319,10 @@ def _as_text(out: dict[str, Any]) -> str:
     grid_result: WhatIf | None = out["what_if"]
     parts = [render_accounting(out["accounting"])]
     groups = kv_groups_table(out["accounting"].kv_groups, out["accounting"].max_model_len)
-    if groups is not None:
-        parts.append("\n" + "\n".join(text_lines([groups])) + "\n")
+    growable = growable_table(out["accounting"].growable_kv)
+    for table in (groups, growable):
+        if table is not None:
+            parts.append("\n" + "\n".join(text_lines([table])) + "\n")
     if grid_result is not None:
         parts.append("\nWhat-if\n\n" + render_what_if(grid_result))
         parts.append(_render_terms(out["terms"]))

@@ -14,6 +14,7 @@ from typing import cast, get_args
 
 from memest.errors import MemestError
 from memest.estimate.compare import compare
+from memest.estimate.growable import report_margin_use
 from memest.estimate.kv import hybrid_lengths
 from memest.estimate.kv_groups import group_rows
 from memest.estimate.phases import (
@@ -147,6 +148,7 @@ def _current(report: RunReport, comparison: EstimateComparison) -> StartAccounti
         vllm_cudagraph_estimate_bytes=_vllm_graph_estimate(comparison.records, figures),
         vllm_cudagraph_logged_bytes=figures.cudagraph_estimate_bytes if figures else None,
         vllm_cudagraph_actual_bytes=figures.cudagraph_actual_bytes if figures else None,
+        growable_kv=report_margin_use(report, terms),
     )
 
 
@@ -203,6 +205,7 @@ def _stored(report: RunReport, reason: str) -> StartAccounting:
         vllm_cudagraph_estimate_bytes=_vllm_graph_estimate(records, figures),
         vllm_cudagraph_logged_bytes=figures.cudagraph_estimate_bytes if figures else None,
         vllm_cudagraph_actual_bytes=figures.cudagraph_actual_bytes if figures else None,
+        growable_kv=report_margin_use(report, None),
     )
 
 

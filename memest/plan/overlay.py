@@ -23,6 +23,7 @@ from memest.plan.inputs import (
     plan_input_from_compilation_config,
 )
 from memest.schema import CapturePlan, GpuInfo, RunConfig
+from memest.schema.plan import Sizing
 
 # The compilation_config keys that decide capture sizes; other keys do not change the plan.
 CAPTURE_KEYS = (
@@ -175,9 +176,13 @@ def plan_input(config: RunConfig, *, sm100: bool | None, gpu: str = "") -> PlanI
 
 
 def overlay_plan(
-    config: RunConfig, changes: Mapping[str, Any], gpu: GpuInfo | str | None
+    config: RunConfig,
+    changes: Mapping[str, Any],
+    gpu: GpuInfo | str | None,
+    sizing: Sizing = "vllm-0.33.0",
 ) -> tuple[CapturePlan, RunConfig]:
-    """``config`` with ``changes`` overlaid, and the capture plan vLLM 0.33.0 sizes for it.
+    """``config`` with ``changes`` overlaid, and the capture plan ``sizing`` gives it (vLLM
+    0.33.0's by default; memest.plan.release_sizing names each release's).
 
     The pipeline's first stage (flags -> PlanInput) then the rest in one call of
     memest.plan.resolve, so a pre-flight or a what-if resolves its plan once.
@@ -195,4 +200,4 @@ def overlay_plan(
         sm100, label = None, gpu.lower()  # the preset decides, named if unknown
     else:
         sm100, label = is_sm100(gpu), gpu.name if gpu is not None else ""
-    return resolve(plan_input(out, sm100=sm100, gpu=label), "vllm-0.33.0"), out
+    return resolve(plan_input(out, sm100=sm100, gpu=label), sizing), out

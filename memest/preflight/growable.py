@@ -1,70 +1,13 @@
-"""vLLM 0.34's growable KV cache in the pre-flight: what its sizing commits, and memest's.
-
-0.34 commits its KV cache from the memory measured after capture (``measure_kv_cache_bytes``,
-reproduced by ``memest.vllm_versions.ExtensibleKV.kv_cache_bytes``). Predicted from the
-full-initialization terms: everything resident after capture is every non-KV term but the
-transient ones (the profile run's activation peak and MLA's context chunk), which both sizings
-keep free; vLLM adds its margin, memest its own.
-"""
+"""vLLM 0.34's growable KV cache in the pre-flight: what its sizing commits, and memest's
+(memest.estimate.growable.predict_growable, which the what-if uses too)."""
 
 from __future__ import annotations
 
-from memest.estimate.kv import kv_tokens
-from memest.estimate.phases import budget_bytes, non_kv_bytes
-from memest.schema import FullInitTerms, KVCacheSpec
-from memest.schema.preflight import GrowableKvPrediction, PreflightRequest, PreflightResult
+from memest.estimate.growable import predict_growable
+from memest.schema.preflight import PreflightRequest, PreflightResult
 from memest.vllm_versions import VllmVersion
 
-
-def transient_bytes(terms: FullInitTerms) -> int:
-    """The terms a start holds only at its peak, not resident after capture."""
-    return terms.profile_peak_activation_bytes + terms.mla_context_bytes
-
-
-def predict_growable(
-    row: VllmVersion,
-    terms: FullInitTerms,
-    spec: KVCacheSpec,
-    *,
-    total_bytes: int,
-    gpu_memory_utilization: float | None,
-    margin_bytes: int = 0,
-    lengths: tuple[int | None, int | None] = (None, None),
-) -> GrowableKvPrediction | None:
-    """Both sizings of a growable cache on ``row``'s release; None where it has none.
-
-    ``gpu_memory_utilization``: as the start passes it (None: unset, 1.0 on 0.34).
-    ``margin_bytes``: MEMEST_MARGIN_BYTES (memest's margin adds vLLM's non-torch reserve).
-    ``lengths``: max_model_len and max_num_batched_tokens, which a hybrid's tokens depend on.
-    """
-    kv = row.extensible_kv
-    if kv is None:
-        return None
-    util = row.gpu_memory_utilization(gpu_memory_utilization, extensible=True)
-    memest_margin_bytes = kv.memest_margin_bytes(margin_bytes)
-    transient = transient_bytes(terms)
-    resident = non_kv_bytes(terms) - transient
-    readings = {
-        "init_free_memory": total_bytes,
-        "free_memory": max(total_bytes - resident, 0),
-        "committed_bytes": 0,
-        "requested_memory": budget_bytes(total_bytes, util),
-        "transient_peak_bytes": transient,
-    }
-    ours = kv.kv_cache_bytes(
-        **readings, margin_floor_bytes=memest_margin_bytes, margin_fraction=0.0
-    )
-    theirs = kv.kv_cache_bytes(**readings)
-    return GrowableKvPrediction(
-        gpu_memory_utilization=util,
-        transient_peak_bytes=transient,
-        vllm_margin_bytes=kv.margin_bytes(transient),
-        memest_margin_bytes=memest_margin_bytes,
-        vllm_kv_bytes=theirs,
-        memest_kv_bytes=ours,
-        vllm_kv_tokens=kv_tokens(spec, theirs, *lengths),
-        memest_kv_tokens=kv_tokens(spec, ours, *lengths),
-    )
+__all__ = ["predict_growable", "with_release"]
 
 
 def with_release(

@@ -65,7 +65,8 @@ def calibrated_vllm(gpu: str) -> VllmVersion:
 
 def setup(req: PreflightRequest, vllm: VllmVersion | None = None) -> Setup:
     """Shapes, grid and capture plan of a request, with ``vllm``'s defaults (None: the release
-    the GPU kind's calibration models).
+    the GPU kind's calibration models) and the KV block size of the release the request names
+    (``vllm_version``; unset: the installed, else the newest).
 
     Raises:
         ConfigError: the config, a flag or the grid is refused (the field is named).
@@ -102,6 +103,8 @@ def setup(req: PreflightRequest, vllm: VllmVersion | None = None) -> Setup:
     if config.speculative_method:
         draft_cfg = _drafter_config(req, cfg, config.speculative_method)
         drafter = model_shape(draft_cfg, tp=req.tensor_parallel_size, dtype=req.dtype)
+    # The KV block size follows the release predicted for (0.34.0 tries 64 tokens, 0.33.0 16);
+    # the calibration's release gives only the flags the request leaves unset.
     block, backend = kv_block_size(
         mla=target.family == "mla",
         sm100=sm100,
@@ -109,6 +112,7 @@ def setup(req: PreflightRequest, vllm: VllmVersion | None = None) -> Setup:
         block_size=req.block_size,
         sparse=target.sparse,
         heads=target.heads,
+        vllm=resolve_version(req.vllm_version),
     )
     indexer = None
     if target.sparse:

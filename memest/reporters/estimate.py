@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from memest.estimate.phases import TERM_FIELDS, TERM_LABELS
+from memest.reporters.preflight import growable_line
 from memest.reporters.table import Table, markdown_grid
 from memest.reporters.views import FAMILY_TERMS
 from memest.schema import EstimateRecord, StartAccounting, WhatIf
@@ -84,7 +85,8 @@ def render_accounting(acc: StartAccounting) -> str:
 
 def render_what_if(what_if: WhatIf) -> str:
     """Per-owner pool memory under G and predicted under G', and the KV budget."""
-    out = [f"G : {what_if.grid_from}\nG': {what_if.grid_to}\n\n"]
+    release = f" (vLLM {what_if.vllm_version_to}'s rules)" if what_if.vllm_version_to else ""
+    out = [f"G : {what_if.grid_from}\nG': {what_if.grid_to}{release}\n\n"]
     rows = [
         [
             p.stage,
@@ -115,6 +117,8 @@ def render_what_if(what_if: WhatIf) -> str:
             f"Dominant change: {what_if.dominant_owner} "
             f"({_gib(what_if.dominant_change_bytes, signed=True)} GiB)\n"
         )
+    if what_if.growable_kv_to is not None and what_if.vllm_version_to is not None:
+        out.append(f"At G': {growable_line(what_if.vllm_version_to, what_if.growable_kv_to)}\n")
     for note in what_if.notes:
         out.append(f"Note: {note}\n")
     return "".join(out)

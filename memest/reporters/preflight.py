@@ -11,6 +11,7 @@ from memest.preflight.calibration import overshoot_line
 from memest.reporters.kv_groups import kv_groups_table
 from memest.reporters.table import text_lines
 from memest.reporters.views import FAMILY_TERMS
+from memest.schema.estimate import GrowableKvPrediction
 from memest.schema.preflight import PreflightResult, PreflightTerm
 from memest.units import concurrency_text, fmt_gib
 
@@ -86,16 +87,19 @@ def closing_lines(r: PreflightResult) -> list[str]:
 def growable_lines(r: PreflightResult) -> list[str]:
     """vLLM 0.34's growable KV cache: its own sizing beside memest's (none on other releases)."""
     g = r.growable_kv
-    if g is None:
-        return []
-    return [
-        f"vLLM {r.vllm_version}, growable KV cache at utilization {g.gpu_memory_utilization}: "
+    return [] if g is None or r.vllm_version is None else [growable_line(r.vllm_version, g)]
+
+
+def growable_line(version: str, g: GrowableKvPrediction) -> str:
+    """One growable-cache prediction in words (the pre-flight's, the what-if's at G')."""
+    return (
+        f"vLLM {version}, growable KV cache at utilization {g.gpu_memory_utilization}: "
         f"vLLM's sizing commits {fmt_gib(g.vllm_kv_bytes)} GiB ({g.vllm_kv_tokens:,} tokens), "
         f"keeping the {fmt_gib(g.transient_peak_bytes)} GiB transient peak and a "
         f"{fmt_gib(g.vllm_margin_bytes)} GiB margin free; memest's sizing commits "
         f"{fmt_gib(g.memest_kv_bytes)} GiB ({g.memest_kv_tokens:,} tokens, margin "
-        f"{fmt_gib(g.memest_margin_bytes)} GiB) with {g.memest_flag}",
-    ]
+        f"{fmt_gib(g.memest_margin_bytes)} GiB) with {g.memest_flag}"
+    )
 
 
 def render(r: PreflightResult) -> str:

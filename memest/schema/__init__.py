@@ -1,7 +1,7 @@
 """The versioned report contract (pydantic v2). JSON on disk and on the wire; never pickle."""
 
 from memest.schema._base import SCHEMA_VERSION, MemestModel
-from memest.schema.accounting import KVGroupShare, StartAccounting
+from memest.schema.accounting import GrowableKvMargin, KVGroupShare, StartAccounting
 from memest.schema.breakdown import (
     Breakdown,
     LivePeak,
@@ -71,6 +71,7 @@ __all__ = [
     "RunReport",
     "RunnerRow",
     "StageGrowth",
+    "GrowableKvMargin",
     "KVGroupShare",
     "StartAccounting",
     "StartupPlanInputs",

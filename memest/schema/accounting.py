@@ -42,6 +42,40 @@ class KVGroupShare(MemestModel):
     )
 
 
+class GrowableKvMargin(MemestModel):
+    """vLLM 0.34's growable KV cache beside memest's terms: what vLLM committed, what it kept
+    free for serving, and how much of its margin memest's measured need leaves unused
+    (memest.estimate.growable.margin_use, the one definition)."""
+
+    sized_by: Literal["vllm", "memest"] = Field(
+        description="Whose figures sized the committed cache: vLLM's margin, or memest's (apply)"
+    )
+    committed_kv_bytes: NonNegativeBytes | None = Field(
+        default=None, description="KV bytes extend_kv_cache committed (physically mapped)"
+    )
+    vllm_transient_bytes: NonNegativeBytes = Field(
+        description="What vLLM counted for serving's transients: the larger of its measured "
+        "transient peak and torch's reservation growth, kept free beside its margin"
+    )
+    vllm_margin_bytes: NonNegativeBytes = Field(
+        description="vLLM's margin beyond that: max(KV_CACHE_MARGIN_FLOOR_BYTES, "
+        "KV_CACHE_MARGIN_FRACTION x transient peak)"
+    )
+    memest_need_bytes: NonNegativeBytes | None = Field(
+        default=None,
+        description="memest's measured transient need: the activation headroom of serving's "
+        "first full-size step plus MLA's context chunk (None: no terms, an older report)",
+    )
+    memest_need_beyond_vllm_bytes: NonNegativeBytes | None = Field(
+        default=None, description="max(memest's need - what vLLM counted, 0): margin it takes"
+    )
+    margin_unused_bytes: Bytes | None = Field(
+        default=None,
+        description="GiB of vLLM's margin memest expects unused at serving's peak: margin - "
+        "memest's need beyond what vLLM counted; negative = the margin falls short by that much",
+    )
+
+
 class StartAccounting(MemestModel):
     """Where one start's memory went and how much KV cache it holds, every figure defined once.
 
@@ -111,6 +145,11 @@ class StartAccounting(MemestModel):
     )
     vllm_cudagraph_actual_bytes: int | None = Field(
         default=None, description="vLLM's 'actual' graph memory (free-memory delta of capture)"
+    )
+    growable_kv: GrowableKvMargin | None = Field(
+        default=None,
+        description="vLLM 0.34's growable KV cache beside memest's terms, with the margin memest "
+        "expects unused; None where the start's KV cache was not growable",
     )
 
     def estimator(self, name: str) -> EstimateRecord | None:

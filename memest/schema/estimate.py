@@ -158,6 +158,33 @@ class OwnerPrediction(MemestModel):
     note: str = ""
 
 
+class GrowableKvPrediction(MemestModel):
+    """vLLM 0.34's growable KV cache for the same start: what its own sizing commits after
+    capture, and what memest's sizing (MEMEST_ESTIMATE=apply) would commit instead.
+
+    Both keep free the predicted transient peak (the activation terms); vLLM adds its margin,
+    ``max(1 GiB, 0.75 x peak)``, memest its own: the 512 MiB vLLM keeps outside PyTorch plus
+    MEMEST_MARGIN_BYTES (0 unless set).
+    """
+
+    gpu_memory_utilization: float = Field(
+        description="Utilization 0.34 sizes with (unset: 1.0 with the growable cache)"
+    )
+    transient_peak_bytes: NonNegativeBytes = Field(
+        description="Predicted transient peak kept free (profile activation + MLA context)"
+    )
+    vllm_margin_bytes: NonNegativeBytes = Field(description="vLLM 0.34's margin beyond it")
+    memest_margin_bytes: NonNegativeBytes = Field(description="memest's margin in its place")
+    vllm_kv_bytes: NonNegativeBytes = Field(description="KV bytes 0.34's default sizing commits")
+    memest_kv_bytes: NonNegativeBytes = Field(description="KV bytes memest's sizing commits")
+    vllm_kv_tokens: int = Field(ge=0)
+    memest_kv_tokens: int = Field(ge=0)
+    memest_flag: str = Field(
+        default="MEMEST_ENABLE=1 MEMEST_ESTIMATE=apply",
+        description="What to set on the vLLM start for memest's sizing",
+    )
+
+
 class WhatIf(MemestModel):
     """Per-owner pool memory and the KV budget predicted for another capture grid."""
 
@@ -205,4 +232,14 @@ class WhatIf(MemestModel):
         default=None, description="Owner whose predicted change in bytes is largest in magnitude"
     )
     dominant_change_bytes: Bytes = 0
+    vllm_version_to: str | None = Field(
+        default=None,
+        description="The vLLM release whose rules G' is predicted with (capture sizes, KV block "
+        "size, growable KV sizing)",
+    )
+    growable_kv_to: GrowableKvPrediction | None = Field(
+        default=None,
+        description="vLLM 0.34's growable KV cache at G': what its own sizing commits and what "
+        "memest's would; None on a release without it",
+    )
     notes: list[str] = Field(default_factory=list)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from memest.schema._base import Bytes, Field, MemestModel, NonNegativeBytes
-from memest.schema.estimate import FullInitTerms
+from memest.schema.estimate import FullInitTerms, GrowableKvPrediction
 from memest.schema.report import KVCacheSpec
 
 #: Largest scheduler values memest accepts in a grid (plan, preflight, what-if): far above any
@@ -111,33 +111,6 @@ class PreflightTerm(MemestModel):
     uncertainty_bytes: NonNegativeBytes = Field(description="Half-width of the term's range")
     law: str = Field(description="How the term is predicted")
     note: str = ""
-
-
-class GrowableKvPrediction(MemestModel):
-    """vLLM 0.34's growable KV cache for the same start: what its own sizing commits after
-    capture, and what memest's sizing (MEMEST_ESTIMATE=apply) would commit instead.
-
-    Both keep free the predicted transient peak (the activation terms); vLLM adds its margin,
-    ``max(1 GiB, 0.75 x peak)``, memest its own: the 512 MiB vLLM keeps outside PyTorch plus
-    MEMEST_MARGIN_BYTES (0 unless set).
-    """
-
-    gpu_memory_utilization: float = Field(
-        description="Utilization 0.34 sizes with (unset: 1.0 with the growable cache)"
-    )
-    transient_peak_bytes: NonNegativeBytes = Field(
-        description="Predicted transient peak kept free (profile activation + MLA context)"
-    )
-    vllm_margin_bytes: NonNegativeBytes = Field(description="vLLM 0.34's margin beyond it")
-    memest_margin_bytes: NonNegativeBytes = Field(description="memest's margin in its place")
-    vllm_kv_bytes: NonNegativeBytes = Field(description="KV bytes 0.34's default sizing commits")
-    memest_kv_bytes: NonNegativeBytes = Field(description="KV bytes memest's sizing commits")
-    vllm_kv_tokens: int = Field(ge=0)
-    memest_kv_tokens: int = Field(ge=0)
-    memest_flag: str = Field(
-        default="MEMEST_ENABLE=1 MEMEST_ESTIMATE=apply",
-        description="What to set on the vLLM start for memest's sizing",
-    )
 
 
 class PreflightResult(MemestModel):

@@ -24,6 +24,12 @@ class WhatIfRequest(BaseModel):
 
     report: RunReport = Field(description="A complete start under grid G (plan, breakdown, phases)")
     plan: CapturePlan = Field(description="Grid G' (GET /api/v1/plan output)")
+    vllm_version: str | None = Field(
+        default=None,
+        max_length=32,
+        description="The vLLM release G' runs (0.33.0 or 0.34.0; unset: the installed one, "
+        "else the newest supported), as `memest estimate --vllm-version` takes it",
+    )
 
 
 def preflight_json(raw: bytes) -> bytes:
@@ -45,7 +51,7 @@ def what_if_json(raw: bytes) -> bytes:
     check_storable(req.report)
     limits.check_report(req.report, "report")
     limits.check_plan(req.plan, "plan")
-    question = WhatIfQuestion(grid=req.plan.model_dump(mode="json"))
+    question = WhatIfQuestion(grid=req.plan.model_dump(mode="json"), vllm_version=req.vllm_version)
     result = answer(req.report, question, calibration=what_if_calibration(req.report))
     return result.what_if.model_dump_json().encode()
 

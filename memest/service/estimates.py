@@ -45,6 +45,12 @@ class RunEstimateRequest(BaseModel):
         "drafter; without it an added or dropped drafter's weights are not moved (noted)",
     )
     rank: int | None = Field(default=None, ge=0, le=65535, description="Default: the lowest")
+    vllm_version: str | None = Field(
+        default=None,
+        max_length=32,
+        description="The vLLM release G' runs (0.33.0 or 0.34.0; unset: the installed one, "
+        "else the newest supported), as `memest estimate --vllm-version` takes it",
+    )
 
 
 class InverseAnswer(BaseModel):
@@ -99,7 +105,12 @@ def run_estimate(report: RunReport, req: RunEstimateRequest) -> RunEstimateRespo
     if req.drafter_dims is not None and req.model_dims is None and report.config.model_dims is None:
         raise ConfigError("drafter_dims", "...", "needs model_dims (the run records none)")
     dims = ModelDims.from_report(report, req.model_dims, drafter=req.drafter_dims)
-    question = WhatIfQuestion(grid=grid, kv_tokens=req.kv_tokens, concurrency=req.concurrency)
+    question = WhatIfQuestion(
+        grid=grid,
+        kv_tokens=req.kv_tokens,
+        concurrency=req.concurrency,
+        vllm_version=req.vllm_version,
+    )
     result = answer(report, question, calibration=what_if_calibration(report), dims=dims)
     return RunEstimateResponse(
         run_id=report.run_id,

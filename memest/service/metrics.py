@@ -1,5 +1,6 @@
 """Prometheus series: one family per figure of a start's accounting (budget, usage, usage minus
-budget per estimator, KV bytes and tokens, non-KV, graph pool in total and per stage and owner),
+budget per estimator, KV bytes and tokens, non-KV, graph pool in total and per stage and owner,
+vLLM 0.34's growable KV cache and the margin memest expects unused),
 and ingest counters. One registry per app, so several apps (tests) never share series.
 
 The builder (_StoredReports) yields each start's samples labelled with STORED_LABELS: ``model``,
@@ -23,6 +24,7 @@ from prometheus_client.registry import Collector
 from memest.analysis.stages import stage_bars
 from memest.estimate import account
 from memest.identity import with_default_label
+from memest.reporters.growable import growable_rows
 from memest.reporters.owners import owner_label
 from memest.reporters.regression import sized_by, start_mode
 from memest.schema import RunReport
@@ -103,6 +105,14 @@ def _families() -> dict[str, GaugeMetricFamily]:
             "group",
             "kind",
         ),
+        "growable": _gauge(
+            "memest_growable_kv_bytes",
+            "vLLM 0.34's growable KV cache beside memest's terms (figure: committed_kv_bytes, "
+            "vllm_transient_bytes, vllm_margin_bytes, memest_need_bytes, "
+            "memest_need_beyond_vllm_bytes, margin_unused_bytes: the GiB of vLLM's margin memest "
+            "expects unused, negative where it falls short)",
+            "figure",
+        ),
         "error": _gauge(
             "memest_estimator_error_bytes",
             "Usage minus budget (positive = over budget), per estimator; 'measured' is the start "
@@ -139,6 +149,10 @@ def _add_start(families: dict[str, GaugeMetricFamily], labels: list[str], rep: R
         families["kv_group_share"].add_metric([*labels, str(i), g.kind], g.share)
         if g.tokens is not None:
             families["kv_group_tokens"].add_metric([*labels, str(i), g.kind], g.tokens)
+    if acc.growable_kv is not None:
+        for key, _, value in growable_rows(acc.growable_kv):
+            if value is not None:
+                families["growable"].add_metric([*labels, key], value)
     for rec in acc.estimators:
         if rec.usage_minus_budget_bytes is not None:
             families["error"].add_metric([*labels, rec.estimator], rec.usage_minus_budget_bytes)

@@ -205,3 +205,68 @@ def test_an_installed_unsupported_release_is_refused(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.35.0")
     with pytest.raises(UnsupportedVllmVersion, match="0.35.0"):
         resolve_version(None)
+
+
+def _kernel_blocks(registry: ast.Module, backend: str) -> tuple[int, ...]:
+    """``get_supported_kernel_block_sizes``' CUDA answer for a bf16 KV cache, read from the
+    installed source: the method's final ``return`` (the branches before it are XPU, FP8 and
+    FA4-head-256 cases; FlashInfer's adds Blackwell's large pages, multiples of 16 as well),
+    ``MultipleOf(n)`` read as n."""
+    path = next(
+        n.value
+        for n in ast.walk(registry)
+        if isinstance(n, ast.Assign)
+        and isinstance(n.targets[0], ast.Name)
+        and n.targets[0].id == backend
+    )
+    module, cls = ast.literal_eval(path).rsplit(".", 1)
+    tree = _source(module.replace(".", "/") + ".py")
+    klass = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls)
+    method = next(
+        n
+        for n in klass.body
+        if isinstance(n, ast.FunctionDef) and n.name == "get_supported_kernel_block_sizes"
+    )
+    final = [n for n in method.body if isinstance(n, ast.Return)][-1]
+    assert isinstance(final.value, ast.List)
+    return tuple(
+        ast.literal_eval(e.args[0] if isinstance(e, ast.Call) else e) for e in final.value.elts
+    )
+
+
+@pytest.mark.vllm
+def test_the_kernel_block_sizes_are_the_installed_releases() -> None:
+    """Every backend the pre-flight names: its kernel block sizes as the installed release
+    declares them, and the preferred size vLLM takes from the release's default."""
+    row = _installed_row()
+    registry = _source("vllm/v1/attention/backends/registry.py")
+    for backend, sizes in row.kernel_blocks.items():
+        theirs = _kernel_blocks(registry, backend)
+        assert min(theirs) == min(sizes), backend  # what a default it refuses falls back to
+        accepted = [n for n in range(1, 1025) if any(n % k == 0 for k in theirs)]
+        assert accepted == [n for n in range(1, 1025) if row.supports_block_size(backend, n)]
+    assert _constant(_source("vllm/config/cache.py"), "DEFAULT_BLOCK_SIZE") == (
+        row.default_block_size
+    )
+
+
+def test_each_releases_preferred_block_size_by_hand() -> None:
+    """0.33.0 tries 16 tokens first, 0.34.0 64: a backend whose kernels take the default keeps
+    it, any other takes its smallest kernel block size."""
+    old, new = resolve_version("0.33.0"), resolve_version("0.34.0")
+    assert [old.preferred_block_size(b) for b in ("FLASH_ATTN", "FLASHMLA", "FLASHINFER_MLA")] == [
+        16,
+        64,
+        32,
+    ]
+    assert [new.preferred_block_size(b) for b in ("FLASH_ATTN", "FLASHMLA", "FLASHINFER_MLA")] == [
+        64,
+        64,
+        64,
+    ]
+    assert (old.preferred_block_size("CUTLASS_MLA"), new.preferred_block_size("CUTLASS_MLA")) == (
+        128,
+        128,
+    )
+    assert new.preferred_block_size("FLASHINFER_MLA_SPARSE") == 64  # 64 is a multiple of 32
+    assert not new.supports_block_size("FLASHMLA", 32)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memest.errors import ConfigError, ReportFormatError
+from memest.estimate.growable import predict_growable
 from memest.estimate.inverse import concurrency_at
 from memest.estimate.kv import (
     config_kv_tokens,
@@ -24,14 +25,16 @@ from memest.estimate.model_shape import DTYPE_BYTES
 from memest.estimate.phases import full_init_kv_budget, non_kv_bytes
 from memest.estimate.runner_buffers import ModelDims
 from memest.estimate.terms.catalog import full_init_terms
-from memest.estimate.whatif.grid import Grids, describe_grid, grids
+from memest.estimate.whatif.grid import Grids, describe_grid, grids, kv_spec_under
 from memest.estimate.whatif.models import TermRow, WhatIfCalibration
 from memest.estimate.whatif.pools import Pools, predict_pools
 from memest.estimate.whatif.terms import move_terms
 from memest.estimate.whatif_synthetic import Shapes, shapes
 from memest.plan.overlay import is_sm100
 from memest.schema import CapturePlan, FullInitTerms, KVCacheSpec, RunConfig, RunReport, WhatIf
+from memest.schema.estimate import GrowableKvPrediction
 from memest.snapshot.format import Snapshot
+from memest.vllm_versions import VllmVersion
 
 
 def _drafter_kv(spec: KVCacheSpec, s: Shapes, notes: list[str]) -> tuple[int, int]:
@@ -176,6 +179,7 @@ def what_if(
     snapshot_source: str = "snapshot",
     dims: ModelDims | None = None,
     calibration: WhatIfCalibration | None = None,
+    release: VllmVersion | None = None,
 ) -> WhatIf:
     """Predict each owner's pool memory and the KV budget under grid G'.
 
@@ -198,6 +202,9 @@ def what_if(
         calibration: the fitted factors of the start's GPU kind (memest.preflight's, handed in);
             with the drafter factor an added or dropped drafter moves the activation term by its
             share. None: what only the fit knows is not modelled (noted).
+        release: the vLLM release G' runs (memest.vllm_versions): its capture sizing, KV block
+            size and, on 0.34, its growable KV cache's sizing beside memest's. None: vLLM
+            0.33.0's capture sizing and the start's block size, no release named.
 
     Raises:
         ConfigError: the grid fails validation.
@@ -207,7 +214,7 @@ def what_if(
     """
     if dims is None:
         dims = ModelDims.from_report(report)  # the dimensions the plugin recorded, if any
-    pair = grids(report, grid)
+    pair = grids(report, grid, release)
     terms = full_init_terms(report, margin_bytes=margin_bytes)
     pools, notes = predict_pools(report, pair, dims, snapshot, snapshot_source)
     s = shapes(dims, report.config.tensor_parallel_size, sm100=is_sm100(report.gpu))
@@ -224,9 +231,44 @@ def what_if(
     )
     kv_from = full_init_kv_budget(terms_from)
     kv_to = _kv_budget_to(terms_to, pair.configs[1].gpu_memory_utilization)
-    spec_to = kv_spec_to(report, pair.configs, s, notes)
-    return _result(
+    spec_to = kv_spec_under(report, pair, kv_spec_to(report, pair.configs, s, notes), notes)
+    out = _result(
         report, pair, pools, (terms_from, terms_to), laws, (kv_from, kv_to), spec_to, dims, notes
+    )
+    if release is None:
+        return out
+    return out.model_copy(
+        update={
+            "vllm_version_to": release.version,
+            "growable_kv_to": _growable_to(report, pair, terms_to, spec_to, release, grid),
+        }
+    )
+
+
+def _growable_to(
+    report: RunReport,
+    pair: Grids,
+    terms_to: FullInitTerms,
+    spec_to: KVCacheSpec | None,
+    release: VllmVersion,
+    grid: CapturePlan | Mapping[str, Any],
+) -> GrowableKvPrediction | None:
+    """0.34's growable sizing at G' (memest.estimate.growable, the pre-flight's): None on a
+    release without it, or without the GPU's total memory or a KV-cache spec. Its utilization
+    is G''s when the grid sets it, else unset (1.0 with the growable cache)."""
+    total = report.gpu.total_bytes if report.gpu is not None else None
+    if release.extensible_kv is None or spec_to is None or not total:
+        return None
+    given = isinstance(grid, Mapping) and "gpu_memory_utilization" in grid
+    c = pair.configs[1]
+    return predict_growable(
+        release,
+        terms_to,
+        spec_to,
+        total_bytes=total,
+        gpu_memory_utilization=c.gpu_memory_utilization if given else None,
+        margin_bytes=terms_to.margin_bytes,
+        lengths=(c.max_model_len, c.max_num_batched_tokens),
     )
 
 

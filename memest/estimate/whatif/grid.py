@@ -15,7 +15,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from memest.errors import ConfigError, ReportFormatError, first_error
-from memest.schema import CapturePlan, RunConfig, RunReport
+from memest.schema import CapturePlan, KVCacheSpec, RunConfig, RunReport
+from memest.vllm_versions import VllmVersion, resolve_version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +25,8 @@ class Grids:
 
     plans: tuple[CapturePlan, CapturePlan]
     configs: tuple[RunConfig, RunConfig]
+    #: The vLLM release whose rules G' follows (None: the installed, else the newest).
+    release: VllmVersion | None = None
 
     @property
     def drafter_changed(self) -> bool:
@@ -58,12 +61,12 @@ def check_plan(plan: CapturePlan, name: str = "grid") -> CapturePlan:
     return plan
 
 
-def _plan_from_input(grid: Mapping[str, Any]) -> CapturePlan:
+def _plan_from_input(grid: Mapping[str, Any], default_sizing: str = "vllm-0.33.0") -> CapturePlan:
     """Resolve ``{"sizing": ..., <memest.plan.PlanInput fields>}`` with memest.plan."""
     from memest.plan import PlanInput, resolve
 
     fields = dict(grid)
-    sizing = fields.pop("sizing", "vllm-0.33.0")
+    sizing = fields.pop("sizing", default_sizing)
     known = {f.name for f in dataclasses.fields(PlanInput)}
     unknown = sorted(set(fields) - known)
     if unknown:
@@ -80,13 +83,16 @@ def _plan_from_input(grid: Mapping[str, Any]) -> CapturePlan:
     return resolve(inp, sizing)
 
 
-def resolve_grid(grid: CapturePlan | Mapping[str, Any]) -> CapturePlan:
+def resolve_grid(
+    grid: CapturePlan | Mapping[str, Any], release: VllmVersion | None = None
+) -> CapturePlan:
     """A capture plan for G'.
 
     Args:
         grid: a CapturePlan; its JSON (an object with ``runners``); or memest.plan input fields
             (``sm100``, ``max_num_seqs``, ``max_num_batched_tokens``, ... plus ``sizing``,
-            default ``vllm-0.33.0``), resolved with ``memest.plan.resolve``.
+            default the sizing ``release`` runs), resolved with ``memest.plan.resolve``.
+        release: the vLLM release of G' (None: vLLM 0.33.0's sizing, as before releases).
 
     Raises:
         ConfigError: naming the first field that fails validation.
@@ -96,7 +102,7 @@ def resolve_grid(grid: CapturePlan | Mapping[str, Any]) -> CapturePlan:
     if not isinstance(grid, Mapping):
         raise ConfigError("grid", type(grid).__name__, "expected a capture plan (JSON object)")
     if "runners" not in grid:
-        return check_plan(_plan_from_input(grid))
+        return check_plan(_plan_from_input(grid, _sizing(release)))
     try:
         plan = CapturePlan.model_validate(dict(grid))
     except ValidationError as exc:
@@ -114,8 +120,18 @@ def is_overlay(grid: object) -> bool:
     return isinstance(grid, Mapping) and not {"runners", "sizing", "sm100"} & set(grid)
 
 
-def overlay_grid(report: RunReport, changes: Mapping[str, Any]) -> tuple[CapturePlan, RunConfig]:
-    """G' as the start's configuration with ``changes``, and its capture plan (vLLM's sizing).
+def _sizing(release: VllmVersion | None) -> str:
+    """The capture sizing a release runs (memest.plan.SIZING_BY_VERSION); None: vLLM 0.33.0's."""
+    from memest.plan import SIZING_BY_VERSION
+
+    return "vllm-0.33.0" if release is None else SIZING_BY_VERSION[release.version]
+
+
+def overlay_grid(
+    report: RunReport, changes: Mapping[str, Any], release: VllmVersion | None = None
+) -> tuple[CapturePlan, RunConfig]:
+    """G' as the start's configuration with ``changes``, and its capture plan (the sizing
+    ``release`` runs; None: vLLM 0.33.0's).
 
     Raises:
         ConfigError: an unknown field or a refused value, named.
@@ -123,7 +139,7 @@ def overlay_grid(report: RunReport, changes: Mapping[str, Any]) -> tuple[Capture
     from memest.plan.overlay import overlay_plan
 
     try:
-        plan, config = overlay_plan(report.config, changes, report.gpu)
+        plan, config = overlay_plan(report.config, changes, report.gpu, _sizing(release))  # type: ignore[arg-type]
     except ConfigError as exc:  # every refusal named as the grid field it came from
         field = exc.field if exc.field.startswith("grid") else f"grid.{exc.field}"
         raise ConfigError(field, exc.value, exc.reason) from None
@@ -151,19 +167,60 @@ def config_with_limits(report: RunReport, plan: CapturePlan) -> RunConfig:
     return report.config.model_copy(update={k: v for k, v in update.items() if v})
 
 
-def grids(report: RunReport, grid: CapturePlan | Mapping[str, Any]) -> Grids:
-    """G from the report and G' from ``grid`` (an overlay, plan input fields or a plan).
+def grids(
+    report: RunReport, grid: CapturePlan | Mapping[str, Any], release: VllmVersion | None = None
+) -> Grids:
+    """G from the report and G' from ``grid`` (an overlay, plan input fields or a plan), G'
+    under ``release``'s rules (None: vLLM 0.33.0's capture sizing, the start's block size).
 
     Raises:
         ConfigError: the grid fails validation (the field named as ``grid.<field>``).
         ReportFormatError: the report lists no capture plan.
     """
     if is_overlay(grid):
-        plan_to, config_to = overlay_grid(report, grid)  # type: ignore[arg-type]
+        plan_to, config_to = overlay_grid(report, grid, release)  # type: ignore[arg-type]
     else:
-        plan_to = resolve_grid(grid)
+        plan_to = resolve_grid(grid, release)
         config_to = config_with_limits(report, plan_to)
-    return Grids((measured_plan(report), plan_to), (report.config, config_to))
+    return Grids((measured_plan(report), plan_to), (report.config, config_to), release)
+
+
+def start_release(report: RunReport) -> VllmVersion | None:
+    """The release that made the start (build.vllm_version), None when unrecorded or not
+    supported (its rules are then unknown, and G's block size is kept)."""
+    try:
+        return resolve_version(report.build.vllm_version) if report.build.vllm_version else None
+    except ConfigError:
+        return None
+
+
+def kv_spec_under(
+    report: RunReport, pair: Grids, spec: KVCacheSpec | None, notes: list[str]
+) -> KVCacheSpec | None:
+    """G''s KV-cache spec with G''s release's block size: a start whose block size was its own
+    release's default (no backend or --block-size moved it) gets the default of G''s release
+    (vLLM 0.33.0: 16 tokens, 0.34.0: 64); any other block size is kept. Each layer's bytes per
+    token are unchanged, so only whole-block rounding moves."""
+    before, after = start_release(report), pair.release
+    if spec is None or before is None or after is None or spec.groups:
+        return spec
+    if spec.block_size != before.default_block_size or after.default_block_size == spec.block_size:
+        return spec
+    block = after.default_block_size
+    notes.append(
+        f"KV block size {spec.block_size} -> {block} tokens (vLLM {after.version}'s default; the "
+        f"start had vLLM {before.version}'s)"
+    )
+    from memest.estimate.kv import kv_bytes_per_token
+
+    return spec.model_copy(
+        update={
+            "block_size": block,
+            "page_size_bytes": kv_bytes_per_token(spec) * block,
+            "num_blocks": None,
+            "kv_tokens": None,
+        }
+    )
 
 
 def runner_text(runner: str) -> str:

@@ -38,6 +38,13 @@ class WhatIfQuestion(MemestModel):
     concurrency: int | None = Field(
         default=None, description="Inverse with kv_tokens = C x max_model_len"
     )
+    vllm_version: str | None = Field(
+        default=None,
+        max_length=32,
+        description="The vLLM release G' runs (0.33.0 or 0.34.0; unset: the installed one, else "
+        "the newest supported): its capture sizing, KV block size and, on 0.34.0, its growable "
+        "KV cache's sizing beside memest's",
+    )
 
 
 class TermRow(MemestModel):

@@ -14,6 +14,7 @@ from memest.estimate.whatif.grid import is_overlay
 from memest.estimate.whatif.models import WhatIfAnswer, WhatIfCalibration, WhatIfQuestion
 from memest.schema import RunReport
 from memest.snapshot.format import Snapshot
+from memest.vllm_versions import resolve_version
 
 
 def answer(
@@ -32,11 +33,15 @@ def answer(
     grid written as changes, the largest max_num_seqs is searched with the same model dimensions,
     margin and calibration (no snapshot: each probe is a what-if of its own).
 
+    G' follows the rules of ``question.vllm_version`` (memest.vllm_versions; unset: the
+    installed release, else the newest): the inverse probes too.
+
     Raises:
         ConfigError: a field of the question is refused (named: ``grid.<field>``, ``kv_tokens``,
-            ``concurrency``).
+            ``concurrency``, ``vllm_version``).
         MemestError: the report or snapshot cannot be used.
     """
+    release = resolve_version(question.vllm_version)
     tokens = target_tokens(report, question.kv_tokens, question.concurrency)
     result = what_if(
         report,
@@ -46,6 +51,7 @@ def answer(
         snapshot_source=snapshot_source,
         dims=dims,
         calibration=calibration,
+        release=release,
     )
     inverse = None
     if tokens is not None:
@@ -60,7 +66,12 @@ def answer(
             tokens,
             question.grid if is_overlay(question.grid) else None,
             lambda r, g: what_if(
-                r, g, margin_bytes=question.margin_bytes, dims=dims, calibration=calibration
+                r,
+                g,
+                margin_bytes=question.margin_bytes,
+                dims=dims,
+                calibration=calibration,
+                release=release,
             ),
             asked,
         )

@@ -43,6 +43,7 @@ from memest.errors import MemestError
 from memest.estimate import account, budget_splits, gpu_parts
 from memest.estimate.phases import total_bytes
 from memest.reporters import plots, plots_gpu, plots_history
+from memest.reporters.growable import growable_table
 from memest.reporters.kv_groups import kv_groups_table
 from memest.reporters.owners import owner_label
 from memest.reporters.recommend import estimator_note, estimator_words, recommendation
@@ -328,6 +329,7 @@ def _model_page(
         accounting=accounting,
         rec=recommendation(accounting),
         kv_groups_html=_kv_groups_html(accounting),
+        growable_html=_growable_html(accounting),
         phases=phase_rows(bd.phases, rep.phases) if bd else [],
         negative_note=NEGATIVE_NOTE,
         definition_line=definition_line(rep, accounting),
@@ -343,6 +345,12 @@ def _model_page(
 def _kv_groups_html(accounting: StartAccounting) -> str | None:
     """A hybrid start's KV cache per group (tokens and share of the budget), or None."""
     table = kv_groups_table(accounting.kv_groups, accounting.max_model_len)
+    return to_html([table]) if table is not None else None
+
+
+def _growable_html(accounting: StartAccounting) -> str | None:
+    """vLLM 0.34's growable KV cache beside memest's terms (margin used), or None."""
+    table = growable_table(accounting.growable_kv)
     return to_html([table]) if table is not None else None
 
 

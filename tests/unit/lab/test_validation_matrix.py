@@ -52,3 +52,22 @@ def test_every_record_names_its_launcher_tp_and_architecture() -> None:
         assert r["launcher"] in ("vllm serve", "LLM")
         assert r["tensor_parallel_size"] >= 1
         assert r["architecture"].endswith("ForCausalLM")
+
+
+def test_every_034_start_at_servings_peak_says_how_much_margin_it_left_unused() -> None:
+    """vLLM 0.34.0 alone (call 47, Llama-3-8B at its default utilization 1.0): its sizing kept
+    its 1,067,475,968 B measured transient peak (larger than torch's 887,095,296 B growth) and a
+    1 GiB margin (0.75 x that peak is less than the floor) free; serving's peak stayed 1.439 GiB
+    under the budget, which is what that margin left unused."""
+    growable = [
+        r
+        for r in RECORDS
+        if r.get("vllm_version") == "0.34.0" and r["usage_kind"].startswith("serving's peak")
+    ]
+    assert growable
+    for r in growable:
+        assert r["margin_left_unused_bytes"] == -r["usage_minus_budget_bytes"]
+    alone = next(r for r in growable if r["call"] == "call47" and r["estimator"] == "vllm")
+    assert alone["growable_transient_kept_bytes"] == 1_067_475_968
+    assert alone["growable_margin_bytes"] == GiB
+    assert alone["margin_left_unused_gib"] == 1.439

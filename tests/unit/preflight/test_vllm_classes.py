@@ -1,4 +1,5 @@
-"""Shapes, KV bytes per token and block sizes against vLLM 0.33.0's own classes, on this CPU.
+"""Shapes, KV bytes per token and block sizes against the installed vLLM's own classes (0.33.0;
+0.34.0 in scripts/test-vllm034.sh), on this CPU.
 
 The MoE and MLA configs in lab/models were never started on a GPU; here vLLM's real model
 classes are built for them on the meta device (vllm_meta.py, in a subprocess on vLLM's CPU
@@ -22,6 +23,7 @@ from memest.estimate.terms.shape import model_shape, parameter_bytes
 from memest.preflight.backends import KERNEL_BLOCKS, kv_block_size, preferred, supports
 from memest.preflight.predict import kv_spec, setup
 from memest.schema.preflight import PreflightRequest
+from memest.vllm_versions import resolve_version
 from tests.conftest import require_or_skip
 
 pytestmark = pytest.mark.vllm
@@ -113,7 +115,8 @@ def test_kv_bytes_per_token_are_vllms_kv_cache_spec(
 
 
 def test_block_size_rule_is_each_backend_classes_own(vllm_meta: dict[str, Any]) -> None:
-    """Every backend class that imports on a CPU: the sizes it accepts and its preferred one."""
+    """Every backend class that imports on a CPU: the sizes it accepts and its preferred one for
+    the installed release's default (memest.vllm_versions: the installed release's row)."""
     checked = []
     for name, got in vllm_meta["backends"].items():
         if "error" in got:  # FLASH_ATTN_MLA and CUTLASS_MLA import GPU kernels
@@ -123,3 +126,5 @@ def test_block_size_rule_is_each_backend_classes_own(vllm_meta: dict[str, Any]) 
         checked.append(name)
     assert {"FLASH_ATTN", "FLASHINFER", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"} <= set(checked)
     assert kv_block_size(mla=True, sm100=False, backend="FLASHMLA") == (64, "FLASHMLA")
+    # FLASH_ATTN takes any multiple of 16, so its preferred size is the release's default
+    assert vllm_meta["backends"]["FLASH_ATTN"]["preferred"] == resolve_version().default_block_size

@@ -4,7 +4,7 @@
         [--backends FLASH_ATTN,FLASHMLA,...] [--quantization fp8_per_tensor] CONFIG.json ...
 
 With ``--backends``, one JSON line first: each backend class's accepted block sizes (1 to 256)
-and its preferred size for 16. Then for each config and tensor-parallel size, rank 0's model is instantiated as vLLM's loader does
+and its preferred size for the installed release's CacheConfig.DEFAULT_BLOCK_SIZE. Then for each config and tensor-parallel size, rank 0's model is instantiated as vLLM's loader does
 (``initialize_model`` under the model dtype, here on the meta device, so no memory is taken),
 with the tensor-parallel group's size set to TP; then one JSON line per TP:
 ``{"config", "tp", "param_bytes", "param_bytes_by_dtype", "buffer_bytes", "kv": [{"kind",
@@ -145,8 +145,10 @@ def _moe_workspace(model: Any, tokens: int) -> int | None:
 
 
 def backends(names: list[str]) -> dict[str, Any]:
-    """Per backend: the block sizes 1..256 its class accepts and its preferred size for 16, or
-    the error its import raises on this machine."""
+    """Per backend: the block sizes 1..256 its class accepts and its preferred size for the
+    release's default block size (what update_block_size_for_backend passes), or the error its
+    import raises on this machine."""
+    from vllm.config.cache import CacheConfig
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     out: dict[str, Any] = {}
@@ -155,7 +157,7 @@ def backends(names: list[str]) -> dict[str, Any]:
             cls = AttentionBackendEnum[name].get_class()
             out[name] = {
                 "supports": [n for n in range(1, 257) if cls.supports_block_size(n)],
-                "preferred": cls.get_preferred_block_size(16),
+                "preferred": cls.get_preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE),
             }
         except Exception as exc:  # a kernel library that needs a GPU to import
             out[name] = {"error": f"{type(exc).__name__}: {exc}"}
