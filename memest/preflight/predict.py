@@ -13,6 +13,7 @@ measured start.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from memest.errors import ConfigError, first_error
@@ -30,6 +31,7 @@ from memest.estimate.kv import (
 )
 from memest.estimate.model_shape import VLLM_DEFAULT_MAX_MODEL_LEN, ModelShape, model_shape
 from memest.estimate.parallel import ParallelBytes, ParallelLayout, check_env, parallel_bytes
+from memest.estimate.runner_buffers import group_tables
 from memest.estimate.phases import budget_bytes, full_init_kv_budget, non_kv_bytes
 from memest.estimate.synthetic_trace import IndexerDecode
 from memest.estimate.terms import catalog, dsa
@@ -125,7 +127,7 @@ def setup(req: PreflightRequest, vllm: VllmVersion | None = None) -> Setup:
     )
     padded = _flash_attn_version(req) == FA_PADS_MLA_V
     parallel = _parallel(req, target, sm100)
-    return Setup(
+    s = Setup(
         target,
         drafter,
         config,
@@ -137,7 +139,11 @@ def setup(req: PreflightRequest, vllm: VllmVersion | None = None) -> Setup:
         padded,
         parallel,
         indexer,
+        model_config=cfg,
     )
+    # a hybrid's block tables are one per KV-cache group (memest.estimate.runner_buffers)
+    tables = group_tables(hybrid.kv_spec(cfg, s, kv_spec(s)), config.num_speculative_tokens)
+    return replace(s, kv_tables=tables) if tables else s
 
 
 def _parallel(req: PreflightRequest, target: ModelShape, sm100: bool) -> ParallelBytes:

@@ -201,7 +201,7 @@ def _law_baseline(s: Setup, c: Coefficients) -> Law:
 
 
 def _law_weights(s: Setup, c: Coefficients) -> Law:
-    weights = parameter_bytes(s.target) + c.weights_rest_bytes
+    weights = s.target_weight_bytes() + c.weights_rest_bytes  # a hybrid's own layers: hybrid_terms
     if s.drafter is not None:
         weights += parameter_bytes(s.drafter, target_vocab=s.target.vocab)
     return (

@@ -6,13 +6,17 @@ vLLM's defaults and sizing); the laws of memest.estimate.terms.catalog read it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Any
 
+from memest.estimate import hybrid_terms
 from memest.estimate.model_shape import ModelShape
 from memest.estimate.parallel import ParallelBytes
 from memest.estimate.runner_buffers import (
     BUFFER_TERMS,
+    GroupTable,
     ModelDims,
     RunnerGrid,
     runner_buffer_bytes,
@@ -20,6 +24,7 @@ from memest.estimate.runner_buffers import (
 )
 from memest.estimate.synthetic_trace import GraphPoolPrediction, IndexerDecode, pool_bytes
 from memest.estimate.terms.context import workspace_tokens
+from memest.estimate.terms.shape import parameter_bytes
 from memest.schema import CapturePlan, RunConfig
 
 #: Drafter methods whose graphs the synthetic trace writes as measured (EAGLE3).
@@ -42,6 +47,14 @@ class Setup:
     mla_v_padded: bool = False  # MLA prefill pads v (FlashAttention 2)
     parallel: ParallelBytes = ParallelBytes({}, 0, 0, 0)  # what TP adds (estimate/parallel.py)
     indexer: IndexerDecode | None = None  # a DSA model's decode logits in FULL graphs
+    kv_tables: tuple[GroupTable, ...] = ()  # a hybrid's block tables, one per KV-cache group
+    model_config: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+
+    def target_weight_bytes(self) -> int:
+        """The target's parameter and buffer bytes: a hybrid architecture's own law
+        (memest.estimate.hybrid_terms) or the shape law."""
+        own = hybrid_terms.weight_bytes(self.model_config, self.target)
+        return parameter_bytes(self.target) if own is None else own
 
     @property
     def mbt(self) -> int:
@@ -80,7 +93,8 @@ class Setup:
             drafter_hidden_size=d.hidden if d is not None else None,
             shape=t,
         )
-        return dims, RunnerGrid.from_config(self.config, block_size=self.block_size)
+        grid = RunnerGrid.from_config(self.config, block_size=self.block_size)
+        return dims, replace(grid, tables=self.kv_tables)
 
     def pools(self) -> GraphPoolPrediction:
         return self.graph_pools
