@@ -31,7 +31,6 @@ from memest.estimate.kv import (
 )
 from memest.estimate.model_shape import VLLM_DEFAULT_MAX_MODEL_LEN, ModelShape, model_shape
 from memest.estimate.parallel import ParallelBytes, ParallelLayout, check_env, parallel_bytes
-from memest.estimate.runner_buffers import group_tables
 from memest.estimate.phases import budget_bytes, full_init_kv_budget, non_kv_bytes
 from memest.estimate.synthetic_trace import IndexerDecode
 from memest.estimate.terms import catalog, dsa
@@ -142,8 +141,8 @@ def setup(req: PreflightRequest, vllm: VllmVersion | None = None) -> Setup:
         model_config=cfg,
     )
     # a hybrid's block tables are one per KV-cache group (memest.estimate.runner_buffers)
-    tables = group_tables(hybrid.kv_spec(cfg, s, kv_spec(s)), config.num_speculative_tokens)
-    return replace(s, kv_tables=tables) if tables else s
+    spec = hybrid.kv_spec(cfg, s, kv_spec(s))
+    return replace(s, hybrid_kv=spec) if spec.groups else s
 
 
 def _parallel(req: PreflightRequest, target: ModelShape, sm100: bool) -> ParallelBytes:

@@ -19,13 +19,14 @@ from memest.estimate.runner_buffers import (
     GroupTable,
     ModelDims,
     RunnerGrid,
+    group_tables,
     runner_buffer_bytes,
     term_bytes,
 )
 from memest.estimate.synthetic_trace import GraphPoolPrediction, IndexerDecode, pool_bytes
 from memest.estimate.terms.context import workspace_tokens
 from memest.estimate.terms.shape import parameter_bytes
-from memest.schema import CapturePlan, RunConfig
+from memest.schema import CapturePlan, KVCacheSpec, RunConfig
 
 #: Drafter methods whose graphs the synthetic trace writes as measured (EAGLE3).
 MEASURED_DRAFTER_PROGRAM = ("eagle3",)
@@ -47,7 +48,8 @@ class Setup:
     mla_v_padded: bool = False  # MLA prefill pads v (FlashAttention 2)
     parallel: ParallelBytes = ParallelBytes({}, 0, 0, 0)  # what TP adds (estimate/parallel.py)
     indexer: IndexerDecode | None = None  # a DSA model's decode logits in FULL graphs
-    kv_tables: tuple[GroupTable, ...] = ()  # a hybrid's block tables, one per KV-cache group
+    # a hybrid's KV-cache groups (memest.preflight.hybrid): one block table each
+    hybrid_kv: KVCacheSpec | None = field(default=None, compare=False, repr=False)
     model_config: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def target_weight_bytes(self) -> int:
@@ -94,7 +96,13 @@ class Setup:
             shape=t,
         )
         grid = RunnerGrid.from_config(self.config, block_size=self.block_size)
-        return dims, replace(grid, tables=self.kv_tables)
+        tables = group_tables(self.hybrid_kv, grid.num_speculative_tokens)
+        return dims, replace(grid, tables=tables)
+
+    @property
+    def kv_tables(self) -> tuple[GroupTable, ...]:
+        """The block tables the runner allocates, one per KV-cache group (empty: one group)."""
+        return self._runner()[1].tables
 
     def pools(self) -> GraphPoolPrediction:
         return self.graph_pools
