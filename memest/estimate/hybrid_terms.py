@@ -4,20 +4,27 @@ Weights (the pre-flight's weights law): where a hybrid architecture's parameters
 from what the shape law (memest.estimate.terms.shape.parameter_bytes) counts for a dense model,
 its bytes come from here, derived from the architecture's vLLM model class:
 
-==================  =============================================================================
-architecture        what differs from the dense law (vLLM 0.33.0 source)
-==================  =============================================================================
-Gemma3ForCausalLM   lm_head tied unless tie_word_embeddings is false (Gemma3TextConfig's default);
-                    four RMSNorms per layer plus q_norm and k_norm (gemma3.py Gemma3DecoderLayer,
-                    Gemma3Attention); one rotary cos/sin cache per distinct rope_parameters of the
-                    layer types present (get_rope shares identical ones), each max_position x
-                    factor rows (linear scaling, linear_scaling_rope.py) x head_dim in the dtype
-==================  =============================================================================
+====================  ===========================================================================
+architecture          what differs from the dense law (vLLM 0.33.0 source)
+====================  ===========================================================================
+Gemma3ForCausalLM     lm_head tied unless tie_word_embeddings is false (Gemma3TextConfig's default);
+                      four RMSNorms per layer plus q_norm and k_norm (gemma3.py Gemma3DecoderLayer,
+                      Gemma3Attention); one rotary cos/sin cache per distinct rope_parameters of the
+                      layer types present (get_rope shares identical ones), each max_position x
+                      factor rows (linear scaling, linear_scaling_rope.py) x head_dim in the dtype
+Qwen3NextForCausalLM  gated-delta-net layers (mamba/gdn/qwen_gdn_linear_attn.py): in_proj_qkvz
+                      (2 key + 2 value dims), in_proj_ba (2 value heads), conv1d (2 key + value
+                      dims x kernel), dt_bias, A_log (float32), a one-head RMSNormGated, out_proj;
+                      gated attention layers (qkv_proj with the output gate's second q, q/k
+                      norms); MoE layers (decoder_sparse_step, mlp_only_layers) with a shared
+                      expert and its one-output gate; the rotary cache at partial_rotary_factor
+                      x head_dim
+====================  ===========================================================================
 
 Architectures not in the table keep the shape law.
 
 Block tables (the runner-buffer term): Model Runner V2 allocates one block table per KV-cache group
-(memest.estimate.runner_buffers.GroupTable, block_table_width).
+(memest.estimate.runner_buffers.GroupTable).
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from memest.errors import ConfigError
 from memest.estimate.layer_kinds import layer_kinds
 from memest.estimate.model_shape import ModelShape
-from memest.estimate.terms.shape import parameter_bytes
+from memest.estimate.terms.shape import padded_vocab, parameter_bytes
 
+_FLOAT32 = 4
 #: vLLM 0.33.0's LinearScalingRotaryEmbedding: its cache holds max_position x factor rows.
 _LINEAR_ROPE = "linear"
 
@@ -51,6 +60,13 @@ def _gemma3_rope_rows(cfg: Mapping[str, Any], max_position: int) -> int:
     return sum(int(max_position * factor) for _, _, factor in ropes)
 
 
+def _int(cfg: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = cfg.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"model_config.{key}", value, "expected an integer >= 0")
+    return value
+
+
 def _gemma3_bytes(cfg: Mapping[str, Any], s: ModelShape) -> int:
     tied = bool(cfg.get("tie_word_embeddings", True))
     # the dense law without its one rotary cache (Gemma 3's are counted below) and with q/k norms
@@ -60,7 +76,51 @@ def _gemma3_bytes(cfg: Mapping[str, Any], s: ModelShape) -> int:
     return dense + (norms + rope) * s.dtype_bytes
 
 
-_WEIGHTS = {"Gemma3ForCausalLM": _gemma3_bytes}
+def _qwen3_next_bytes(cfg: Mapping[str, Any], s: ModelShape) -> int:
+    """Qwen3-Next (qwen3_next.py, mamba/gdn/qwen_gdn_linear_attn.py), one rank of TP ``s.tp``."""
+    tp, h, e = s.tp, s.hidden, s.dtype_bytes
+    kinds = layer_kinds(cfg)
+    kh, vh = _int(cfg, "linear_num_key_heads"), _int(cfg, "linear_num_value_heads")
+    vd = _int(cfg, "linear_value_head_dim")
+    key, value = kh * _int(cfg, "linear_key_head_dim"), vh * vd
+    gdn = (
+        h * (2 * key + 2 * value) // tp  # in_proj_qkvz
+        + h * 2 * vh // tp  # in_proj_ba (Qwen3-Next's interleaved layout: TP-split)
+        + (2 * key + value) // tp * _int(cfg, "linear_conv_kernel_dim")  # conv1d
+        + vh // tp  # dt_bias
+        + vd  # norm (RMSNormGated over one head)
+        + value // tp * h  # out_proj
+    ) * e + vh // tp * _FLOAT32  # A_log, float32
+    heads, hd = s.heads, s.head_dim  # the shape's heads are per rank already
+    gate = int(cfg.get("attn_output_gate", True))
+    attention = (
+        h * (heads * (1 + gate) + 2 * s.kv_heads) * hd  # qkv_proj with its output gate
+        + heads * hd * h  # o_proj
+        + 2 * hd  # q_norm, k_norm
+    ) * e
+    experts, inter = _int(cfg, "num_experts"), _int(cfg, "moe_intermediate_size")
+    shared = _int(cfg, "shared_expert_intermediate_size", 0)
+    moe = (
+        experts * 3 * inter // tp * h  # routed experts' w13 and w2
+        + 3 * shared // tp * h  # shared expert
+        + h * experts  # router gate
+        + h  # shared_expert_gate
+    ) * e
+    mlp = 3 * _int(cfg, "intermediate_size", 0) // tp * h * e  # a dense layer's gate_up, down
+    step = _int(cfg, "decoder_sparse_step", 1) or 1
+    dense = set(cfg.get("mlp_only_layers") or ())
+    layers = sum(
+        (gdn if k == "gated_delta_net" else attention)
+        + (moe if i not in dense and experts > 0 and (i + 1) % step == 0 else mlp)
+        + 2 * h * e  # input and post-attention norms
+        for i, k in enumerate(kinds)
+    )
+    vocab = padded_vocab(s) * h * (1 if cfg.get("tie_word_embeddings", False) else 2)
+    rotary = int(hd * float(cfg.get("partial_rotary_factor", 1.0)))
+    return layers + (vocab + h + s.max_position * rotary) * e
+
+
+_WEIGHTS = {"Gemma3ForCausalLM": _gemma3_bytes, "Qwen3NextForCausalLM": _qwen3_next_bytes}
 
 
 def weight_bytes(cfg: Mapping[str, Any] | None, s: ModelShape) -> int | None:
@@ -78,4 +138,3 @@ def weight_bytes(cfg: Mapping[str, Any] | None, s: ModelShape) -> int | None:
 
 def uses_hybrid_weights(architecture: str) -> bool:
     return architecture in _WEIGHTS
-

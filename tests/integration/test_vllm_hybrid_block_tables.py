@@ -70,7 +70,9 @@ def _vllm_block_tables(
         spec = g.kv_cache_spec
         n = spec.max_num_blocks_per_req(vc, mml)
         widths.append(
-            get_block_table_width(n, spec.block_size, token_alignment=spec.block_table_token_alignment)
+            get_block_table_width(
+                n, spec.block_size, token_alignment=spec.block_table_token_alignment
+            )
         )
     tables = bt.BlockTables(
         block_sizes=[g.kv_cache_spec.block_size for g in groups],

@@ -67,3 +67,15 @@ def test_a_state_groups_mode_is_told_by_the_states_it_holds() -> None:
     assert GroupTable.from_group(group(3)).align  # 2 + a prefill checkpoint
     assert not GroupTable.from_group(group(1)).align
     assert not GroupTable.from_group(group(2), spec_tokens=1).align
+
+
+def test_a_gated_delta_net_field_missing_is_refused_by_name() -> None:
+    import pytest
+
+    from memest.errors import ConfigError
+
+    cfg = json.loads((ROOT / "lab/models/qwen3next_a3b_4l/config.json").read_text())
+    shape = model_shape(cfg, tp=1)
+    del cfg["linear_conv_kernel_dim"]
+    with pytest.raises(ConfigError, match="linear_conv_kernel_dim"):
+        weight_bytes(cfg, shape)

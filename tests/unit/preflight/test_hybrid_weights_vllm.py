@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = {
     "gemma3_6l": ROOT / "lab/models/gemma3_6l/config.json",
     "gemma3_12l": ROOT / "tests/data/configs/gemma3_12l.json",
+    "qwen3next_a3b_4l": ROOT / "lab/models/qwen3next_a3b_4l/config.json",
+    "qwen3next_8l": ROOT / "tests/data/configs/qwen3next_8l.json",
 }
 TPS = (1, 2)
 
