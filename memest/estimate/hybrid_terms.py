@@ -19,6 +19,10 @@ Qwen3NextForCausalLM  gated-delta-net layers (mamba/gdn/qwen_gdn_linear_attn.py)
                       norms); MoE layers (decoder_sparse_step, mlp_only_layers) with a shared
                       expert and its one-output gate; the rotary cache at partial_rotary_factor
                       x head_dim
+NemotronHForCausalLM  hybrid_override_pattern: Mamba2 mixers (mamba_mixer2.py: in_proj of z, x,
+                      B, C and dt; conv1d with its bias; A in float32, D, dt_bias; a gated
+                      RMSNorm; out_proj), relu2 MLPs without a gate, attention without rotary;
+                      one norm per layer
 ====================  ===========================================================================
 
 Architectures not in the table keep the shape law.
@@ -35,6 +39,7 @@ from typing import Any
 
 from memest.errors import ConfigError
 from memest.estimate.layer_kinds import layer_kinds
+from memest.estimate.linear_attention import mamba2_groups
 from memest.estimate.model_shape import ModelShape
 from memest.estimate.terms.shape import padded_vocab, parameter_bytes
 
@@ -120,7 +125,42 @@ def _qwen3_next_bytes(cfg: Mapping[str, Any], s: ModelShape) -> int:
     return layers + (vocab + h + s.max_position * rotary) * e
 
 
-_WEIGHTS = {"Gemma3ForCausalLM": _gemma3_bytes, "Qwen3NextForCausalLM": _qwen3_next_bytes}
+def _nemotron_h_bytes(cfg: Mapping[str, Any], s: ModelShape) -> int:
+    """Nemotron-H (nemotron_h.py, mamba/mamba_mixer2.py), one rank of TP ``s.tp``: one character
+    of hybrid_override_pattern per layer, M a Mamba2 mixer, - a relu2 MLP, * attention."""
+    tp, h, e = s.tp, s.hidden, s.dtype_bytes
+    heads, hd = _int(cfg, "mamba_num_heads"), _int(cfg, "mamba_head_dim")
+    state, kernel = _int(cfg, "ssm_state_size"), _int(cfg, "conv_kernel")
+    inter = heads * hd
+    conv = inter + 2 * mamba2_groups(_int(cfg, "n_groups"), tp) * state
+    conv_bias = bool(cfg.get("use_conv_bias", True))
+    mamba = (
+        h * (inter + conv + heads) // tp  # in_proj: z, x, B, C, dt
+        + conv // tp * (kernel + conv_bias)  # conv1d (its conv_weights buffer is a view)
+        + 2 * heads // tp  # D, dt_bias
+        + inter // tp  # the gated RMSNorm
+        + inter // tp * h  # out_proj
+    ) * e + heads // tp * _FLOAT32  # A, float32
+    if cfg.get("use_bias", False):
+        mamba += (inter + conv + heads) // tp * e + h * e
+    mlp = 2 * h * _int(cfg, "intermediate_size") // tp * e  # up_proj, down_proj (relu2)
+    attention = (h * (s.heads + 2 * s.kv_heads) * s.head_dim + s.heads * s.head_dim * h) * e
+    per = {"M": mamba, "-": mlp, "*": attention}
+    pattern = str(cfg.get("hybrid_override_pattern", ""))
+    unknown = sorted(set(pattern) - set(per))
+    if unknown:
+        raise ConfigError(
+            "model_config.hybrid_override_pattern", pattern, f"layer kind {unknown[0]!r} unknown"
+        )
+    vocab = padded_vocab(s) * h * (1 if cfg.get("tie_word_embeddings", False) else 2)
+    return sum(per[c] + h * e for c in pattern) + (vocab + h) * e  # a norm per layer, norm_f
+
+
+_WEIGHTS = {
+    "Gemma3ForCausalLM": _gemma3_bytes,
+    "Qwen3NextForCausalLM": _qwen3_next_bytes,
+    "NemotronHForCausalLM": _nemotron_h_bytes,
+}
 
 
 def weight_bytes(cfg: Mapping[str, Any] | None, s: ModelShape) -> int | None:

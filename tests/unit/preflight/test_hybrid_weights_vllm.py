@@ -27,6 +27,7 @@ CONFIGS = {
     "gemma3_12l": ROOT / "tests/data/configs/gemma3_12l.json",
     "qwen3next_a3b_4l": ROOT / "lab/models/qwen3next_a3b_4l/config.json",
     "qwen3next_8l": ROOT / "tests/data/configs/qwen3next_8l.json",
+    "nemotron_h_8l": ROOT / "tests/data/configs/nemotron_h_8l.json",
 }
 TPS = (1, 2)
 

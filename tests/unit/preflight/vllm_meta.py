@@ -92,7 +92,8 @@ def _measure(folder: str, tp: int, quantization: str | None = None) -> dict[str,
             key = str(p.dtype).removeprefix("torch.")
             by_dtype[key] = by_dtype.get(key, 0) + p.numel() * p.element_size()
     for b in model.buffers():
-        if id(b) not in seen and b.numel() > 1:
+        # a view (Mamba2's conv_weights of conv1d.weight) holds no memory of its own
+        if id(b) not in seen and b.numel() > 1 and b._base is None:
             seen.add(id(b))
             buffers += b.numel() * b.element_size()
     return {
