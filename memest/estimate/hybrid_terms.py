@@ -23,6 +23,9 @@ NemotronHForCausalLM  hybrid_override_pattern: Mamba2 mixers (mamba_mixer2.py: i
                       B, C and dt; conv1d with its bias; A in float32, D, dt_bias; a gated
                       RMSNorm; out_proj), relu2 MLPs without a gate, attention without rotary;
                       one norm per layer
+GraniteMoeHybrid-     layer_types of Mamba2 mixers (as Nemotron-H's, mamba_* fields) and
+ForCausalLM           attention (rotary only with position_embedding_type rope); every layer's
+                      MoE (router gate, w13, w2) and shared MLP; lm_head tied only when asked
 ====================  ===========================================================================
 
 Architectures not in the table keep the shape law.
@@ -129,20 +132,17 @@ def _nemotron_h_bytes(cfg: Mapping[str, Any], s: ModelShape) -> int:
     """Nemotron-H (nemotron_h.py, mamba/mamba_mixer2.py), one rank of TP ``s.tp``: one character
     of hybrid_override_pattern per layer, M a Mamba2 mixer, - a relu2 MLP, * attention."""
     tp, h, e = s.tp, s.hidden, s.dtype_bytes
-    heads, hd = _int(cfg, "mamba_num_heads"), _int(cfg, "mamba_head_dim")
-    state, kernel = _int(cfg, "ssm_state_size"), _int(cfg, "conv_kernel")
-    inter = heads * hd
-    conv = inter + 2 * mamba2_groups(_int(cfg, "n_groups"), tp) * state
-    conv_bias = bool(cfg.get("use_conv_bias", True))
-    mamba = (
-        h * (inter + conv + heads) // tp  # in_proj: z, x, B, C, dt
-        + conv // tp * (kernel + conv_bias)  # conv1d (its conv_weights buffer is a view)
-        + 2 * heads // tp  # D, dt_bias
-        + inter // tp  # the gated RMSNorm
-        + inter // tp * h  # out_proj
-    ) * e + heads // tp * _FLOAT32  # A, float32
-    if cfg.get("use_bias", False):
-        mamba += (inter + conv + heads) // tp * e + h * e
+    heads = _int(cfg, "mamba_num_heads")
+    mamba = _mamba2_bytes(
+        s,
+        heads=heads,
+        inter=heads * _int(cfg, "mamba_head_dim"),
+        groups=_int(cfg, "n_groups"),
+        state=_int(cfg, "ssm_state_size"),
+        kernel=_int(cfg, "conv_kernel"),
+        conv_bias=bool(cfg.get("use_conv_bias", True)),
+        proj_bias=bool(cfg.get("use_bias", False)),
+    )
     mlp = 2 * h * _int(cfg, "intermediate_size") // tp * e  # up_proj, down_proj (relu2)
     attention = (h * (s.heads + 2 * s.kv_heads) * s.head_dim + s.heads * s.head_dim * h) * e
     per = {"M": mamba, "-": mlp, "*": attention}
@@ -156,7 +156,62 @@ def _nemotron_h_bytes(cfg: Mapping[str, Any], s: ModelShape) -> int:
     return sum(per[c] + h * e for c in pattern) + (vocab + h) * e  # a norm per layer, norm_f
 
 
+def _mamba2_bytes(
+    s: ModelShape,
+    *,
+    heads: int,
+    inter: int,
+    groups: int,
+    state: int,
+    kernel: int,
+    conv_bias: bool,
+    proj_bias: bool,
+) -> int:
+    """One rank's MambaMixer2 (mamba/mamba_mixer2.py)."""
+    tp, h, e = s.tp, s.hidden, s.dtype_bytes
+    conv = inter + 2 * mamba2_groups(groups, tp) * state
+    proj = (inter + conv + heads) // tp  # in_proj: z, x, B, C, dt
+    return (
+        h * proj
+        + conv // tp * (kernel + conv_bias)  # conv1d (its conv_weights buffer is a view)
+        + 2 * heads // tp  # D, dt_bias
+        + inter // tp  # the gated RMSNorm
+        + inter // tp * h  # out_proj
+        + (proj + h if proj_bias else 0)  # in_proj's and out_proj's biases
+    ) * e + heads // tp * _FLOAT32  # A, float32
+
+
+def _granite4_bytes(cfg: Mapping[str, Any], s: ModelShape) -> int:
+    """Granite 4 (granitemoehybrid.py), one rank of TP ``s.tp``: layer_types of mamba and
+    attention layers, each with the MoE block and the shared MLP."""
+    tp, h, e = s.tp, s.hidden, s.dtype_bytes
+    mamba = _mamba2_bytes(
+        s,
+        heads=_int(cfg, "mamba_n_heads"),
+        inter=_int(cfg, "mamba_expand", 2) * h,
+        groups=_int(cfg, "mamba_n_groups"),
+        state=_int(cfg, "mamba_d_state"),
+        kernel=_int(cfg, "mamba_d_conv"),
+        conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+        proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+    )
+    q, kv, hd = s.heads, s.kv_heads, s.head_dim
+    attention = h * (q + 2 * kv) * hd + q * hd * h
+    if cfg.get("attention_bias", False):
+        attention += (q + 2 * kv) * hd + h
+    attention *= e
+    experts, inter = _int(cfg, "num_local_experts", 0), _int(cfg, "intermediate_size")
+    shared = _int(cfg, "shared_intermediate_size", 0)
+    ffn = (experts * (3 * inter // tp * h + h) + 3 * shared // tp * h + 2 * h) * e  # + 2 norms
+    kinds = layer_kinds(cfg)
+    rope = cfg.get("position_embedding_type") == "rope" and "full_attention" in kinds
+    vocab = padded_vocab(s) * h * (1 if cfg.get("tie_word_embeddings", False) else 2)
+    layers = sum((mamba if k == "mamba2" else attention) + ffn for k in kinds)
+    return layers + (vocab + h + (s.max_position * hd if rope else 0)) * e
+
+
 _WEIGHTS = {
+    "GraniteMoeHybridForCausalLM": _granite4_bytes,
     "Gemma3ForCausalLM": _gemma3_bytes,
     "Qwen3NextForCausalLM": _qwen3_next_bytes,
     "NemotronHForCausalLM": _nemotron_h_bytes,

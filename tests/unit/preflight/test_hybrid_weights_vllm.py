@@ -28,6 +28,7 @@ CONFIGS = {
     "qwen3next_a3b_4l": ROOT / "lab/models/qwen3next_a3b_4l/config.json",
     "qwen3next_8l": ROOT / "tests/data/configs/qwen3next_8l.json",
     "nemotron_h_8l": ROOT / "tests/data/configs/nemotron_h_8l.json",
+    "granite4_8l": ROOT / "tests/data/configs/granite4_8l.json",
 }
 TPS = (1, 2)
 
