@@ -128,11 +128,16 @@ def _mamba2(
             _get(cfg, "mamba_d_conv"),
             _get(cfg, "mamba_expand") * _get(cfg, "hidden_size"),
         )
-    # groups that a rank's heads need are replicated when they do not split over tp
-    groups += 0 if groups % tp == 0 else tp - groups
+    groups = mamba2_groups(groups, tp)
     conv = _divide(inter + 2 * groups * state, tp, "model_config.n_groups")
     rec = (_divide(heads, tp, "model_config.mamba_num_heads"), hd, state)
     return StateShape(kernel - 1 + spec_tokens, conv, rec, dtype_bytes, ssm)
+
+
+def mamba2_groups(groups: int, tp: int) -> int:
+    """Mamba2's B/C groups over all ranks: groups that a rank's heads need are replicated when
+    they do not split over tp (MambaStateShapeCalculator.extra_groups_for_head_shards)."""
+    return groups if groups % tp == 0 else groups + tp - groups
 
 
 def state_blocks(

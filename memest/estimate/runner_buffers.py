@@ -19,13 +19,21 @@ structured outputs (gpu/structured_     S(K+1) x 4 + S(K+1) x ceil(V/32)x4 weigh
 outputs.py)
 top-k/top-p buffer (sample/ops/         min(next_pow2(min(SMs, S)), SMs)   profiling residue
 topk_topp_triton.py)                    x V x 4                            (the sampler's dummy run)
-block tables (gpu/block_table.py)       2 x S x ceil(L/block) x 4 + T x 8  runner buffers
-                                                                           (kv_cache_alloc)
+block tables (gpu/block_table.py)       per KV-cache group g: 2 x S x      runner buffers
+                                        width_g x 4; + groups x T x 8      (kv_cache_alloc)
+                                        (slot mappings)
 fused-MoE workspace (fused_moe/modular_ T x top_k x (max(N/2,K)+max(N,K))  profiling residue
 kernel.py, v1/worker/workspace.py)      x dtype (memest.estimate.fused_moe) (the profile run)
 DSA top-k indices (deepseek_v32/nvidia/ T x index_topk x 4                 weights (load_model)
 model.py topk_indices_buffer)
 ======================================  ================================  ========================
+
+Block tables are one per KV-cache group (model_runner.py: a staged-write table and the forward's
+copy, each S x width int32): an attention group's width is ceil(L / its block) rounded up to a
+128-token multiple (KVCacheSpec.block_table_token_alignment, get_block_table_width); a Mamba
+group's is ceil(L / block) + K in ``align`` mode, else its 1 + K states
+(MambaSpec.max_num_blocks_per_req). The tables' few per-group pointer, stride and flag tensors
+hold one element per group, so one 512-B block each whatever the groups: left to the fitted rest.
 
 V is the vocabulary, SMs the GPU's multiprocessor count (132 on an H200). Every size is rounded
 up to 512 B, as PyTorch's caching allocator rounds each block. Model weights are not here: they
@@ -36,6 +44,7 @@ Real H200 starts (Llama-3-8B shape, reports/vllm/whatif_terms.txt) check these l
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,7 +54,7 @@ from memest.errors import ConfigError
 from memest.estimate.fused_moe import fused_moe_workspace_bytes
 from memest.estimate.indexer import topk_indices_bytes
 from memest.estimate.model_shape import ModelShape, model_shape
-from memest.schema import RunConfig, RunReport
+from memest.schema import KVCacheGroup, KVCacheSpec, RunConfig, RunReport
 
 #: PyTorch's caching allocator rounds every block up to this many bytes.
 ALLOC_ROUND_BYTES = 512
@@ -215,6 +224,46 @@ def sms_of(report: RunReport) -> int:
     return H200_SMS
 
 
+#: KVCacheSpec.block_table_token_alignment of attention specs (vLLM 0.33.0; Mamba's: none).
+BLOCK_TABLE_TOKEN_ALIGNMENT = 128
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTable:
+    """One KV-cache group's block table: its block size and, for a Mamba (state) group, whether it
+    runs in ``align`` mode (prefix caching) and its speculative blocks."""
+
+    block_size: int
+    state: bool = False
+    align: bool = True
+    spec_tokens: int = 0
+
+    @classmethod
+    def from_group(cls, group: KVCacheGroup, spec_tokens: int = 0) -> GroupTable:
+        """From a recorded or predicted group: a Mamba group holds 1 + K states per request
+        outside ``align`` mode and more within it (linear_attention.state_blocks), which tells the
+        mode apart."""
+        if group.kind != "mamba":
+            return cls(group.block_size)
+        held = group.state_blocks or 1 + spec_tokens
+        return cls(group.block_size, True, held > 1 + spec_tokens, spec_tokens)
+
+    def width(self, max_model_len: int) -> int:
+        """Entries of one request's row (max_num_blocks_per_req, then get_block_table_width)."""
+        blocks = math.ceil(max_model_len / self.block_size)
+        if self.state:
+            return blocks + self.spec_tokens if self.align else 1 + self.spec_tokens
+        step = BLOCK_TABLE_TOKEN_ALIGNMENT // math.gcd(BLOCK_TABLE_TOKEN_ALIGNMENT, self.block_size)
+        return math.ceil(blocks / step) * step
+
+
+def group_tables(spec: KVCacheSpec | None, spec_tokens: int = 0) -> tuple[GroupTable, ...]:
+    """The block tables of a KV spec's groups (empty: one group, the grid's block size)."""
+    if spec is None:
+        return ()
+    return tuple(GroupTable.from_group(g, spec_tokens) for g in spec.groups)
+
+
 @dataclass(frozen=True)
 class RunnerGrid:
     """The scheduler and speculative settings the runner buffers are sized by."""
@@ -226,6 +275,12 @@ class RunnerGrid:
     num_speculative_tokens: int = 0
     speculative_method: str | None = None
     tensor_parallel_size: int = 1
+    #: the KV-cache groups' block tables (empty: one group of ``block_size``-token blocks)
+    tables: tuple[GroupTable, ...] = ()
+
+    @property
+    def block_tables(self) -> tuple[GroupTable, ...]:
+        return self.tables or (GroupTable(self.block_size),)
 
     @classmethod
     def from_config(cls, config: RunConfig, *, block_size: int = 16) -> RunnerGrid:
@@ -258,7 +313,9 @@ class RunnerGrid:
     @classmethod
     def from_report(cls, report: RunReport) -> RunnerGrid:
         block = report.kv_cache.block_size if report.kv_cache is not None else 16
-        return cls.from_config(report.config, block_size=block)
+        grid = cls.from_config(report.config, block_size=block)
+        tables = group_tables(report.kv_cache, grid.num_speculative_tokens)
+        return dataclasses.replace(grid, tables=tables) if tables else grid
 
 
 def _blocks(*sizes: int) -> int:
@@ -314,7 +371,7 @@ def runner_buffer_bytes(dims: ModelDims, grid: RunnerGrid) -> dict[str, int]:
     words = math.ceil(v / 32)  # one int32 bit-mask word per 32 tokens of vocabulary
     logits_rows = s * (k + 1)
     topk_rows = min(_next_pow2(min(dims.num_sms, s)), dims.num_sms)
-    blocks_per_req = math.ceil(grid.max_model_len / grid.block_size)
+    tables = grid.block_tables
     out = {
         "input_buffers": _input_buffers(s, t),
         "request_state": _blocks(s * 4, s * 4, s * 8, s * k * 8, s * 4),
@@ -322,7 +379,7 @@ def runner_buffer_bytes(dims: ModelDims, grid: RunnerGrid) -> dict[str, int]:
         "penalties": _blocks(s * v * 4, s * words * 4),
         "structured_outputs": _blocks(logits_rows * 4, logits_rows * words * 4),
         "topk_topp_buffer": _blocks(topk_rows * v * 4),
-        "block_tables": _blocks(s * blocks_per_req * 4, s * blocks_per_req * 4, t * 8),
+        "block_tables": _block_tables(tables, s, t, grid.max_model_len),
     }
     moe = _moe_shape(dims, grid)
     if moe is not None:  # the profile run's forward of T tokens sizes it (the widest)
@@ -331,6 +388,13 @@ def runner_buffer_bytes(dims: ModelDims, grid: RunnerGrid) -> dict[str, int]:
     if topk:
         out["dsa_topk_indices"] = _blocks(topk_indices_bytes(t, topk))
     return out
+
+
+def _block_tables(tables: tuple[GroupTable, ...], seqs: int, tokens: int, length: int) -> int:
+    """Per group a staged-write table and the forward's copy (int32); one int64 slot mapping per
+    group and token (BlockTables.slot_mappings, one tensor)."""
+    rows = [seqs * g.width(length) * 4 for g in tables]
+    return _blocks(*rows, *rows, len(tables) * tokens * 8)
 
 
 def _index_topk(dims: ModelDims) -> int:

@@ -13,6 +13,7 @@ measured start.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from memest.errors import ConfigError, first_error
@@ -129,7 +130,7 @@ def setup(req: PreflightRequest, vllm: VllmVersion | None = None) -> Setup:
     )
     padded = _flash_attn_version(req) == FA_PADS_MLA_V
     parallel = _parallel(req, target, sm100)
-    return Setup(
+    s = Setup(
         target,
         drafter,
         config,
@@ -141,7 +142,11 @@ def setup(req: PreflightRequest, vllm: VllmVersion | None = None) -> Setup:
         padded,
         parallel,
         indexer,
+        model_config=cfg,
     )
+    # a hybrid's block tables are one per KV-cache group (memest.estimate.runner_buffers)
+    spec = hybrid.kv_spec(cfg, s, kv_spec(s))
+    return replace(s, hybrid_kv=spec) if spec.groups else s
 
 
 def _parallel(req: PreflightRequest, target: ModelShape, sm100: bool) -> ParallelBytes:

@@ -8,7 +8,8 @@ baseline_torch_bytes           input, request-state and drafter buffers (runner_
                                + custom all-reduce's rank_data (parallel) + fitted cuBLAS
                                workspaces of device init
 weights_bytes                  parameter shapes x dtype bytes / TP (shape; FP8: 1 B per weight
-                               + float32 scales) + penalties and structured-output masks + the
+                               + float32 scales; a hybrid architecture's own layers:
+                               hybrid_terms) + penalties and structured-output masks + the
                                DSA top-k buffer + fitted rest
 profile_peak_activation_bytes  the forward's law (activation; a MoE layer without its routed
                                experts' caches) + a full-batch step's sampler and prompt-logprobs
@@ -21,7 +22,8 @@ outside_torch_bytes            fitted CUDA context + fitted graph objects per gr
                                + NCCL's ring and vLLM's all-reduce buffers (parallel)
 graph_pool_bytes               synthetic per-graph request trace, allocator replay
                                (synthetic_trace)
-runner_buffer_bytes            block tables (runner_buffers) + fitted rest
+runner_buffer_bytes            block tables, one per KV-cache group (runner_buffers) + fitted
+                               rest
 profiling_residue_bytes        the sampler's top-k/top-p buffer, the fused-MoE workspace
                                (runner_buffers, fused_moe), DSA's workspace (dsa) + fitted line
                                in max_num_batched_tokens x hidden x dtype bytes
@@ -204,7 +206,7 @@ def _law_baseline(s: Setup, c: Coefficients) -> Law:
 
 
 def _law_weights(s: Setup, c: Coefficients) -> Law:
-    weights = parameter_bytes(s.target) + c.weights_rest_bytes
+    weights = s.target_weight_bytes() + c.weights_rest_bytes  # a hybrid's own layers: hybrid_terms
     if s.drafter is not None:
         weights += parameter_bytes(s.drafter, target_vocab=s.target.vocab)
     return (

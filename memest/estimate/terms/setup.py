@@ -6,21 +6,27 @@ vLLM's defaults and sizing); the laws of memest.estimate.terms.catalog read it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Any
 
+from memest.estimate import hybrid_terms
 from memest.estimate.model_shape import ModelShape
 from memest.estimate.parallel import ParallelBytes
 from memest.estimate.runner_buffers import (
     BUFFER_TERMS,
+    GroupTable,
     ModelDims,
     RunnerGrid,
+    group_tables,
     runner_buffer_bytes,
     term_bytes,
 )
 from memest.estimate.synthetic_trace import GraphPoolPrediction, IndexerDecode, pool_bytes
 from memest.estimate.terms.context import workspace_tokens
-from memest.schema import CapturePlan, RunConfig
+from memest.estimate.terms.shape import parameter_bytes
+from memest.schema import CapturePlan, KVCacheSpec, RunConfig
 
 #: Drafter methods whose graphs the synthetic trace writes as measured (EAGLE3).
 MEASURED_DRAFTER_PROGRAM = ("eagle3",)
@@ -42,6 +48,15 @@ class Setup:
     mla_v_padded: bool = False  # MLA prefill pads v (FlashAttention 2)
     parallel: ParallelBytes = ParallelBytes({}, 0, 0, 0)  # what TP adds (estimate/parallel.py)
     indexer: IndexerDecode | None = None  # a DSA model's decode logits in FULL graphs
+    # a hybrid's KV-cache groups (memest.preflight.hybrid): one block table each
+    hybrid_kv: KVCacheSpec | None = field(default=None, compare=False, repr=False)
+    model_config: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+
+    def target_weight_bytes(self) -> int:
+        """The target's parameter and buffer bytes: a hybrid architecture's own law
+        (memest.estimate.hybrid_terms) or the shape law."""
+        own = hybrid_terms.weight_bytes(self.model_config, self.target)
+        return parameter_bytes(self.target) if own is None else own
 
     @property
     def mbt(self) -> int:
@@ -80,7 +95,14 @@ class Setup:
             drafter_hidden_size=d.hidden if d is not None else None,
             shape=t,
         )
-        return dims, RunnerGrid.from_config(self.config, block_size=self.block_size)
+        grid = RunnerGrid.from_config(self.config, block_size=self.block_size)
+        tables = group_tables(self.hybrid_kv, grid.num_speculative_tokens)
+        return dims, replace(grid, tables=tables)
+
+    @property
+    def kv_tables(self) -> tuple[GroupTable, ...]:
+        """The block tables the runner allocates, one per KV-cache group (empty: one group)."""
+        return self._runner()[1].tables
 
     def pools(self) -> GraphPoolPrediction:
         return self.graph_pools

@@ -35,14 +35,14 @@ __all__ = [
     "parameter_bytes",
 ]
 
-#: vLLM pads the vocabulary of embeddings and lm_head to a multiple of this (times TP).
+#: vLLM pads the vocabulary of embeddings and lm_head to a multiple of this.
 VOCAB_PAD = 64
 
 
 def padded_vocab(shape: ModelShape) -> int:
-    """Vocabulary rows per rank: padded to VOCAB_PAD x TP, then split."""
-    step = VOCAB_PAD * shape.tp
-    return math.ceil(shape.vocab / step) * step // shape.tp
+    """Vocabulary rows per rank: padded to VOCAB_PAD, then split evenly over TP (vLLM 0.33.0's
+    VocabParallelEmbedding: pad_vocab_size, then divide(num_embeddings_padded, tp_size))."""
+    return math.ceil(shape.vocab / VOCAB_PAD) * VOCAB_PAD // shape.tp
 
 
 class Linear(NamedTuple):

@@ -67,6 +67,9 @@ def _measure(folder: str, tp: int, quantization: str | None = None) -> dict[str,
         rank0 = copy.copy(real)
         rank0.world_size, rank0.rank_in_group, rank0.ranks = tp, 0, list(range(tp))
         ps._TP = rank0
+        ep_unset = ps._EP is None
+        if ep_unset:  # hybrid MoE models (Qwen3-Next) read the EP group vLLM made for MoE only
+            ps._EP = real
         try:
             with set_default_torch_dtype(cfg.model_config.dtype), torch.device("meta"):
                 model = initialize_model(vllm_config=cfg, model_config=cfg.model_config)
@@ -77,6 +80,8 @@ def _measure(folder: str, tp: int, quantization: str | None = None) -> dict[str,
             ]
         finally:
             ps._TP = real
+            if ep_unset:
+                ps._EP = None
     seen: set[int] = set()
     params = buffers = 0
     by_dtype: dict[str, int] = {}
@@ -87,7 +92,8 @@ def _measure(folder: str, tp: int, quantization: str | None = None) -> dict[str,
             key = str(p.dtype).removeprefix("torch.")
             by_dtype[key] = by_dtype.get(key, 0) + p.numel() * p.element_size()
     for b in model.buffers():
-        if id(b) not in seen and b.numel() > 1:
+        # a view (Mamba2's conv_weights of conv1d.weight) holds no memory of its own
+        if id(b) not in seen and b.numel() > 1 and b._base is None:
             seen.add(id(b))
             buffers += b.numel() * b.element_size()
     return {
@@ -101,8 +107,8 @@ def _measure(folder: str, tp: int, quantization: str | None = None) -> dict[str,
                 "kind": type(s).__name__,
                 "page_size_bytes": s.page_size_bytes,
                 "block_size": s.block_size,
-                "num_kv_heads": s.num_kv_heads,
-                "head_size": s.head_size,
+                "num_kv_heads": getattr(s, "num_kv_heads", None),  # a MambaSpec has none
+                "head_size": getattr(s, "head_size", None),
             }
             for s in specs
         ],
