@@ -305,7 +305,7 @@ def move_terms(
             **terms.model_dump(),
             **values,
             "requested_bytes": requested_to,
-            "graph_pool_by_stage_bytes": pools.by_stage_to(),
+            "graph_pool_by_stage_bytes": dict(pools.by_stage_to),
             "source": f"what-if from {terms.source}",
         }
     )
