@@ -299,6 +299,13 @@ def check(
             if why is not None:
                 skipped.append(f"{path.name}:{n} {name}/{rec['mode']}: diagnostic ({why})")
                 continue
+            version = rec.get("vllm_version")
+            if version is not None and version != cal.vllm_version:  # another vLLM's start
+                skipped.append(
+                    f"{path.name}:{n} {name}/{rec['mode']}: vLLM {version} "
+                    f"(the calibration's is {cal.vllm_version})"
+                )
+                continue
             if rec.get("kv_bytes") is None:  # a start that did not come up: nothing to compare
                 skipped.append(
                     f"{path.name}:{n} {name}/{rec['mode']}: no kv_bytes (rc={rec.get('rc')})"
@@ -526,7 +533,11 @@ def serve_pairs(c: Check, paths: Sequence[Path]) -> list[Pair]:
             if cfg.get("spec") or cfg.get("compilation"):
                 continue
             report = RunReport.model_validate_json(rep_path.read_text())
-            w = what_if(report, grid_changes(report.config) | grid)
+            try:
+                w = what_if(report, grid_changes(report.config) | grid)
+            except MemestError as exc:  # a report the what-if cannot start from: say which
+                c.skipped.append(f"{rep_path.name}: no what-if to serve defaults ({exc})")
+                continue
             if w.kv_budget_bytes_to is not None:
                 out.append(
                     Pair(
