@@ -44,6 +44,7 @@ from lab.vllm_runs import CONFIGS  # noqa: E402
 from lab.whatif_tools import grid_changes  # noqa: E402
 from memest.errors import MemestError  # noqa: E402
 from memest.estimate import what_if  # noqa: E402
+from memest.estimate.runner_buffers import ModelDims  # noqa: E402
 from memest.files import load_json_file, parse_json, read_regular_file  # noqa: E402
 from memest.preflight import preflight, request_from  # noqa: E402
 from memest.preflight.calibration import Calibration, load_calibration  # noqa: E402
@@ -473,6 +474,12 @@ def _reports_by_config(paths: Sequence[Path]) -> dict[str, Path]:
     return found
 
 
+def _dims(report: RunReport, name: str) -> ModelDims:
+    """The model's dimensions from its config.json (as `memest estimate --model-config` gives
+    them): a what-if to a longer max_model_len needs its max_position_embeddings."""
+    return ModelDims.from_report(report, _model_config(CONFIGS[name]["model"]))
+
+
 def pairs(c: Check, paths: Sequence[Path]) -> list[Pair]:
     """The what-if between any two started grids of one family: from G's memest-apply report,
     the KV budget at G' against G''s truth (its best-measured starts' worst)."""
@@ -500,7 +507,7 @@ def pairs(c: Check, paths: Sequence[Path]) -> list[Pair]:
                 "gpu_memory_utilization": to.gpu_memory_utilization,
             }
             try:
-                w = what_if(report, changes)
+                w = what_if(report, changes, dims=_dims(report, name))
             except MemestError:
                 continue
             if w.kv_budget_bytes_to is None:
@@ -534,7 +541,7 @@ def serve_pairs(c: Check, paths: Sequence[Path]) -> list[Pair]:
                 continue
             report = RunReport.model_validate_json(rep_path.read_text())
             try:
-                w = what_if(report, grid_changes(report.config) | grid)
+                w = what_if(report, grid_changes(report.config) | grid, dims=_dims(report, other))
             except MemestError as exc:  # a report the what-if cannot start from: say which
                 c.skipped.append(f"{rep_path.name}: no what-if to serve defaults ({exc})")
                 continue
