@@ -44,6 +44,7 @@ from lab.vllm_runs import CONFIGS  # noqa: E402
 from lab.whatif_tools import grid_changes  # noqa: E402
 from memest.errors import MemestError  # noqa: E402
 from memest.estimate import what_if  # noqa: E402
+from memest.estimate.runner_buffers import ModelDims  # noqa: E402
 from memest.files import load_json_file, parse_json, read_regular_file  # noqa: E402
 from memest.preflight import preflight, request_from  # noqa: E402
 from memest.preflight.calibration import Calibration, load_calibration  # noqa: E402
@@ -299,6 +300,13 @@ def check(
             if why is not None:
                 skipped.append(f"{path.name}:{n} {name}/{rec['mode']}: diagnostic ({why})")
                 continue
+            version = rec.get("vllm_version")
+            if version is not None and version != cal.vllm_version:  # another vLLM's start
+                skipped.append(
+                    f"{path.name}:{n} {name}/{rec['mode']}: vLLM {version} "
+                    f"(the calibration's is {cal.vllm_version})"
+                )
+                continue
             if rec.get("kv_bytes") is None:  # a start that did not come up: nothing to compare
                 skipped.append(
                     f"{path.name}:{n} {name}/{rec['mode']}: no kv_bytes (rc={rec.get('rc')})"
@@ -466,6 +474,12 @@ def _reports_by_config(paths: Sequence[Path]) -> dict[str, Path]:
     return found
 
 
+def _dims(report: RunReport, name: str) -> ModelDims:
+    """The model's dimensions from its config.json (as `memest estimate --model-config` gives
+    them): a what-if to a longer max_model_len needs its max_position_embeddings."""
+    return ModelDims.from_report(report, _model_config(CONFIGS[name]["model"]))
+
+
 def pairs(c: Check, paths: Sequence[Path]) -> list[Pair]:
     """The what-if between any two started grids of one family: from G's memest-apply report,
     the KV budget at G' against G''s truth (its best-measured starts' worst)."""
@@ -493,7 +507,7 @@ def pairs(c: Check, paths: Sequence[Path]) -> list[Pair]:
                 "gpu_memory_utilization": to.gpu_memory_utilization,
             }
             try:
-                w = what_if(report, changes)
+                w = what_if(report, changes, dims=_dims(report, name))
             except MemestError:
                 continue
             if w.kv_budget_bytes_to is None:
@@ -526,7 +540,11 @@ def serve_pairs(c: Check, paths: Sequence[Path]) -> list[Pair]:
             if cfg.get("spec") or cfg.get("compilation"):
                 continue
             report = RunReport.model_validate_json(rep_path.read_text())
-            w = what_if(report, grid_changes(report.config) | grid)
+            try:
+                w = what_if(report, grid_changes(report.config) | grid, dims=_dims(report, other))
+            except MemestError as exc:  # a report the what-if cannot start from: say which
+                c.skipped.append(f"{rep_path.name}: no what-if to serve defaults ({exc})")
+                continue
             if w.kv_budget_bytes_to is not None:
                 out.append(
                     Pair(

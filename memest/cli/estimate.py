@@ -13,7 +13,8 @@ what changes, with vLLM's flag names, overlaid on the report's own configuration
 {"speculative_config": {"method": "eagle3", "num_speculative_tokens": 3}} (null drops the
 drafter), {"compilation_config": {"max_cudagraph_capture_size": 256}} (capture sizes or the
 five fields); max_model_len, speculative_method and num_speculative_tokens too;
-tensor_parallel_size moves only what TP adds outside PyTorch (NCCL, all-reduce buffers). An unknown
+tensor_parallel_size moves what TP adds outside PyTorch (NCCL, all-reduce buffers) and, with
+the model's dimensions, the weights per rank from its shapes. An unknown
 field is an error naming it. A full capture plan ({"runners": ...}) or memest.plan input
 fields ({"sizing": "vllm-0.33.0", "sm100": false, ...}) are accepted as before.
 The model's dimensions (recorded in the report by the plugin as config.model_dims and

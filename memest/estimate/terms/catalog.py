@@ -24,8 +24,9 @@ graph_pool_bytes               synthetic per-graph request trace, allocator repl
                                (synthetic_trace)
 runner_buffer_bytes            block tables, one per KV-cache group (runner_buffers) + fitted
                                rest
-profiling_residue_bytes        the sampler's top-k/top-p buffer, the fused-MoE workspace
-                               (runner_buffers, fused_moe), DSA's workspace (dsa) + fitted line
+profiling_residue_bytes        the sampler's top-k/top-p buffer, the workspace manager's one
+                               buffer: the fused-MoE workspace (runner_buffers, fused_moe),
+                               DSA's (dsa), TRITON_MLA's decode logits (mla_decode) + fitted line
                                in max_num_batched_tokens x hidden x dtype bytes
 =============================  ================================================================
 
@@ -66,7 +67,7 @@ from memest.estimate.phases import (
     require_phase,
 )
 from memest.estimate.profiling import ProfilingReadings, capture_details, pool_by_stage
-from memest.estimate.terms import dsa
+from memest.estimate.terms import dsa, mla_decode
 from memest.estimate.terms.coefficients import Coefficients
 from memest.estimate.terms.context import context_law, context_range
 from memest.estimate.terms.setup import Setup
@@ -281,14 +282,26 @@ def _law_residue(s: Setup, c: Coefficients) -> Law:
     t = s.target
     residue = c.residue_bytes + c.residue_factor * s.mbt * t.hidden * t.dtype_bytes
     mml = s.config.max_model_len or 1
-    residue += dsa.residue_bytes(t, s.mbt, mml, s.attention_backend, s.buffer_sizes)
+    # vLLM's workspace manager holds one buffer, grown to its largest request: the fused-MoE
+    # workspace (in the grid-sized buffers), DSA's, TRITON_MLA's decode logits.
+    triton = mla_decode.logits_workspace_bytes(
+        t,
+        s.attention_backend,
+        max_num_seqs=s.config.max_num_seqs or 1,
+        max_model_len=mml,
+        num_speculative_tokens=s.config.num_speculative_tokens,
+        sms=s.num_sms,
+    )
+    workspace = max(dsa.workspace_bytes(t, s.mbt, mml, s.attention_backend), triton)
+    residue += max(workspace - s.buffer_sizes.get("fused_moe_workspace", 0), 0)
     if s.drafter is not None:
         residue += c.residue_drafter_bytes
     return (
         round(residue) + s.buffers().get("profiling_residue_bytes", 0),
         f"{s.buffer_names('profiling_residue_bytes')} + fitted constant + "
         f"{c.residue_factor:.3f} x max_num_batched_tokens x hidden x dtype bytes"
-        + (dsa.RESIDUE_LAW if t.sparse else ""),
+        + (dsa.RESIDUE_LAW if t.sparse else "")
+        + (mla_decode.LAW if triton else ""),
     )
 
 

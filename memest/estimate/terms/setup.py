@@ -107,6 +107,11 @@ class Setup:
     def pools(self) -> GraphPoolPrediction:
         return self.graph_pools
 
+    @property
+    def num_sms(self) -> int:
+        """Multiprocessors the runner buffers are sized by (memest.estimate.runner_buffers)."""
+        return self._runner()[0].num_sms
+
     @cached_property
     def buffer_sizes(self) -> dict[str, int]:
         """vLLM 0.33.0's grid-sized buffers by name (memest.estimate.runner_buffers)."""

@@ -394,25 +394,32 @@ def synthetic_pools(
 
 @dataclass(frozen=True)
 class Pools:
-    """Every pool row of G', the graph objects beside them, and what wrote them."""
+    """Every pool row of G', the graph objects beside them, what wrote them, and their totals.
+
+    The totals are plain fields filled once by ``predict_pools``, so the term movers and the
+    result read values rather than calling back into this module.
+    """
 
     rows: list[OwnerPrediction]  #: graph-pool rows (stage, owner)
     objects: OwnerPrediction  #: graph objects outside PyTorch
     synthetic: list[str]  #: stages the synthetic request trace wrote
+    bytes_from: int  #: G's pool rows, as measured
+    bytes_to: int  #: G''s pool rows, as predicted
+    by_stage_to: dict[str, int]  #: G''s predicted pool bytes per capture stage
 
-    @property
-    def bytes_from(self) -> int:
-        return sum(p.measured_bytes for p in self.rows)
 
-    @property
-    def bytes_to(self) -> int:
-        return sum(p.predicted_bytes for p in self.rows)
-
-    def by_stage_to(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for p in self.rows:
-            out[p.stage] = out.get(p.stage, 0) + p.predicted_bytes
-        return out
+def _pools(rows: list[OwnerPrediction], objects: OwnerPrediction, synthetic: list[str]) -> Pools:
+    by_stage: dict[str, int] = {}
+    for p in rows:
+        by_stage[p.stage] = by_stage.get(p.stage, 0) + p.predicted_bytes
+    return Pools(
+        rows,
+        objects,
+        synthetic,
+        bytes_from=sum(p.measured_bytes for p in rows),
+        bytes_to=sum(p.predicted_bytes for p in rows),
+        by_stage_to=by_stage,
+    )
 
 
 def predict_pools(
@@ -427,4 +434,4 @@ def predict_pools(
     s = shapes(dims, report.config.tensor_parallel_size, sm100=is_sm100(report.gpu))
     rows, synthetic = synthetic_pools(rows, pair.plans, pair.configs, s, notes, snapshot)
     objects = graph_objects(report, graph_object_bytes(report), *pair.plans, dims)
-    return Pools(rows, objects, synthetic), notes
+    return _pools(rows, objects, synthetic), notes

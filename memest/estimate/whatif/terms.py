@@ -5,7 +5,8 @@ share, with the calibration's factor); the budget follows gpu_memory_utilization
 grid-sized runner buffers move by f(G') - f(G) (memest.estimate.runner_buffers); an added or
 dropped drafter moves its weights, its KV-allocated buffers and its capture streams' cuBLAS
 workspaces; MLA's prefill workspace follows max_model_len and max_num_seqs; a TP change moves
-what TP adds outside PyTorch (memest.estimate.parallel) and nothing else; the graph pools and
+what TP adds outside PyTorch (memest.estimate.parallel) and, given the model's dimensions, the
+weights per rank (memest.estimate.terms.shape) and nothing else; the graph pools and
 graph objects come from the pool predictors (memest.estimate.whatif.pools).
 """
 
@@ -26,7 +27,8 @@ from memest.estimate.terms import catalog
 from memest.estimate.whatif.grid import Grids
 from memest.estimate.whatif.models import WhatIfCalibration
 from memest.estimate.whatif.pools import Pools
-from memest.estimate.whatif_synthetic import Shapes, drafter_activation
+from memest.estimate.terms.shape import parameter_bytes
+from memest.estimate.whatif_synthetic import Shapes, drafter_activation, shapes
 from memest.schema import FullInitTerms, RunConfig, RunReport
 
 #: Compiled drafter models that keep a default-pool workspace (vLLM 0.33.0 EAGLE3: the step-0
@@ -209,13 +211,29 @@ def _requested_to(
     return requested_to
 
 
+def _weights_per_rank(dims: ModelDims, tp: int) -> int | None:
+    """One rank's parameter bytes at TP ``tp`` (memest.estimate.terms.shape, which splits as
+    vLLM 0.33.0's linear layers do: column- and row-parallel layers and the vocab-parallel
+    embed and lm_head by TP, norms and the rotary cache replicated); the drafter's too when its
+    config is known. None where a dimension TP splits is not divisible by ``tp``."""
+    s = shapes(dims, tp)
+    if s.target is None:
+        return None
+    total = parameter_bytes(s.target)
+    if s.drafter is not None:
+        total += parameter_bytes(s.drafter, target_vocab=s.target.vocab)
+    return total
+
+
 def _parallel_moves(
     report: RunReport,
     configs: tuple[RunConfig, RunConfig],
     dims: ModelDims | None,
     notes: list[str],
 ) -> dict[str, int]:
-    """What a TP change moves: TP's buffers outside PyTorch, custom all-reduce's rank_data."""
+    """What a TP change moves: TP's buffers outside PyTorch, custom all-reduce's rank_data and,
+    with the model's dimensions, the weights per rank (the start's measured weights plus the
+    change the shapes give, so what the shapes do not model stays the start's)."""
     tp_from, tp_to = (c.tensor_parallel_size for c in configs)
     if tp_from == tp_to:
         return {}
@@ -224,17 +242,31 @@ def _parallel_moves(
         layout = dataclasses.replace(layout, hidden_size=dims.hidden_size)
     before = parallel_bytes(layout)
     after = parallel_bytes(dataclasses.replace(layout, tensor_parallel_size=tp_to))
-    notes.append(
-        f"tensor_parallel_size {tp_from} -> {tp_to}: only what TP adds outside PyTorch moves "
-        f"({before.outside_torch_bytes} -> {after.outside_torch_bytes} B, "
-        "memest.estimate.parallel, custom all-reduce on); the weights, KV bytes per token, "
-        "activations and graph pools per rank stay the start's: for those at another TP size "
-        "use memest preflight or a start at that size"
+    weights = None
+    if dims is not None and dims.config is not None:
+        w_from, w_to = _weights_per_rank(dims, tp_from), _weights_per_rank(dims, tp_to)
+        weights = None if w_from is None or w_to is None else w_to - w_from
+    moved = "what TP adds outside PyTorch" + (" and the weights per rank" if weights else "")
+    drafter = (
+        "; a drafter without a config keeps the start's weights"
+        if weights and configs[1].speculative_method and dims and dims.drafter_config is None
+        else ""
     )
-    return {
+    notes.append(
+        f"tensor_parallel_size {tp_from} -> {tp_to}: only {moved} {'move' if weights else 'moves'} "
+        f"({before.outside_torch_bytes} -> {after.outside_torch_bytes} B outside PyTorch, "
+        "memest.estimate.parallel, custom all-reduce on"
+        + (f"; weights {weights:+} B from the model's shapes{drafter}" if weights else "")
+        + "); the KV bytes per token, activations and graph pools per rank stay the start's: "
+        "for those at another TP size use memest preflight or a start at that size"
+    )
+    out = {
         "outside_torch_bytes": after.outside_torch_bytes - before.outside_torch_bytes,
         "baseline_torch_bytes": after.inside_torch_bytes - before.inside_torch_bytes,
     }
+    if weights:
+        out["weights_bytes"] = weights
+    return out
 
 
 def _merge(moves: dict[str, int], laws: dict[str, str], more: dict[str, int], law: str) -> None:
@@ -274,6 +306,8 @@ def move_terms(
         deltas["outside_torch_bytes"] = tp_moves["outside_torch_bytes"]
         law = "custom all-reduce's rank_data (memest.estimate.parallel)"
         _merge(deltas, delta_laws, {"baseline_torch_bytes": tp_moves["baseline_torch_bytes"]}, law)
+        law = "parameter shapes x dtype bytes / TP (vLLM's linear-layer sharding)"
+        _merge(deltas, delta_laws, {"weights_bytes": tp_moves.get("weights_bytes", 0)}, law)
     factor = calibration.drafter_activation_factor
     block = report.kv_cache.block_size if report.kv_cache is not None else 16
     pool_law = (
@@ -305,7 +339,7 @@ def move_terms(
             **terms.model_dump(),
             **values,
             "requested_bytes": requested_to,
-            "graph_pool_by_stage_bytes": pools.by_stage_to(),
+            "graph_pool_by_stage_bytes": dict(pools.by_stage_to),
             "source": f"what-if from {terms.source}",
         }
     )

@@ -58,11 +58,6 @@ def test_tp_change_moves_the_outside_term_and_says_what_it_leaves(report: RunRep
 TP2_WEIGHTS_DROP = 2 * (8_030_261_248 - 4_015_263_744)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the what-if keeps the start's weights at another TP size (its note says so; "
-    "memest preflight sizes them): per rank they halve but for the norms",
-)
 def test_tp_change_halves_the_weights_but_the_norms(report: RunReport) -> None:
     config = json.loads((CONFIGS / "llama8b.json").read_text())
     dims = ModelDims.from_report(report, config)
