@@ -78,7 +78,9 @@ def prompt_logprobs_rows(max_num_batched_tokens: int) -> int:
     return max(min(PROMPT_LOGPROBS_CHUNK_ROWS, max_num_batched_tokens), 0)
 
 
-def _batch_step_sim(shape: ModelShape, max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, int]:
+def _batch_step_sim(
+    shape: ModelShape, max_num_seqs: int, max_num_batched_tokens: int
+) -> tuple[int, int]:
     """(reserved after the sampler's requests, reserved after the prompt-logprobs chunk), both
     over the forward's freed segments."""
     sim = PoolSim()

@@ -53,7 +53,6 @@ from memest.estimate.activation import (
 )
 from memest.estimate.mla_context import profile_standin_bytes, run_mla_context_bytes
 from memest.estimate.model_shape import ModelShape
-from memest.estimate.sampler import run_prompt_logprobs_bytes
 from memest.estimate.phases import (
     activation_headroom,
     check_report,
@@ -67,6 +66,7 @@ from memest.estimate.phases import (
     require_phase,
 )
 from memest.estimate.profiling import ProfilingReadings, capture_details, pool_by_stage
+from memest.estimate.sampler import run_prompt_logprobs_bytes
 from memest.estimate.terms import dsa, mla_decode
 from memest.estimate.terms.coefficients import Coefficients
 from memest.estimate.terms.context import context_law, context_range
@@ -394,8 +394,9 @@ TERMS: tuple[Term, ...] = (
     ),
     Term(
         "profile_peak_activation_bytes",
-        read=lambda r: activation_headroom(r.report, r.profile)
-        + run_prompt_logprobs_bytes(r.report.config),
+        read=lambda r: (
+            activation_headroom(r.report, r.profile) + run_prompt_logprobs_bytes(r.report.config)
+        ),
         plugin=lambda r: r.activation_bytes + r.prompt_logprobs_bytes,
         law=_law_activation,
         move=_move_activation,

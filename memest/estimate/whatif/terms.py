@@ -21,13 +21,14 @@ from memest.estimate.runner_buffers import (
     BUFFER_TERMS,
     ModelDims,
     RunnerGrid,
+    group_tables,
     runner_buffer_bytes,
 )
 from memest.estimate.terms import catalog
+from memest.estimate.terms.shape import parameter_bytes
 from memest.estimate.whatif.grid import Grids
 from memest.estimate.whatif.models import WhatIfCalibration
 from memest.estimate.whatif.pools import Pools
-from memest.estimate.terms.shape import parameter_bytes
 from memest.estimate.whatif_synthetic import Shapes, drafter_activation, shapes
 from memest.schema import FullInitTerms, RunConfig, RunReport
 
@@ -52,8 +53,8 @@ def _buffer_deltas(
         )
         return {}, _unsized_drafter(configs, notes)
     block = report.kv_cache.block_size if report.kv_cache is not None else 16
-    grid_g = RunnerGrid.from_config(configs[0], block_size=block)
-    grid_to = RunnerGrid.from_config(configs[1], block_size=block)
+    grid_g = _with_groups(RunnerGrid.from_config(configs[0], block_size=block), report)
+    grid_to = _with_groups(RunnerGrid.from_config(configs[1], block_size=block), report)
     before, after = runner_buffer_bytes(dims, grid_g), runner_buffer_bytes(dims, grid_to)
     if "fused_moe_workspace" not in before and _has_moe_owner(report):
         notes.append(
@@ -351,3 +352,9 @@ def move_terms(
         }
     )
     return terms_from, terms_to, laws
+
+
+def _with_groups(grid: RunnerGrid, report: RunReport) -> RunnerGrid:
+    """The grid with one block table per KV-cache group of the start (hybrids have several)."""
+    tables = group_tables(report.kv_cache, grid.num_speculative_tokens)
+    return dataclasses.replace(grid, tables=tables) if tables else grid

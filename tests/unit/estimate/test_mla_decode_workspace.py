@@ -42,7 +42,12 @@ def test_splits_follow_the_longest_sequence() -> None:
 def test_vllm_serve_defaults_reserve_a_gib() -> None:
     shape = model_shape(MLA64)
     got = logits_workspace_bytes(
-        shape, "TRITON_MLA", max_num_seqs=1024, max_model_len=8192, num_speculative_tokens=0, sms=132
+        shape,
+        "TRITON_MLA",
+        max_num_seqs=1024,
+        max_model_len=8192,
+        num_speculative_tokens=0,
+        sms=132,
     )
     # 1024 x 64 x 16 x 257 x 4 B; the profile run of reports/vllm call 44 (K_mla64h8l at
     # 1,024 seqs / 8,192 tokens) kept 1.063 GiB allocated past the weights, call 42 (64 / 2,048,
@@ -63,7 +68,12 @@ def test_speculative_rows_and_other_backends() -> None:
     for backend in ("FLASHMLA", "CUTLASS_MLA", "FLASHINFER_MLA", "TRITON_ATTN"):
         assert (
             logits_workspace_bytes(
-                shape, backend, max_num_seqs=64, max_model_len=4096, num_speculative_tokens=0, sms=132
+                shape,
+                backend,
+                max_num_seqs=64,
+                max_model_len=4096,
+                num_speculative_tokens=0,
+                sms=132,
             )
             == 0
         )
