@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from memest.estimate.accounting import account
+from memest.estimate.kv import kv_page_bytes
 from memest.estimate.startup_plan import (
     graph_profiling_kept,
     plan_kv_bytes,
@@ -108,7 +109,7 @@ def write_plan(report: RunReport) -> None:
     if st.figures.profile_headroom_bytes is None:
         st.notes.append("startup plan not written: the profile run's activation peak is unknown")
         return
-    page = int(spec.page_size_bytes or 0)
+    page = kv_page_bytes(spec)  # a hybrid's: one block id over every group's layers
     kv_now = int(spec.num_blocks) * page
     # A plan start skips graph-memory profiling, so what that pass left allocated is not there.
     skipped = 0 if st.plan.kv_cache_memory_bytes_given else graph_profiling_kept(report)
