@@ -484,6 +484,11 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("L_dsv2lite8l_s64_t2048_fa_udef", "apply"),
         ("A_llama8b_s128_t4096_udef", "apply"),
     ],
+    # vLLM 0.33.0: the Gemma-3 class's memest apply and the plan it writes
+    "hybrid_g_plan": [
+        ("G_gemma3_6l_s128_t4096", "apply"),
+        ("G_gemma3_6l_s128_t4096", "plan"),
+    ],
     # vLLM 0.33.0: Qwen3-Next class alone, then memest apply (FLA's GDN prefill compiles long)
     "hybrid_n": [
         ("N_qwen3next4l_s64_t2048", "alone"),
