@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memest.estimate.accounting import account
+from memest.estimate.activation import sampler_reserve
 from memest.estimate.phases import TERM_FIELDS, phase
 from memest.estimate.terms.coefficients import Coefficients
 from memest.estimate.terms.setup import Setup
@@ -132,6 +133,14 @@ def _params(s: Setup) -> int:
     )
 
 
+def _forward(st: Start, s: Setup) -> int:
+    """The measured activation less the full-batch step's reserve the law derives, not fits
+    (memest.estimate.sampler: the sampler's and the prompt-logprobs chunk's segments)."""
+    return st.terms.profile_peak_activation_bytes - sampler_reserve(
+        s.target, s.plan.max_num_seqs, s.mbt
+    )
+
+
 def _x_residue(s: Setup) -> int:
     return s.mbt * s.target.hidden * s.target.dtype_bytes
 
@@ -151,7 +160,7 @@ def fit_coefficients(starts: Sequence[Start]) -> Coefficients:
     base = _mean([_rest(st, s, "baseline_torch_bytes") for st, s in plain])
     act = _origin_fit(
         [s.mbt * layer_token_bytes(s.target) for _, s in plain],
-        [st.terms.profile_peak_activation_bytes for st, _ in plain],
+        [_forward(st, s) for st, s in plain],
     )
     res0, res1 = _line_fit(
         [_x_residue(s) for _, s in plain],
@@ -164,10 +173,7 @@ def fit_coefficients(starts: Sequence[Start]) -> Coefficients:
     if draft:
         act_d = _origin_fit(
             [s.mbt * layer_token_bytes(s.drafter) for _, s in draft if s.drafter],
-            [
-                st.terms.profile_peak_activation_bytes - act * s.mbt * layer_token_bytes(s.target)
-                for st, s in draft
-            ],
+            [_forward(st, s) - act * s.mbt * layer_token_bytes(s.target) for st, s in draft],
         )
     return Coefficients(
         baseline_bytes=round(base),

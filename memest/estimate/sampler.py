@@ -119,20 +119,23 @@ def prompt_logprobs_reserve_bytes(
     return after_prompt - after_sampler
 
 
-def run_prompt_logprobs_bytes(config: RunConfig) -> int:
-    """``prompt_logprobs_reserve_bytes`` for one start from its recorded dimensions (0 when a
-    dimension it needs is missing), on the activation law's shape."""
+def run_prompt_logprobs_bytes(config: RunConfig, shape: ModelShape | None = None) -> int:
+    """``prompt_logprobs_reserve_bytes`` for one start, on the activation law's shape: from its
+    recorded dimensions, else from ``shape`` (a what-if's config.json), else 0."""
     from memest.estimate.activation import activation_shape
 
-    dims = config.model_dims
-    if dims is None or not config.max_num_batched_tokens:
+    if not config.max_num_batched_tokens:
         return 0
-    try:
-        shape = model_shape(
-            dims.model_dump(exclude_none=True) | {"torch_dtype": dims.dtype},
-            tp=config.tensor_parallel_size,
-        )
-    except ConfigError:
+    dims = config.model_dims
+    if dims is not None:
+        try:
+            shape = model_shape(
+                dims.model_dump(exclude_none=True) | {"torch_dtype": dims.dtype},
+                tp=config.tensor_parallel_size,
+            )
+        except ConfigError:
+            shape = None
+    if shape is None:
         return 0
     return prompt_logprobs_reserve_bytes(
         activation_shape(shape), config.max_num_seqs or 1, config.max_num_batched_tokens

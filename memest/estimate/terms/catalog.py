@@ -94,6 +94,7 @@ class ReportReadings:
     profile: PhaseRecord
     kv_alloc: PhaseRecord
     final: MemoryReading
+    shape: ModelShape | None = None  # the model's, where a report lacks its recorded dimensions
 
     @property
     def weights_bytes(self) -> int:
@@ -395,7 +396,8 @@ TERMS: tuple[Term, ...] = (
     Term(
         "profile_peak_activation_bytes",
         read=lambda r: (
-            activation_headroom(r.report, r.profile) + run_prompt_logprobs_bytes(r.report.config)
+            activation_headroom(r.report, r.profile)
+            + run_prompt_logprobs_bytes(r.report.config, r.shape)
         ),
         plugin=lambda r: r.activation_bytes + r.prompt_logprobs_bytes,
         law=_law_activation,
@@ -474,13 +476,17 @@ def moved_terms(m: Move) -> tuple[dict[str, int], dict[str, str]]:
     return values, laws
 
 
-def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerms:
+def full_init_terms(
+    report: RunReport, *, margin_bytes: int = 0, shape: ModelShape | None = None
+) -> FullInitTerms:
     """Read the full-initialization terms of one complete start (each term's reader, below).
 
     Args:
         report: a start with at least the weights, profile_run and kv_cache_alloc phases and
             an end state (``end`` or ``capture``), a KV-cache spec and the budget.
         margin_bytes: memory to keep free on top of the measured terms.
+        shape: the model's per-rank shape (a what-if's config.json) for the terms derived from
+            it where the report lacks its recorded dimensions.
 
     Raises:
         ReportFormatError: a phase, reading or figure the model needs is missing.
@@ -494,6 +500,7 @@ def full_init_terms(report: RunReport, *, margin_bytes: int = 0) -> FullInitTerm
         require_phase(report, "profile_run"),
         require_phase(report, "kv_cache_alloc"),
         final_reading(report),
+        shape,
     )
     return FullInitTerms(
         requested_bytes=requested_bytes(report),

@@ -215,9 +215,9 @@ def what_if(
     if dims is None:
         dims = ModelDims.from_report(report)  # the dimensions the plugin recorded, if any
     pair = grids(report, grid, release)
-    terms = full_init_terms(report, margin_bytes=margin_bytes)
-    pools, notes = predict_pools(report, pair, dims, snapshot, snapshot_source)
     s = shapes(dims, report.config.tensor_parallel_size, sm100=is_sm100(report.gpu))
+    terms = full_init_terms(report, margin_bytes=margin_bytes, shape=s.target)
+    pools, notes = predict_pools(report, pair, dims, snapshot, snapshot_source)
     terms_from, terms_to, laws = move_terms(
         report,
         terms,

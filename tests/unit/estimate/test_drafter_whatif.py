@@ -13,6 +13,7 @@ from memest.errors import ConfigError
 from memest.estimate import full_init_kv_budget, full_init_terms, what_if
 from memest.estimate.drafter_weights import drafter_weight_bytes
 from memest.estimate.runner_buffers import ModelDims
+from memest.estimate.whatif_synthetic import shapes
 from memest.schema import RunReport
 from memest.units import MiB
 
@@ -96,7 +97,9 @@ def test_dropping_the_drafter_frees_what_its_start_measured() -> None:
     )
     change = {"max_num_seqs": 128, "speculative_config": None}
     result = what_if(c, change, dims=_dims(c))
-    measured = full_init_terms(s)
+    # the other start read with the same model shape (its report predates recorded dimensions),
+    # so both hold the prompt-logprobs chunk derived from it
+    measured = full_init_terms(s, shape=shapes(_dims(c)).target)
     assert result.terms_to is not None and result.kv_budget_bytes_to is not None
     assert abs(result.terms_to.weights_bytes - measured.weights_bytes) < 4 * MiB
     assert abs(result.terms_to.outside_torch_bytes - measured.outside_torch_bytes) < 100 * MiB

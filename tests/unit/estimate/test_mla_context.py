@@ -112,7 +112,10 @@ def test_a_run_config_gives_the_term_from_its_recorded_dimensions() -> None:
     - the step's own prefill: 2,048 tokens x 32 B = 64 KiB per element: kv_nope 16 MiB, k 12 MiB,
       padded v 12 MiB (40 MiB, call 19's measurement);
     - the profile run's stand-in vLLM's headroom holds: the chunk's kv_nope, 256 MiB (a multiple
-      of 2 MiB, so the allocator reserves it as it is).
+      of 2 MiB, so the allocator reserves it as it is);
+    - the activation headroom holds a serving step's prompt-logprobs chunk, 1,024 rows x 102,400
+      x 2 B = 200 MiB (no freed block of a 2,048-token forward holds it): the prefill over context
+      needs only what lies beyond it.
     """
     dims = RecordedShape.model_validate(
         {k: v for k, v in DSV2.items() if k in RecordedShape.model_fields}
@@ -126,15 +129,17 @@ def test_a_run_config_gives_the_term_from_its_recorded_dimensions() -> None:
     )
     # FlashAttention 2 pads v; when the report does not say, memest assumes the larger:
     # the chunk's k and padded v, the step's three tensors, the stand-in already in the headroom.
+    chunk = 1024 * 102400 * 2
+    assert chunk == 200 * MiB
     unknown = run_mla_context_bytes(base, 16)
-    assert unknown == (192 + 192) * MiB + (16 + 12 + 12) * MiB == 424 * MiB
+    assert unknown == (192 + 192) * MiB + (16 + 12 + 12) * MiB - chunk == 224 * MiB
     # FlashAttention 3 and 4 take v as it is: the chunk's kv_nope and k less the stand-in
     # (256 + 192 - 256), and the step's kv_nope and k.
     fa3 = base.model_copy(update={"mla_prefill_v_padded": False})
-    assert run_mla_context_bytes(fa3, 16) == (256 + 192 - 256) * MiB + (16 + 12) * MiB
+    assert run_mla_context_bytes(fa3, 16) == (256 + 192 - 256) * MiB + (16 + 12) * MiB - chunk
     # memest's warm pass ran without the stand-in: the whole 640 MiB chunk and the 40 MiB step
     warm = base.model_copy(update={"mla_warm_pass_without_standin": True})
-    assert run_mla_context_bytes(warm, 16) == (640 + 40) * MiB == unknown + 256 * MiB
+    assert run_mla_context_bytes(warm, 16) == (640 + 40) * MiB - chunk == unknown + 256 * MiB
     assert run_mla_context_bytes(base.model_copy(update={"model_dims": None}), 16) == 0
     assert run_mla_context_bytes(base.model_copy(update={"max_model_len": None}), 16) == 0
 
@@ -180,7 +185,9 @@ def test_the_what_if_resizes_the_term_with_the_workspace() -> None:
     that keeps the workspace keeps the term. The batch step at 1,024 rows reserves a bf16 and a
     float32 logits tensor of 1,024 x 102,400 (200 + 400 MiB, no freed forward block of 2,048
     tokens holds either), which the activation headroom holds: the prefill over context needs
-    only what lies beyond it (transients of two steps combine by max)."""
+    only what lies beyond it (transients of two steps combine by max). At 64 seqs the headroom
+    holds the prompt-logprobs chunk, 1,024 x 102,400 x 2 B = 200 MiB; at 1,024 seqs the chunk
+    takes the freed bf16 logits' block and adds nothing."""
     from memest.estimate import what_if
 
     report = RunReport.model_validate_json(
@@ -188,13 +195,13 @@ def test_the_what_if_resizes_the_term_with_the_workspace() -> None:
     )
     wide = what_if(report, {"max_num_seqs": 1024})
     assert wide.terms_to is not None and wide.terms_from is not None
-    sampler = 1024 * 102400 * (2 + 4)
+    sampler, chunk = 1024 * 102400 * (2 + 4), 1024 * 102400 * 2
     assert sampler == 600 * MiB
     moved = wide.terms_to.mla_context_bytes - wide.terms_from.mla_context_bytes
-    assert moved == 640 * MiB - sampler
+    assert moved == 640 * MiB - (sampler - chunk)
     assert (
         wide.terms_to.profile_peak_activation_bytes - wide.terms_from.profile_peak_activation_bytes
-        == sampler
+        == sampler - chunk
     )
     assert "mla_context_bytes" in wide.term_laws
     same = what_if(report, {"max_num_seqs": 32})

@@ -15,6 +15,7 @@ import pytest
 import memest.estimate.synthetic_trace as estimate_trace
 import memest.estimate.terms.setup as terms_setup
 from memest.estimate import account, full_init_kv_budget, full_init_terms, what_if
+from memest.estimate.model_shape import model_shape
 from memest.estimate.runner_buffers import ModelDims
 from memest.preflight.calibration import load_calibration, what_if_calibration
 from memest.schema import RunReport
@@ -44,6 +45,12 @@ ACTIVATION_RANGE = load_calibration("h200").uncertainty_bytes["profile_peak_acti
 
 def _real(name: str) -> RunReport:
     return RunReport.model_validate_json((RAW / f"{name}.report.rank0.json").read_text())
+
+
+def _measured(report: RunReport) -> Any:
+    """A start's terms read with the model's shape, as the what-if reads G's: these reports
+    predate recorded dimensions, and the prompt-logprobs chunk is derived from the shape."""
+    return full_init_terms(report, shape=model_shape(MODEL, tp=report.config.tensor_parallel_size))
 
 
 def _predict(g: RunReport, g2: RunReport, *, drafter: bool = True, factor: bool = True) -> Any:
@@ -100,7 +107,7 @@ def test_captured_stages_move_by_the_synthetic_difference(g: str, g2: str) -> No
     synthetic(G): every target and drafter pool of the other start, to the byte (a linear law
     missed the target PIECEWISE pool from B to C and E by +92 MiB)."""
     result = _predict(_real(g), _real(g2))
-    measured = full_init_terms(_real(g2)).graph_pool_by_stage_bytes
+    measured = _measured(_real(g2)).graph_pool_by_stage_bytes
     predicted: dict[str, int] = {}
     for r in result.owners:
         if r.owner != "graph_objects":
@@ -111,7 +118,7 @@ def test_captured_stages_move_by_the_synthetic_difference(g: str, g2: str) -> No
 @pytest.mark.parametrize(("g", "g2"), [(S, C), (S, E), (C, S), (E, S)])
 def test_the_drafter_s_activation_share_lands_within_the_fit_s_range(g: str, g2: str) -> None:
     result = _predict(_real(g), _real(g2))
-    measured = full_init_terms(_real(g2))
+    measured = _measured(_real(g2))
     assert result.terms_to is not None
     got = result.terms_to.profile_peak_activation_bytes
     assert abs(got - measured.profile_peak_activation_bytes) <= ACTIVATION_RANGE
@@ -121,7 +128,7 @@ def test_the_drafter_s_activation_share_lands_within_the_fit_s_range(g: str, g2:
 @pytest.mark.parametrize(("g", "g2"), [(S, C), (S, E), (B, C), (B, E), (C, S), (E, S)])
 def test_adding_or_dropping_the_drafter_keeps_the_kv_budget_within_0_1_gib(g: str, g2: str) -> None:
     result = _predict(_real(g), _real(g2))
-    exact = full_init_kv_budget(full_init_terms(_real(g2)))
+    exact = full_init_kv_budget(_measured(_real(g2)))
     assert result.kv_budget_bytes_to is not None
     assert abs(result.kv_budget_bytes_to - exact) < 0.1 * GiB
 
@@ -139,7 +146,6 @@ def test_without_a_calibration_the_activation_holds_the_target_s_only() -> None:
     assert result.terms_to is not None
     # Same max_num_batched_tokens: the target's share is unchanged, the drafter's left out.
     assert (
-        result.terms_to.profile_peak_activation_bytes
-        == full_init_terms(s).profile_peak_activation_bytes
+        result.terms_to.profile_peak_activation_bytes == _measured(s).profile_peak_activation_bytes
     )
     assert any("needs a calibration" in n for n in result.notes)

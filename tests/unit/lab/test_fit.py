@@ -82,7 +82,7 @@ def _law_terms(req: PreflightRequest, c: Coefficients) -> FullInitTerms:
     buf = s.buffers()
     d = s.drafter
     weights = LLAMA_PARAM_BYTES + c.weights_rest_bytes
-    activation = c.activation_factor * mbt * LLAMA_LAYER_TOKEN_BYTES
+    activation = c.activation_factor * mbt * LLAMA_LAYER_TOKEN_BYTES + _prompt_chunk(mbt)
     residue = c.residue_bytes + c.residue_factor * mbt * 4096 * 2
     baseline, runner = c.baseline_bytes, c.runner_rest_bytes
     if d is not None:
@@ -105,6 +105,13 @@ def _law_terms(req: PreflightRequest, c: Coefficients) -> FullInitTerms:
         runner_buffer_bytes=runner + buf.get("runner_buffer_bytes", 0),
         profiling_residue_bytes=round(residue) + buf.get("profiling_residue_bytes", 0),
     )
+
+
+def _prompt_chunk(mbt: int) -> int:
+    """A serving step's prompt-logprobs chunk, 1,024 x 128,256 bf16 logits (250.5 MiB), a
+    252 MiB segment unless the forward's widest freed block, gate_up's mbt x 28,672 x 2 B,
+    holds it (from 8,192 tokens on: 448 MiB); these grids' sampler rows fit freed blocks."""
+    return 0 if mbt * 28672 * 2 >= 1024 * 128256 * 2 else 252 << 20
 
 
 def _synthetic_starts(c: Coefficients) -> list[Start]:
