@@ -206,7 +206,11 @@ def test_vllm_overshoot_is_over_the_starts_vllm_sized_only() -> None:
             vllm = acc.estimator("vllm")
             assert vllm is not None and vllm.kv_cache_bytes is not None
             assert acc.kv_cache_bytes is not None and acc.usage_minus_budget_bytes is not None
-            errors.append(vllm.kv_cache_bytes - (acc.kv_cache_bytes - acc.usage_minus_budget_bytes))
+            # the exact budget less the prompt-logprobs chunk these starts' steps never took
+            chunk = acc.kv_cache_bytes - acc.usage_minus_budget_bytes
+            chunk -= starts[report.report_id].exact_kv_bytes
+            assert chunk == 252 << 20  # 1,024 x 128,256 bf16 logits, rounded up to 2 MiB
+            errors.append(vllm.kv_cache_bytes - starts[report.report_id].exact_kv_bytes)
     assert len(plugin_says) >= 2
     assert {i for i, st in starts.items() if st.vllm_sized} == plugin_says
     over = load_calibration("h200").vllm_overshoot
