@@ -75,6 +75,12 @@ def test_kv_budget_and_pools_of_the_real_grid(
     # the truth needs a full-size step: max_num_batched_tokens - 1 prompt tokens in one step
     assert rec["step_tokens"] == grid.get("max_num_batched_tokens", 4096) - 1
     exact_kv = rec["kv_bytes"] - rec["step_usage_minus_budget_bytes"]
+    # these starts ran no full-batch step: serving's with prompt logprobs takes one more
+    # 1,024-row chunk of 128,256 bf16 logits, a 252 MiB segment unless the forward's widest
+    # freed block (gate_up, max_num_batched_tokens x 28,672 x 2 B) holds it (calls 48-49
+    # measured that 0.246 GiB on Llama-8B at 4,096 tokens)
+    mbt = grid.get("max_num_batched_tokens", 4096)
+    exact_kv -= 0 if mbt * 28672 * 2 >= 1024 * 128256 * 2 else 252 << 20
     assert abs(what_if["kv_budget_bytes_to"] - exact_kv) <= 0.1 * GiB
 
     real = RAW / f"{call}.{config}.{mode}.report.rank0.json"
