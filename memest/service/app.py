@@ -147,7 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # anyone else's X-Forwarded-For is ignored.
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.trusted_proxies())
     # Outermost of all: liveness answers before any other layer runs.
-    app.add_middleware(LivenessMiddleware)
+    app.add_middleware(LivenessMiddleware, max_head_bytes=settings.max_header_bytes)
     for router in (
         reports,
         models,

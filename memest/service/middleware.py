@@ -121,14 +121,17 @@ class LivenessMiddleware:
     router and the dependencies, so that liveness costs the event loop two sends however busy
     the rest of the app is (a kubelet's probe must not queue behind the app's own work)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, max_head_bytes: int | None = None) -> None:
         self.app = app
+        self.max_head_bytes = max_head_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] == "http"
             and scope["path"] == HEALTHZ_PATH
             and scope["method"] in ("GET", "HEAD")
+            # an oversized head goes on to HardeningMiddleware's 431
+            and (self.max_head_bytes is None or head_bytes(scope) <= self.max_head_bytes)
         ):
             await send({"type": "http.response.start", "status": 200, "headers": _HEALTHZ_HEADERS})
             body = b"" if scope["method"] == "HEAD" else HEALTHZ_BODY
