@@ -38,6 +38,7 @@ from memest.service.routers import (
     runs,
 )
 from memest.service.sessions import SessionStore
+from memest.service.templating import compile_templates
 
 log = logging.getLogger("memest.service")
 
@@ -99,7 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.estimate_reads = anyio.CapacityLimiter(INGEST_THREADS)
         app.state.ingest_pool = IngestPool(settings.ingest_processes)
         db.upgrade(app.state.engine)
-        dashboard.compile_templates()
+        compile_templates()
         if settings.demo:
             n = load_demo(app)
             log.info("demo: %d published reports loaded", n)

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
-from datetime import UTC, datetime
-from importlib import resources
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -14,9 +11,6 @@ import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
-from fastapi.templating import Jinja2Templates
-from jinja2 import pass_context
-from markupsafe import Markup, escape
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -45,8 +39,7 @@ from memest.estimate.phases import total_bytes
 from memest.reporters import plots, plots_gpu, plots_history
 from memest.reporters.growable import growable_table
 from memest.reporters.kv_groups import kv_groups_table
-from memest.reporters.owners import owner_label
-from memest.reporters.recommend import estimator_note, estimator_words, recommendation
+from memest.reporters.recommend import recommendation
 from memest.reporters.regression import (
     KV_FIGURES,
     PAGE_THRESHOLDS,
@@ -64,10 +57,6 @@ from memest.reporters.views import (
     model_name,
     notes,
     phase_rows,
-    phase_words,
-    short_paths,
-    sized_by_words,
-    sizing_words,
 )
 from memest.schema import RunReport, StartAccounting
 from memest.service import store
@@ -76,78 +65,9 @@ from memest.service.deps import CacheDep, FactoryDep, ReadAuth, ResponseCacheDep
 from memest.service.errors import NotFound
 from memest.service.models import Report, Run
 from memest.service.page_cache import EntryCache
-from memest.units import count_cell, gib_cell, ratio_cell
+from memest.service.templating import HTML_PAGE, templates
 
 router = APIRouter(tags=["dashboard"], dependencies=[ReadAuth])
-
-templates = Jinja2Templates(directory=str(resources.files("memest.service") / "templates"))
-
-
-def _gib(value: int | None, digits: int = 3) -> str:
-    return gib_cell(value, digits)
-
-
-def _sgib(value: int | None) -> str:
-    return gib_cell(value, signed=True)
-
-
-def _when(value: datetime | None) -> str:
-    """A time as pages show it: UTC, with its zone (a naive time is stored UTC)."""
-    if value is None:
-        return ""
-    aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-    return aware.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-_BREAK_AFTER = re.compile(r"([_.+/-])")
-
-
-def _wbr(text: object) -> Markup:
-    """``text`` escaped, with a line-break opportunity after each _ . + / - (run ids and build
-    labels wrap at their parts, never inside a word, and copy as they are)."""
-    return Markup(_BREAK_AFTER.sub(r"\1<wbr>", str(escape(text))))
-
-
-templates.env.filters.update(
-    wbr=_wbr,
-    when=_when,
-    gib=_gib,
-    sgib=_sgib,
-    count=count_cell,
-    ratio=ratio_cell,
-    owner_color=plots.owner_color,
-    owner_label=owner_label,
-    series_color=plots_history.series_color,
-    series_key=plots_history.series_key,
-    sized_by_words=sized_by_words,
-    phase_words=phase_words,
-    model_name=model_name,
-    short_paths=short_paths,
-    sizing_words=sizing_words,
-    estimator_words=estimator_words,
-    estimator_note=estimator_note,
-)
-
-
-@pass_context
-def _url_path(context: dict[str, Any], name: str, /, **params: Any) -> str:
-    """The path of route ``name``, never an absolute URL: the Host header must not reach a page
-    (cache poisoning). Each parameter is percent-encoded, "/" included, so that a model named
-    ``org/m#v2`` or ``org/m%41`` links to itself."""
-    request: Request = context["request"]
-    quoted = {key: quote(str(value), safe="") for key, value in params.items()}
-    path: str = request.app.url_path_for(name, **quoted)
-    return str(request.scope.get("root_path", "")) + path
-
-
-templates.env.globals["url_for"] = _url_path
-
-
-def compile_templates() -> None:
-    """Compile every page template now, at startup: a first view would otherwise spend about
-    half a second compiling (kept by Jinja's template cache afterwards)."""
-    for name in templates.env.list_templates(extensions=["html"]):
-        templates.env.get_template(name)
 
 
 #: Models listed per home page (by name; ?offset= pages on).
@@ -161,11 +81,6 @@ PAGE_OWNERS_PER_STAGE = 10
 TOP_ROWS = 15
 #: Rows below this many bytes read 0.000 GiB: left off the page's peak and retained table.
 SHOWN_MIN_BYTES = 512 * 1024
-
-HTML_PAGE: dict[int | str, dict[str, Any]] = {
-    200: {"description": "HTML page", "content": {"text/html": {"example": "<!doctype html>"}}}
-}
-
 
 #: Pages built at once (threads that parse reports and render): a parse of a large stored report
 #: is one call that holds the GIL throughout, so every build running beside the event loop

@@ -15,8 +15,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from memest.service.deps import SettingsDep
 from memest.service.errors import BadRequest, PayloadTooLarge, RequestTimeout
 from memest.service.ratelimit import client_address, failure_limiter
-from memest.service.routers.dashboard import HTML_PAGE, templates
 from memest.service.sessions import SESSION_COOKIE, SESSION_MAX_AGE_S, SessionStore
+from memest.service.templating import HTML_PAGE, templates
 
 router = APIRouter(tags=["login"])
 

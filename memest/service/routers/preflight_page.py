@@ -19,7 +19,7 @@ from memest.service.body import load_json
 from memest.service.compute import ComputePool
 from memest.service.deps import ComputeDep, ReadAuth, SettingsDep
 from memest.service.errors import BadRequest, PayloadTooLarge, ServiceError
-from memest.service.routers.dashboard import HTML_PAGE, templates
+from memest.service.templating import HTML_PAGE, templates
 
 router = APIRouter(tags=["dashboard"], dependencies=[ReadAuth])
 
