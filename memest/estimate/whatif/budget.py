@@ -25,7 +25,7 @@ from memest.estimate.model_shape import DTYPE_BYTES
 from memest.estimate.phases import full_init_kv_budget, non_kv_bytes
 from memest.estimate.runner_buffers import ModelDims
 from memest.estimate.terms.catalog import full_init_terms
-from memest.estimate.whatif.grid import Grids, describe_grid, grids, kv_spec_under
+from memest.estimate.whatif.grid import Grids, describe_grids, grids, kv_spec_under
 from memest.estimate.whatif.models import TermRow, WhatIfCalibration
 from memest.estimate.whatif.pools import Pools, predict_pools
 from memest.estimate.whatif.terms import move_terms
@@ -298,9 +298,10 @@ def _result(
         measured_by_owner[p.owner] = measured_by_owner.get(p.owner, 0) + p.measured_bytes
     changes = {o: by_owner[o] - measured_by_owner[o] for o in by_owner}
     dominant = _dominant(changes)
+    grid_from, grid_to = describe_grids(pair)
     return WhatIf(
-        grid_from=describe_grid(pair.plans[0], len_from),
-        grid_to=describe_grid(pair.plans[1], len_to),
+        grid_from=grid_from,
+        grid_to=grid_to,
         owners=owners,
         by_owner_bytes=by_owner,
         measured_by_owner_bytes=measured_by_owner,

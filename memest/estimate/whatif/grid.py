@@ -246,3 +246,12 @@ def describe_grid(plan: CapturePlan, max_model_len: int | None = None) -> str:
     )
     sizing = "" if plan.sizing == "vllm-0.33.0" else f" ({plan.sizing} sizing)"
     return f"{', '.join(x for x in limits if x)}{sizing}: {rows or 'no graphs'}"
+
+
+def describe_grids(pair: Grids) -> tuple[str, str]:
+    """G and G' in words (describe_grid), each with its own max_model_len."""
+    plan_from, plan_to = pair.plans
+    return (
+        describe_grid(plan_from, pair.configs[0].max_model_len),
+        describe_grid(plan_to, pair.configs[1].max_model_len),
+    )

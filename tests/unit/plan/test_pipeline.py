@@ -72,10 +72,6 @@ def test_a_request_walks_the_plan_and_the_preflight_a_few_times(name: str) -> No
     assert "memest/plan/seed.py" not in walk.entries  # vLLM's sizing alone
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="whatif/grid.py is entered 4 times since the what-if resolves its vLLM release there",
-)
 def test_the_what_if_enters_each_of_its_files_at_most_three_times() -> None:
     walk = run("what-if")
     whatif = "memest/estimate/whatif/"
