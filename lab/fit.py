@@ -18,7 +18,7 @@ from memest.estimate.accounting import account
 from memest.estimate.activation import sampler_reserve
 from memest.estimate.model_shape import model_shape
 from memest.estimate.phases import TERM_FIELDS, phase
-from memest.estimate.sampler import run_prompt_logprobs_bytes
+from memest.estimate.sampler import run_serving_step_bytes
 from memest.estimate.terms.coefficients import Coefficients
 from memest.estimate.terms.setup import Setup
 from memest.estimate.terms.shape import layer_token_bytes, parameter_bytes
@@ -70,7 +70,7 @@ def _chunk_unread(report: RunReport, model_config: Mapping[str, Any]) -> int:
     if report.config.model_dims is not None:
         return 0
     shape = model_shape(dict(model_config), tp=report.config.tensor_parallel_size)
-    return run_prompt_logprobs_bytes(report.config, shape)
+    return run_serving_step_bytes(report.config, shape)
 
 
 def start_from_report(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from memest.estimate.linear_prefill import prefill_backend
 from memest.estimate.model_shape import ModelShape, layer_token_bytes
 from memest.estimate.sampler import sampler_reserve_bytes
 
@@ -58,10 +59,21 @@ def activation_shape(shape: ModelShape) -> ModelShape:
     return replace(shape, topk=0)
 
 
-def sampler_reserve(shape: ModelShape, max_num_seqs: int, max_num_batched_tokens: int) -> int:
-    """A full-batch step's sampler and prompt-logprobs reserve (memest.estimate.sampler), read on
-    the activation law's shape."""
-    return sampler_reserve_bytes(activation_shape(shape), max_num_seqs, max_num_batched_tokens)
+def sampler_reserve(
+    shape: ModelShape,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    gdn_backend: str | None = None,
+) -> int:
+    """A full-batch step's reserve (memest.estimate.sampler: linear-attention prefill, sampler,
+    prompt-logprobs chunk), read on the activation law's shape; ``gdn_backend`` the recorded
+    GDN prefill backend (None: vLLM's SM90 default)."""
+    return sampler_reserve_bytes(
+        activation_shape(shape),
+        max_num_seqs,
+        max_num_batched_tokens,
+        prefill_backend(gdn_backend),
+    )
 
 
 def profile_pass_bytes(

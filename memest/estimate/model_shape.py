@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from memest.errors import ConfigError
+from memest.estimate.linear_prefill import GdnLayer, gdn_layer
 
 Family = Literal["dense", "moe", "mla"]
 Fp8Scheme = Literal["tensor", "channel", "block"]
@@ -120,6 +121,7 @@ class ModelShape:
     index_head_dim: int = 0  # indexer head dim (its FP8 key cache: this + 4 B per 128 values)
     index_topk: int = 0  # KV positions the indexer selects per query token; 0: no indexer
     fp8: Fp8Weights | None = None  # FP8 linear layers (fp8_weights); None: the model's dtype
+    gdn: GdnLayer | None = None  # a gated-delta-net layer (Qwen3-Next); None: the model has none
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer ``index`` (from 0) has a MoE MLP."""
@@ -407,6 +409,7 @@ def model_shape(
         dflash_aux_layers=_dflash_aux_layers(cfg, str(archs[0]), layers),
         markov_rank=_int(cfg, "markov_rank", 0, minimum=0) if "DSpark" in str(archs[0]) else 0,
         fp8=fp8_weights(cfg, quantization),
+        gdn=gdn_layer(cfg, tp=tp, dtype_bytes=dtype_bytes(cfg, dtype)),
         **moe,
         **_mla_fields(cfg),
         **_indexer_fields(cfg),

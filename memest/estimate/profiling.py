@@ -31,7 +31,7 @@ class ProfilingReadings:
     margin_bytes: int = 0
     stage_pool_bytes: dict[str, int] = field(default_factory=dict)
     mla_context_bytes: int = 0  # memest.estimate.mla_context for this start's configuration
-    prompt_logprobs_bytes: int = 0  # memest.estimate.sampler for this start's configuration
+    serving_step_bytes: int = 0  # memest.estimate.sampler for this start's configuration
     before_weights: MemoryReading | None = None  # unread: the residue holds the baseline
 
 
@@ -57,7 +57,7 @@ def capture_details(r: ProfilingReadings) -> dict[str, int]:
         "capture_outside_torch_growth_bytes": max(used_growth - reserved_growth, 0),
         "profiling_runner_buffer_bytes": max(r.kv_init_added_bytes - r.profiling_kv_bytes, 0),
         "used_before_kv_bytes": r.now.device_used_bytes or 0,
-        "prompt_logprobs_bytes": r.prompt_logprobs_bytes,
+        "serving_step_bytes": r.serving_step_bytes,
     }
 
 

@@ -27,8 +27,14 @@ prompt rows scored after sampling, ``compute_logits`` over chunks of ``CHUNK_SIZ
 (``v1/worker/gpu/sample/prompt_logprob.py`` compute_prompt_logprobs_with_chunking), in the
 model's dtype. The sampler's tensors are freed by then and stay cached; a chunk takes a freed
 block that fits or reserves its own segment (Gemma-3's 262,144-entry vocabulary: 512 MiB, which
-no freed block of a 4,096-token forward holds). ``prompt_logprobs_reserve_bytes`` is that part,
-which the profile run's measured headroom lacks.
+no freed block of a 4,096-token forward holds).
+
+The profile run skips attention (``skip_attn=True``), and with it a gated-delta-net layer's
+recurrence: a full batch of prefills gathers every request's state, FLA's chunk states and the
+float32 final states (memest.estimate.linear_prefill), one layer's worth, before the sampler
+runs. The step replayed here is serving's widest: one prefill per row over
+max_num_batched_tokens tokens, then the sampler, then the chunk. ``serving_step_reserve_bytes``
+is what it reserves beyond the profile pass's sampler: the part the measured headroom lacks.
 
 The reserve belongs to the batch step (max_num_seqs rows sampled at once), not to a prefill over
 cached context (memest.estimate.mla_context): at the budget's edge the allocator releases cached
@@ -40,6 +46,12 @@ from __future__ import annotations
 
 from memest.errors import ConfigError
 from memest.estimate.allocsim import PoolSim, round_size, segment_size
+from memest.estimate.linear_prefill import (
+    DEFAULT_GDN_PREFILL_BACKEND,
+    GdnPrefillBackend,
+    prefill_backend,
+    prefill_events,
+)
 from memest.estimate.model_shape import ModelShape, model_shape
 from memest.schema import RunConfig
 
@@ -78,50 +90,95 @@ def prompt_logprobs_rows(max_num_batched_tokens: int) -> int:
     return max(min(PROMPT_LOGPROBS_CHUNK_ROWS, max_num_batched_tokens), 0)
 
 
-def _batch_step_sim(
-    shape: ModelShape, max_num_seqs: int, max_num_batched_tokens: int
-) -> tuple[int, int]:
-    """(reserved after the sampler's requests, reserved after the prompt-logprobs chunk), both
-    over the forward's freed segments."""
+def _freed_forward(shape: ModelShape, max_num_batched_tokens: int) -> PoolSim:
+    """An allocator holding the forward's freed segments, each apart (they never merge)."""
     sim = PoolSim()
     addr = 0
     for size in forward_free_segments(shape, max_num_batched_tokens):
         sim.seed_segment([(addr, size, False)])
-        addr += size + (2 << 20)  # segments never touch, so they never merge
-    requests = sampler_requests(shape, sampler_rows(max_num_seqs, max_num_batched_tokens))
-    for i, size in enumerate(requests):
+        addr += size + (2 << 20)
+    return sim
+
+
+def _sample(sim: PoolSim, shape: ModelShape, rows: int, first: int) -> int:
+    """The sampler's requests (all live together), then freed; the next free handle."""
+    requests = sampler_requests(shape, rows)
+    for i, size in enumerate(requests, start=first):
         sim.alloc(i, size, stream=0, index=i)
-    after_sampler = sim.result().reserved_bytes
-    for i in range(len(requests)):
+    for i in range(first, first + len(requests)):
         sim.free(i)
-    rows = prompt_logprobs_rows(max_num_batched_tokens)
-    if rows:
-        sim.alloc(len(requests), rows * shape.vocab * shape.dtype_bytes, stream=0)
-    return after_sampler, sim.result().reserved_bytes
+    return first + len(requests)
 
 
-def sampler_reserve_bytes(shape: ModelShape, max_num_seqs: int, max_num_batched_tokens: int) -> int:
-    """Reservation a full-batch step's sampler and prompt-logprobs chunk add over the forward's
-    freed segments.
+def _linear_prefill(
+    sim: PoolSim, shape: ModelShape, rows: int, tokens: int, backend: GdnPrefillBackend
+) -> int:
+    """One gated-delta-net layer's prefill of ``rows`` requests over ``tokens`` tokens, freed by
+    its end (memest.estimate.linear_prefill); the next free handle."""
+    if shape.gdn is None:
+        return 0
+    events = prefill_events(shape.gdn, tokens, rows, backend)
+    for action, handle, size in events:
+        if action == "alloc":
+            sim.alloc(handle, size, stream=0)
+        else:
+            sim.free(handle)
+    return 1 + max((h for _, h, _ in events), default=-1)
+
+
+def _batch_step_sim(
+    shape: ModelShape,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    gdn_backend: GdnPrefillBackend = DEFAULT_GDN_PREFILL_BACKEND,
+) -> tuple[int, int]:
+    """(what the profile pass's sampler reserves, what serving's widest full-batch step does:
+    linear-attention prefill of every row, the sampler, the prompt-logprobs chunk), both over
+    the forward's freed segments."""
+    rows = sampler_rows(max_num_seqs, max_num_batched_tokens)
+    profile = _freed_forward(shape, max_num_batched_tokens)
+    _sample(profile, shape, rows, 0)
+    serving = _freed_forward(shape, max_num_batched_tokens)
+    handle = _linear_prefill(serving, shape, rows, max_num_batched_tokens, gdn_backend)
+    handle = _sample(serving, shape, rows, handle)
+    chunk = prompt_logprobs_rows(max_num_batched_tokens)
+    if chunk:
+        serving.alloc(handle, chunk * shape.vocab * shape.dtype_bytes, stream=0)
+    return profile.result().reserved_bytes, serving.result().reserved_bytes
+
+
+def sampler_reserve_bytes(
+    shape: ModelShape,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    gdn_backend: GdnPrefillBackend = DEFAULT_GDN_PREFILL_BACKEND,
+) -> int:
+    """Reservation serving's full-batch step adds over the forward's freed segments: its
+    linear-attention prefill, sampler and prompt-logprobs chunk.
 
     ``shape`` is the one the activation law reads (a MoE layer without its routed experts'
     caches, which live in the persistent fused-MoE workspace).
     """
-    return _batch_step_sim(shape, max_num_seqs, max_num_batched_tokens)[1]
+    return _batch_step_sim(shape, max_num_seqs, max_num_batched_tokens, gdn_backend)[1]
 
 
-def prompt_logprobs_reserve_bytes(
-    shape: ModelShape, max_num_seqs: int, max_num_batched_tokens: int
+def serving_step_reserve_bytes(
+    shape: ModelShape,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    gdn_backend: GdnPrefillBackend = DEFAULT_GDN_PREFILL_BACKEND,
 ) -> int:
-    """What the prompt-logprobs chunk adds beyond the profile pass's sampler: the part a start's
-    measured headroom lacks."""
-    after_sampler, after_prompt = _batch_step_sim(shape, max_num_seqs, max_num_batched_tokens)
-    return after_prompt - after_sampler
+    """What serving's full-batch step adds beyond the profile pass's sampler (the
+    prompt-logprobs chunk, the linear-attention prefill): the part a start's measured headroom
+    lacks."""
+    profile, serving = _batch_step_sim(shape, max_num_seqs, max_num_batched_tokens, gdn_backend)
+    return serving - profile
 
 
-def run_prompt_logprobs_bytes(config: RunConfig, shape: ModelShape | None = None) -> int:
-    """``prompt_logprobs_reserve_bytes`` for one start, on the activation law's shape: from its
-    recorded dimensions, else from ``shape`` (a what-if's config.json), else 0."""
+def run_serving_step_bytes(config: RunConfig, shape: ModelShape | None = None) -> int:
+    """``serving_step_reserve_bytes`` for one start, on the activation law's shape: from its
+    recorded dimensions, else from ``shape`` (a what-if's config.json), else 0; its recorded GDN
+    prefill backend, else vLLM's SM90 default."""
     from memest.estimate.activation import activation_shape
 
     if not config.max_num_batched_tokens:
@@ -137,6 +194,9 @@ def run_prompt_logprobs_bytes(config: RunConfig, shape: ModelShape | None = None
             shape = None
     if shape is None:
         return 0
-    return prompt_logprobs_reserve_bytes(
-        activation_shape(shape), config.max_num_seqs or 1, config.max_num_batched_tokens
+    return serving_step_reserve_bytes(
+        activation_shape(shape),
+        config.max_num_seqs or 1,
+        config.max_num_batched_tokens,
+        prefill_backend(config.gdn_prefill_backend),
     )

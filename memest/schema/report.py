@@ -130,6 +130,17 @@ class ModelShape(MemestModel):
     index_topk: int | None = Field(default=None, ge=1)
     index_n_heads: int | None = Field(default=None, ge=1)
     index_head_dim: int | None = Field(default=None, ge=1)
+    # Gated delta net (Qwen3-Next / Qwen3.5): its heads and head dims, and which layers are
+    # linear attention (the prefill's per-request states, memest.estimate.linear_prefill)
+    linear_num_key_heads: int | None = Field(default=None, ge=1)
+    linear_num_value_heads: int | None = Field(default=None, ge=1)
+    linear_key_head_dim: int | None = Field(default=None, ge=1)
+    linear_value_head_dim: int | None = Field(default=None, ge=1)
+    linear_conv_kernel_dim: int | None = Field(default=None, ge=1)
+    full_attention_interval: int | None = Field(default=None, ge=1)
+    layer_types: list[str] | None = Field(
+        default=None, description="config.json's layer_types (hybrid models), as vLLM read it"
+    )
 
 
 class RunConfig(MemestModel):
@@ -164,6 +175,11 @@ class RunConfig(MemestModel):
     )
     mla_prefill_backend: str | None = Field(
         default=None, description="MLA models: the prefill backend vLLM chose (recorded)"
+    )
+    gdn_prefill_backend: str | None = Field(
+        default=None,
+        description="Gated-delta-net models: the prefill backend vLLM chose (recorded: "
+        "flashinfer, triton, ...); None: not recorded, vLLM's SM90 default (flashinfer) assumed",
     )
     mla_prefill_v_padded: bool | None = Field(
         default=None,

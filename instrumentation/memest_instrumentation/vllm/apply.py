@@ -25,7 +25,7 @@ from typing import Any
 from memest.estimate import full_init_kv_budget
 from memest.estimate.mla_context import run_mla_context_bytes
 from memest.estimate.profiling import ProfilingReadings, capture_details, profiling_terms
-from memest.estimate.sampler import run_prompt_logprobs_bytes
+from memest.estimate.sampler import run_serving_step_bytes
 from memest.schema import FullInitTerms, MemoryReading
 from memest_instrumentation.vllm import dims, measure
 from memest_instrumentation.vllm.state import guarded, state
@@ -36,6 +36,7 @@ def _mla_context_bytes(worker: Any) -> int:
     st = state()
     vllm_config = getattr(worker, "vllm_config", None)
     guarded("mla_prefill", dims.record_mla_prefill, vllm_config)
+    guarded("gdn_prefill", dims.record_gdn_prefill, vllm_config)
     cache = getattr(vllm_config, "cache_config", None)
     block_size = int(getattr(cache, "block_size", None) or 16)
     if st.config is None:
@@ -43,24 +44,25 @@ def _mla_context_bytes(worker: Any) -> int:
     return guarded("mla_context", run_mla_context_bytes, st.config, block_size) or 0
 
 
-def _prompt_logprobs_bytes() -> int:
-    """memest.estimate.sampler's prompt-logprobs chunk for this start (0 when unreadable): a
-    serving step allocates it, the profile run whose headroom memest measured does not."""
+def _serving_step_bytes() -> int:
+    """memest.estimate.sampler's full-batch step beyond the profile pass for this start (the
+    prompt-logprobs chunk, linear-attention prefill; 0 when unreadable): a serving step
+    allocates it, the profile run whose headroom memest measured does not."""
     st = state()
     if st.config is None:
         return 0
-    return guarded("prompt_logprobs", run_prompt_logprobs_bytes, st.config) or 0
+    return guarded("serving_step", run_serving_step_bytes, st.config) or 0
 
 
 def serving_transient_bytes(vllm_config: Any) -> int | None:
     """What serving's steps take beyond init, from this start's readings: the warm profile
-    pass's activation headroom, the prompt-logprobs chunk and MLA's prefill over cached
+    pass's activation headroom, the full-batch step's reserve and MLA's prefill over cached
     context (each as the term model counts it); None where the headroom was not measured."""
     headroom = state().figures.profile_headroom_bytes
     if headroom is None:
         return None
     context = _mla_context_bytes(SimpleNamespace(vllm_config=vllm_config))
-    return int(headroom) + _prompt_logprobs_bytes() + context
+    return int(headroom) + _serving_step_bytes() + context
 
 
 def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
@@ -93,7 +95,7 @@ def measured_terms(worker: Any, now: MemoryReading) -> FullInitTerms | None:
         margin_bytes=st.settings.margin_bytes,
         stage_pool_bytes=by_stage,
         mla_context_bytes=_mla_context_bytes(worker),
-        prompt_logprobs_bytes=_prompt_logprobs_bytes(),
+        serving_step_bytes=_serving_step_bytes(),
     )
     st.apply_terms.details = capture_details(readings)
     return profiling_terms(

@@ -39,6 +39,12 @@ _OPTIONAL_INTS = (
     "index_n_heads",
     "index_head_dim",
     "max_position_embeddings",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    "full_attention_interval",
 )
 
 
@@ -85,6 +91,9 @@ def model_shape(model_config: Any) -> ModelShape | None:
     tie = getattr(hf, "tie_word_embeddings", None)
     if isinstance(tie, bool):
         fields["tie_word_embeddings"] = tie
+    types = getattr(hf, "layer_types", None)
+    if isinstance(types, (list, tuple)) and all(isinstance(t, str) for t in types):
+        fields["layer_types"] = list(types)
     return ModelShape(**fields)
 
 
@@ -103,6 +112,25 @@ def record(vllm_config: Any) -> None:
             "drafter_dims": model_shape(draft),
         }
     )
+
+
+def record_gdn_prefill(vllm_config: Any) -> None:
+    """The gated-delta-net prefill backend vLLM built (``gdn_prefill_backend`` of a GDN layer
+    in the model's forward context), once the model exists: memest.estimate.linear_prefill
+    sizes the prefill's allocations by it."""
+    from memest_instrumentation.vllm.state import state
+
+    st = state()
+    dims = st.config.model_dims if st.config is not None else None
+    if st.config is None or dims is None or not dims.linear_num_value_heads:
+        return
+    compilation = getattr(vllm_config, "compilation_config", None)
+    layers = getattr(compilation, "static_forward_context", None) or {}
+    for layer in layers.values():
+        backend = getattr(layer, "gdn_prefill_backend", None)
+        if isinstance(backend, str) and backend:
+            st.config = st.config.model_copy(update={"gdn_prefill_backend": backend})
+            return
 
 
 def record_mla_prefill(vllm_config: Any) -> None:

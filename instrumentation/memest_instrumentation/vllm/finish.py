@@ -49,6 +49,7 @@ def end_of_init(worker: Any) -> RunReport | None:
     from memest_instrumentation.vllm import dims
 
     guarded("mla_prefill", dims.record_mla_prefill, getattr(worker, "vllm_config", None))
+    guarded("gdn_prefill", dims.record_gdn_prefill, getattr(worker, "vllm_config", None))
     report = build_report(worker, end_pool_usage=pool_usage)
     guarded("startup_plan", write_plan, report)
     path = guarded("report_file", sink.write_report, st.settings, report)

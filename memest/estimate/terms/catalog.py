@@ -66,7 +66,7 @@ from memest.estimate.phases import (
     require_phase,
 )
 from memest.estimate.profiling import ProfilingReadings, capture_details, pool_by_stage
-from memest.estimate.sampler import run_prompt_logprobs_bytes
+from memest.estimate.sampler import run_serving_step_bytes
 from memest.estimate.terms import dsa, mla_decode
 from memest.estimate.terms.coefficients import Coefficients
 from memest.estimate.terms.context import context_law, context_range
@@ -328,8 +328,8 @@ def _move_activation(m: Move) -> Moved:
             laws.append(f"drafter's share removed ({share} B at G)")
     reserve = reserve2 = 0
     if m.target is not None:
-        reserve = sampler_reserve(m.target, p.max_num_seqs, mbt)
-        reserve2 = sampler_reserve(m.target, p2.max_num_seqs, mbt2)
+        reserve = sampler_reserve(m.target, p.max_num_seqs, mbt, c.gdn_prefill_backend)
+        reserve2 = sampler_reserve(m.target, p2.max_num_seqs, mbt2, c2.gdn_prefill_backend)
     forward = out = max(act - reserve, 0)
     if mbt != mbt2:
         out = round(forward * mbt2 / mbt)
@@ -397,9 +397,9 @@ TERMS: tuple[Term, ...] = (
         "profile_peak_activation_bytes",
         read=lambda r: (
             activation_headroom(r.report, r.profile)
-            + run_prompt_logprobs_bytes(r.report.config, r.shape)
+            + run_serving_step_bytes(r.report.config, r.shape)
         ),
-        plugin=lambda r: r.activation_bytes + r.prompt_logprobs_bytes,
+        plugin=lambda r: r.activation_bytes + r.serving_step_bytes,
         law=_law_activation,
         move=_move_activation,
         law_range=_range_activation,

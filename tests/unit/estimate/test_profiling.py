@@ -74,5 +74,5 @@ def test_details_name_the_capture_readings() -> None:
         "capture_outside_torch_growth_bytes": 100 * MiB,
         "profiling_runner_buffer_bytes": 30 * MiB,
         "used_before_kv_bytes": 1100 * MiB,
-        "prompt_logprobs_bytes": 0,  # the readings name no model shape
+        "serving_step_bytes": 0,  # the readings name no model shape
     }

@@ -12,10 +12,10 @@ from memest.estimate.model_shape import model_shape
 from memest.estimate.sampler import (
     PROMPT_LOGPROBS_CHUNK_ROWS,
     forward_free_segments,
-    prompt_logprobs_reserve_bytes,
     prompt_logprobs_rows,
     sampler_reserve_bytes,
     sampler_rows,
+    serving_step_reserve_bytes,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -45,14 +45,14 @@ def test_at_a_few_hundred_rows_the_freed_forward_holds_the_sampler_not_the_promp
     # reserves its own segment, rounded up to 2 MiB
     chunk = 1024 * 128256 * 2
     assert max(forward_free_segments(LLAMA, 4096)) == 4096 * 28672 * 2 < chunk
-    assert prompt_logprobs_reserve_bytes(LLAMA, 128, 4096) == 252 * MiB
+    assert serving_step_reserve_bytes(LLAMA, 128, 4096) == 252 * MiB
     assert sampler_reserve_bytes(LLAMA, 128, 4096) == 252 * MiB  # the sampler itself adds 0
 
 
 def test_at_vllm_serve_defaults_the_prompt_chunk_takes_the_freed_float32_copy() -> None:
     # the 250.5 MiB chunk comes after the sampler's tensors are freed: the 502 MiB segment of the
     # float32 copy (and the 448 MiB gate_up block) holds it
-    assert prompt_logprobs_reserve_bytes(LLAMA, 1024, 8192) == 0
+    assert serving_step_reserve_bytes(LLAMA, 1024, 8192) == 0
 
 
 def test_a_gemma3_vocabulary_chunk_needs_half_a_gib() -> None:
@@ -60,8 +60,8 @@ def test_a_gemma3_vocabulary_chunk_needs_half_a_gib() -> None:
     # the H200 Gemma-3-class start's full-batch step (896 prompt rows: 448 MiB) grew PyTorch's
     # reservation 0.438 GiB beyond its first full-size step (reports/vllm/README.md, call 47)
     assert max(forward_free_segments(GEMMA, 4096)) == 4096 * 20480 * 2
-    assert prompt_logprobs_reserve_bytes(GEMMA, 128, 4096) == 512 * MiB
-    assert prompt_logprobs_reserve_bytes(GEMMA, 128, 4096) - 896 * 262144 * 2 == 64 * MiB
+    assert serving_step_reserve_bytes(GEMMA, 128, 4096) == 512 * MiB
+    assert serving_step_reserve_bytes(GEMMA, 128, 4096) - 896 * 262144 * 2 == 64 * MiB
 
 
 def test_a_step_narrower_than_a_chunk_scores_its_own_tokens() -> None:

@@ -212,12 +212,12 @@ def _kv_cache_extend(monkeypatch: pytest.MonkeyPatch) -> object:
     return patch.make(lambda self, num_blocks: "extended")(_growable_worker(), 40)
 
 
-def _prompt_logprobs(monkeypatch: pytest.MonkeyPatch) -> object:
-    """Apply mode's prompt-logprobs chunk (a start with a config; the fake start has none)."""
+def _serving_step(monkeypatch: pytest.MonkeyPatch) -> object:
+    """Apply mode's full-batch step reserve (a start with a config; the fake start has none)."""
     from memest_instrumentation.vllm import apply
 
     state().config = RunConfig(model="m")
-    return apply._prompt_logprobs_bytes()
+    return apply._serving_step_bytes()
 
 
 #: Hooks the fake start does not reach, each driven through the code that guards it, with what
@@ -226,7 +226,7 @@ DIRECT: dict[str, tuple[Callable[[pytest.MonkeyPatch], object], object]] = {
     "capture.before": (_v1_capture, "captured"),
     "allocate_kv_cache": (_v1_allocate_kv_cache, "allocated"),
     "mla_context": (_mla_context, 0),
-    "prompt_logprobs": (_prompt_logprobs, 0),
+    "serving_step": (_serving_step, 0),
     "kv_cache_sizing": (_kv_cache_sizing, 60),
     "kv_cache_extend": (_kv_cache_extend, "extended"),
     "kv_cache_extend.after": (_kv_cache_extend, "extended"),

@@ -4,6 +4,7 @@ folders), and a what-if on the report then needs no --model-config."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import types
@@ -263,3 +264,45 @@ def test_utilization_is_the_fields_where_vllm_has_no_resolved_one() -> None:
     assert resolved_utilization(types.SimpleNamespace(gpu_memory_utilization=0.8)) == 0.8
     unset = types.SimpleNamespace(gpu_memory_utilization=None, resolved_gpu_memory_utilization=1.0)
     assert resolved_utilization(unset) == 1.0
+
+
+@pytest.mark.vllm
+def test_a_gated_delta_net_model_records_what_its_prefill_term_reads(tmp_path: Path) -> None:
+    """vLLM's ModelConfig of the Qwen3-Next-class config.json: the recorded dims carry the
+    linear-attention fields, the GDN layer's prefill backend is recorded from the forward
+    context, and the report's full-batch step reserve is the one config.json gives."""
+    vllm_or_skip()
+    from memest_instrumentation.vllm import dims
+    from memest_instrumentation.vllm.state import state
+    from vllm.config import ModelConfig
+
+    from memest.estimate.activation import activation_shape
+    from memest.estimate.model_shape import model_shape
+    from memest.estimate.sampler import run_serving_step_bytes, serving_step_reserve_bytes
+
+    folder = tmp_path / "qwen3next"
+    folder.mkdir()
+    shutil.copy(ROOT / "tests/data/configs/qwen3next_8l.json", folder / "config.json")
+    target = ModelConfig(model=str(folder), skip_tokenizer_init=True, max_model_len=4096)
+    recorded = dims.model_shape(target)
+    assert recorded is not None
+    assert (recorded.linear_num_value_heads, recorded.linear_key_head_dim) == (32, 128)
+    st = state()
+    st.config = RunConfig(
+        model="qwen3next", max_num_seqs=64, max_num_batched_tokens=2048, model_dims=recorded
+    )
+    layers = {
+        "model.layers.3.self_attn.attn": types.SimpleNamespace(),
+        "model.layers.0.linear_attn": types.SimpleNamespace(gdn_prefill_backend="triton"),
+    }
+    dims.record_gdn_prefill(
+        types.SimpleNamespace(
+            compilation_config=types.SimpleNamespace(static_forward_context=layers)
+        )
+    )
+    assert st.config.gdn_prefill_backend == "triton"
+    config = json.loads((folder / "config.json").read_text())
+    by_hand = serving_step_reserve_bytes(activation_shape(model_shape(config)), 64, 2048, "triton")
+    assert run_serving_step_bytes(st.config) == by_hand
+    without = dataclasses.replace(activation_shape(model_shape(config)), gdn=None)
+    assert by_hand > serving_step_reserve_bytes(without, 64, 2048)  # the prefill's states
