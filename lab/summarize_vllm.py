@@ -81,6 +81,9 @@ DIAGNOSTIC_STARTS = {
         "matrices), which no GPU deployment selects"
         for call in ("call12", "call14")
     },
+    ("call44", "G_gemma3_6l_s128_t4096"): "the lab read a hybrid's KV as blocks x every "
+    "layer's page (736 GB on a 141 GiB device) before it read vLLM's KV-cache tensors; vLLM "
+    "allocated 122.7 GB",
 }
 
 
