@@ -78,6 +78,7 @@ SCHEMAS: dict[tuple[str, str], str] = {
         "_C",
         "rms_norm",
     ): "rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()",
+    ("_C", "silu_and_mul"): "silu_and_mul(Tensor! result, Tensor input) -> ()",
     # read from the strings of vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so
     ("_vllm_fa2_C", "varlen_fwd"): (
         "varlen_fwd(Tensor! q, Tensor k, Tensor v, Tensor!? out, Tensor cu_seqlens_q, "
@@ -433,6 +434,22 @@ def rms_norm(
 
 
 # --------------------------------------------------------------------------- FlashAttention-2
+def silu_and_mul(result: torch.Tensor, x: torch.Tensor) -> None:
+    """`_C::silu_and_mul`: result = silu(x[..., :d]) * x[..., d:], in result's own storage.
+
+    vLLM's CUDA kernel (csrc/activation_kernels.cu) writes into ``result`` and allocates
+    nothing. The carry's shim computes ``F.silu(x[..., :d]) * x[..., d:]``, two temporaries
+    of result's size: the fused-MoE experts call it on [tokens x top_k, intermediate] (Mixtral
+    at 2,047 tokens: 224 MiB, call 35's step history), which no deployment allocates. Here
+    silu is applied in place (rounded to the dtype once more than the kernel's float32 math;
+    the lab's weights are random).
+    """
+    d = x.shape[-1] // 2
+    result.copy_(x[..., :d])
+    torch.nn.functional.silu(result, inplace=True)
+    result.mul_(x[..., d:])
+
+
 def _unsupported_varlen(**options: Any) -> list[str]:
     """The varlen_fwd features MLA prefill never uses; the stand-in refuses them by name."""
     return [name for name, used in options.items() if used]
@@ -585,8 +602,12 @@ IMPLS: dict[tuple[str, str], Callable[..., Any]] = {
     ("_vllm_fa2_C", "varlen_fwd"): varlen_fwd,
     ("_C", "dsv3_fused_a_gemm"): dsv3_fused_a_gemm,
 }
-# Kernels that replace the shim's own, which lacks a form vLLM calls (the grouped norm).
-OVERRIDES: dict[tuple[str, str], Callable[..., Any]] = {("_C", "rms_norm"): rms_norm}
+# Kernels that replace the shim's own: one lacks a form vLLM calls (the grouped norm), one
+# allocates what vLLM's kernel does not (the gated activation of the fused-MoE experts).
+OVERRIDES: dict[tuple[str, str], Callable[..., Any]] = {
+    ("_C", "rms_norm"): rms_norm,
+    ("_C", "silu_and_mul"): silu_and_mul,
+}
 # Ops that return tensors need a fake kernel that makes them; the rest only write into buffers.
 FAKES: dict[tuple[str, str], Callable[..., Any]] = {("_vllm_fa2_C", "varlen_fwd"): _varlen_fwd_fake}
 

@@ -777,3 +777,38 @@ def test_plain_rms_norm_matches_the_shims_arithmetic(
         x[0].float().tolist(), (weight if with_weight else torch.ones(64)).float().tolist(), 1e-6
     )
     assert out[0].float().tolist() == pytest.approx(row, rel=2e-2, abs=1e-2)  # BF16 rounding
+
+
+# --------------------------------------------------------------------------- silu_and_mul
+def test_silu_and_mul_writes_the_gated_activation_in_place(standins: types.ModuleType) -> None:
+    """silu(gate) x up, as vLLM's kernel defines it, into the result's own storage: the CUDA
+    kernel allocates nothing, so neither may the stand-in (the shim's made two temporaries)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 2 * 8, generator=gen)
+    out = torch.empty(6, 8)
+    storage = out.data_ptr()
+    torch.ops._C.silu_and_mul(out, x)
+    gate, up = x[:, :8], x[:, 8:]
+    by_hand = [
+        [g / (1 + math.exp(-g)) * u for g, u in zip(gr, ur, strict=True)]
+        for gr, ur in zip(gate.tolist(), up.tolist(), strict=True)
+    ]
+    assert out.data_ptr() == storage
+    for row, ref in zip(out.tolist(), by_hand, strict=True):
+        assert row == pytest.approx(ref, rel=1e-5, abs=1e-6)
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    result, x = torch.empty(4, 8), torch.randn(4, 16)
+    with Ops() as ops:
+        standins.silu_and_mul(result, x)
+    # views and in-place kernels only: no op that makes a tensor of its own
+    assert {n.split(".")[0] for n in ops.names} <= {"slice", "copy_", "silu_", "mul_"}
