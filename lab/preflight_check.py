@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -251,8 +252,9 @@ def _row(
     if rec["config"] in NARROWER_CONTEXT_STEP:
         source = "narrower context step"
     assert over is not None
-    call = int(path.stem.split("call")[-1])
-    if call <= LAST_SHIM_SILU_CALL and step is not None:
+    numbered = re.match(r"results\.call(\d+)", path.name)
+    ran_shim = numbered is None or int(numbered.group(1)) <= LAST_SHIM_SILU_CALL
+    if ran_shim and step is not None:
         # the peak is cumulative: the first step's segments stay reserved in the later steps
         scratch += shim_silu_scratch(rec["config"], int(rec.get("step_tokens") or cfg["mbt"]))
     truth = kv - over + scratch

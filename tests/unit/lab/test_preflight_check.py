@@ -207,4 +207,28 @@ def test_a_full_batch_step_past_the_others_is_the_truth() -> None:
             rec["step_usage_minus_budget_bytes"], rec["context_step_usage_minus_budget_bytes"]
         )
         assert row.truth_from == "serving peak"
-        assert row.truth_kv_bytes == rec["kv_bytes"] - batch
+        # plus the carry shim's two silu_and_mul temporaries of the first step's MoE layers
+        # (2,047 tokens x top-10 x 512 x 2 B = 20,961,280 B each, a 20 MiB segment each),
+        # which stayed reserved through the later steps
+        assert row.standin_scratch_bytes == 2 * (20 << 20)
+        assert row.truth_kv_bytes == rec["kv_bytes"] - batch + 2 * (20 << 20)
+
+
+def test_the_shims_silu_temporaries_are_the_ones_the_step_history_holds() -> None:
+    """Call 35's Mixtral step history: at the step's peak two blocks from the shim's
+    silu_and_mul are live, 2,047 tokens x top-2 x 14,336 x 2 B = 117,374,976 B each; each
+    reserves a segment rounded up to 2 MiB (112 MiB)."""
+    import gzip
+    import pickle
+
+    history = RAW / "call35-logs/X_mixtral4l_s64_t2048.apply-hist-stephist.step.pickle.gz"
+    with gzip.open(history) as f:
+        trace = pickle.load(f)["device_traces"][0]
+    shim = [
+        e["size"]
+        for e in trace
+        if e["action"] == "alloc" and any("silu_and_mul" in fr["name"] for fr in e["frames"])
+    ]
+    assert set(shim) == {2047 * 2 * 14336 * 2}
+    assert pc.shim_silu_scratch("X_mixtral4l_s64_t2048", 2047) == 2 * (112 << 20)
+    assert pc.shim_silu_scratch("A_llama8b_s128_t4096", 4095) == 0  # no routed experts
