@@ -83,6 +83,15 @@ class GdnLayer:
     def state_elements(self) -> int:
         return self.value_heads * self.value_dim * self.key_dim
 
+    @property
+    def token_width(self) -> int:
+        """Elements per token the layer's forward holds outside its recurrence
+        (GatedDeltaNetAttention.forward_cuda): in_proj_qkvz's output (q, k, v, z), in_proj_ba's
+        (b, a), mixed_qkv (q, k, v made contiguous), z and core_attn_out (value heads x dim
+        each). The profile run makes these requests too: only the recurrence is skipped."""
+        keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
+        return (2 * keys + 2 * values) + 2 * self.value_heads + (2 * keys + values) + 2 * values
+
 
 def gdn_layer(cfg: Mapping[str, Any], *, tp: int, dtype_bytes: int) -> GdnLayer | None:
     """The gated-delta-net layer of ``cfg`` on one rank, None when it has none.

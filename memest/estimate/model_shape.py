@@ -418,7 +418,10 @@ def model_shape(
 
 def layer_token_bytes(s: ModelShape) -> int:
     """Bytes per token of one decoder layer's activations, as vLLM 0.33.0's compiled pieces
-    request them: five hidden-wide tensors, the attention input projection and the KV written,
-    the MLP's gate_up and activation (graph capture and the profile run make these requests)."""
+    request them: five hidden-wide tensors, the attention input projection and the KV written
+    (a gated-delta-net layer's projections where the model has wider ones,
+    memest.estimate.linear_prefill), the MLP's gate_up and activation (graph capture and the
+    profile run make these requests)."""
     gate_up, act = s.mlp_widths
-    return s.dtype_bytes * (5 * s.hidden + s.qkv + s.kv + gate_up + act)
+    mixer = max(s.qkv + s.kv, s.gdn.token_width if s.gdn is not None else 0)
+    return s.dtype_bytes * (5 * s.hidden + mixer + gate_up + act)

@@ -110,3 +110,18 @@ def test_the_sequence_is_vllms_own() -> None:
     assert "initial_state = ssm_state[prefill_state_indices]" in core
     assert "ssm_state[prefill_state_indices] = last_recurrent_state.to(ssm_state.dtype)" in core
     assert "fi_state = initial_state.to(torch.float32)" in core
+
+
+def test_the_layer_token_bytes_take_the_wider_gdn_projections() -> None:
+    """A Qwen3-Next-class GDN layer holds, per token, in_proj_qkvz's 2 x 16 x 128 + 2 x 32 x 128
+    = 12,288, in_proj_ba's 64, mixed_qkv's 8,192, z's and core_attn_out's 4,096 each: 28,736
+    elements, against its attention layers' q, k, v and KV written."""
+    from memest.estimate.model_shape import layer_token_bytes
+
+    layer = gdn_layer(QWEN3_NEXT, tp=1, dtype_bytes=2)
+    assert layer is not None and layer.token_width == 12288 + 64 + 8192 + 4096 + 4096
+    shape = model_shape(QWEN3_NEXT)
+    without = dataclasses.replace(shape, gdn=None)
+    assert shape.qkv + shape.kv < layer.token_width
+    extra = layer_token_bytes(shape) - layer_token_bytes(without)
+    assert extra == 2 * (layer.token_width - (shape.qkv + shape.kv))
