@@ -99,8 +99,22 @@ def load() -> list[dict]:
     return rows
 
 
+def plan_budgets(rows: list[dict]) -> dict[tuple[str, str, int], int]:
+    """The budget each startup plan was made for, by (call, configuration, its KV bytes): the
+    requested memory of the start that wrote it. A plan start loads the plan's KV size and is
+    held to that budget, not to its own gpu_memory_utilization's (on vLLM 0.34 the plan start
+    runs without the growable cache, whose 1.0 default the writing start had: 0.92 otherwise)."""
+    out: dict[tuple[str, str, int], int] = {}
+    for r in rows:
+        plan = r.get("memest_plan") or {}
+        if plan.get("kv_cache_memory_bytes") and r.get("requested_bytes"):
+            out[(r["call"], r["config"], plan["kv_cache_memory_bytes"])] = r["requested_bytes"]
+    return out
+
+
 def main() -> None:
     rows = load()
+    planned = plan_budgets(rows)
     warm: dict[tuple[str, str], int] = {}
     for r in rows:
         h = r.get("headroom_bytes")
@@ -125,6 +139,9 @@ def main() -> None:
                 h = min(v for (_, cfg), v in warm.items() if cfg == r["config"])
                 source = "smallest (warm) peak of the configuration, earlier call"
         budget = r["requested_bytes"]  # vLLM's ceil(gpu_memory_utilization x total)
+        given = r.get("kv_cache_memory_bytes_given")
+        if mode == "plan" and given:
+            budget = planned.get((r["call"], r["config"], given), budget)
         usage = r["persistent_used_bytes"] + h
         usage_kind = "end of init + activation peak"
         if r.get("step_usage_bytes") is not None:

@@ -247,7 +247,14 @@ class ExtensibleKvSizing(MemestModel):
         description="KV bytes vLLM's own sizing allows (measure_kv_cache_bytes with its margin)"
     )
     memest_transient_peak_bytes: NonNegativeBytes | None = Field(
-        default=None, description="apply: the transient peak memest had vLLM keep free"
+        default=None,
+        description="apply: the transient peak memest had vLLM keep free (the larger of "
+        "vLLM's measured peak and memest's own)",
+    )
+    memest_measured_transient_bytes: NonNegativeBytes | None = Field(
+        default=None,
+        description="apply: what memest measured serving's steps take (the warm profile "
+        "pass's headroom, the full-batch step's reserve, MLA's prefill over context)",
     )
     memest_margin_bytes: NonNegativeBytes | None = Field(
         default=None, description="apply: memest's margin (MEMEST_MARGIN_BYTES) in vLLM's place"

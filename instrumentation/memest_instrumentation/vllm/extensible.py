@@ -46,17 +46,19 @@ def _constants() -> ExtensibleKV:
     return kv
 
 
-def memest_transient_bytes(vllm_transient_bytes: int) -> int | None:
-    """The transient peak memest has vLLM keep free: the larger of vLLM's own measurement and
-    what memest measured serving's steps take (apply.serving_transient_bytes: the warm profile
-    pass's headroom, the prompt-logprobs chunk, MLA's prefill over cached context); None where
-    memest did not measure the headroom."""
+def memest_transient_bytes(vllm_transient_bytes: int) -> tuple[int, int] | None:
+    """(the transient peak memest has vLLM keep free, memest's own figure): the larger of
+    vLLM's own measurement and what memest measured serving's steps take
+    (apply.serving_transient_bytes: the warm profile pass's headroom, the full-batch step's
+    reserve, MLA's prefill over cached context); None where memest did not measure the
+    headroom. vLLM's profiled allocated peak can exceed serving's steps; it stays the floor, as
+    torch's allocator is capped by what the sizing keeps free."""
     from memest_instrumentation.vllm.apply import serving_transient_bytes
 
     ours = serving_transient_bytes(_current_vllm_config())
     if ours is None:
         return None
-    return max(int(vllm_transient_bytes), int(ours))
+    return max(int(vllm_transient_bytes), int(ours)), int(ours)
 
 
 def _current_vllm_config() -> Any:
@@ -99,15 +101,16 @@ def _memest_terms(kwargs: dict[str, Any]) -> dict[str, Any] | None:
     sizing stands) when memest has not measured its transient: its margin of
     MEMEST_MARGIN_BYTES is safe only beside a measured transient, and torch's reservation is
     capped by what the sizing keeps free, so a short transient fails serving's first step."""
-    transient = memest_transient_bytes(kwargs.get("transient_peak_bytes", 0))
-    if transient is None:
+    transients = memest_transient_bytes(kwargs.get("transient_peak_bytes", 0))
+    if transients is None:
         state().notes.append(
             "growable KV cache: memest's activation headroom was not measured; "
             "vLLM's own sizing kept"
         )
         return None
+    state().extensible_sizing.measured_transient_bytes = transients[1]
     return {
-        "transient_peak_bytes": transient,
+        "transient_peak_bytes": transients[0],
         "margin_floor_bytes": _constants().memest_margin_bytes(state().settings.margin_bytes),
         "margin_fraction": 0.0,
     }
@@ -155,6 +158,9 @@ def _record_sizing(kv_cache: Any, blocks: int) -> None:
         non_torch_reserve_bytes=kv.non_torch_reserve_bytes,
         vllm_kv_bytes=int(readings["vllm_kv_bytes"]),
         memest_transient_peak_bytes=None if ours is None else ours["transient_peak_bytes"],
+        memest_measured_transient_bytes=None
+        if ours is None
+        else st.extensible_sizing.measured_transient_bytes,
         memest_margin_bytes=None if ours is None else ours["margin_floor_bytes"],
         memest_kv_bytes=None if ours is None else ours["memest_kv_bytes"],
         torch_memory_limit_bytes=getattr(kv_cache, "torch_memory_limit", None),

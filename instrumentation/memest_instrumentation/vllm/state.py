@@ -114,6 +114,7 @@ class ExtensibleSizing:
 
     readings: dict[str, Any] | None = None  # its arguments, and the bytes vLLM's own terms gave
     memest_terms: dict[str, Any] | None = None  # apply: the arguments memest passed instead
+    measured_transient_bytes: int | None = None  # apply: memest's own transient, before the max
 
 
 def _vllm_figures() -> VllmFigures:

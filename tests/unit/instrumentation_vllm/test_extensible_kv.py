@@ -108,11 +108,26 @@ def test_apply_passes_memests_transient_and_margin(monkeypatch: pytest.MonkeyPat
         5 * GIB,
         3 * GIB // 4,
     )
+    assert sizing.memest_measured_transient_bytes == 5 * GIB  # memest's own, above vLLM's 4
     assert state().notes[-1] == (
         "vLLM's growable KV cache: 33.500 GiB by vLLM's sizing, keeping its 4.000 GiB measured "
         "transient peak and a 3.000 GiB margin free; memest's sizing 34.750 GiB (transient "
         "5.000 GiB, margin 0.750 GiB); 17792 blocks on this rank"
     )
+
+
+def test_vllms_measured_peak_stays_the_floor_of_memests_transient(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A warm pass that saw less than vLLM's profiled peak: vLLM's peak is kept free (torch's
+    allocator is capped by what the sizing keeps free), and memest's own figure is recorded."""
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    monkeypatch.setenv("MEMEST_ESTIMATE", "apply")
+    _sizing(memest_headroom=GIB)
+    sizing = state().vllm.extensible_kv
+    assert sizing is not None and sizing.sized_by == "memest"
+    assert sizing.memest_transient_peak_bytes == TRANSIENT == 4 * GIB
+    assert sizing.memest_measured_transient_bytes == GIB
 
 
 @pytest.mark.parametrize(("mode", "sized_by"), [("plan", "vllm"), ("apply", "memest")])
