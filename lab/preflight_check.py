@@ -165,6 +165,8 @@ class Row:
     # segments the step opened for the lab stand-ins' temporaries, added back to the truth
     standin_scratch_bytes: int = 0
     family_tested: str = ""  # family_of: what the configuration tests
+    # of standin_scratch_bytes, the carry shim's silu_and_mul temporaries (shim_silu_scratch)
+    shim_scratch_bytes: int = 0
 
 
 @dataclass
@@ -254,10 +256,11 @@ def _row(
     assert over is not None
     numbered = re.match(r"results\.call(\d+)", path.name)
     ran_shim = numbered is None or int(numbered.group(1)) <= LAST_SHIM_SILU_CALL
+    shim = 0
     if ran_shim and step is not None:
         # the peak is cumulative: the first step's segments stay reserved in the later steps
-        scratch += shim_silu_scratch(rec["config"], int(rec.get("step_tokens") or cfg["mbt"]))
-    truth = kv - over + scratch
+        shim = shim_silu_scratch(rec["config"], int(rec.get("step_tokens") or cfg["mbt"]))
+    truth = kv - over + scratch + shim
     alone = rec["mode"] == "alone"
     budget = _int(rec, "budget_bytes", where)
     return Row(
@@ -278,7 +281,8 @@ def _row(
         vllm_error_bytes=kv - truth if alone else None,
         not_asked=[k for k in NOT_ASKED if cfg.get(k)],
         budget_matches=budget is None or budget == result.terms.requested_bytes,
-        standin_scratch_bytes=scratch,
+        standin_scratch_bytes=scratch + shim,
+        shim_scratch_bytes=shim,
         family_tested=family,
     )
 
@@ -524,6 +528,17 @@ def _reports_by_config(paths: Sequence[Path]) -> dict[str, Path]:
     return found
 
 
+def with_decode_backend(report: RunReport, name: str) -> RunReport:
+    """The report with the MLA decode backend its start ran (CONFIGS' attention_backend) where
+    the plugin did not record it yet (reports before it did): the what-if moves TRITON_MLA's
+    decode logits by it."""
+    backend = CONFIGS[name].get("attention_backend")
+    if report.config.mla_decode_backend is not None or backend is None:
+        return report
+    config = report.config.model_copy(update={"mla_decode_backend": backend})
+    return report.model_copy(update={"config": config})
+
+
 def _dims(report: RunReport, name: str) -> ModelDims:
     """The model's dimensions from its config.json (as `memest estimate --model-config` gives
     them): a what-if to a longer max_model_len needs its max_position_embeddings."""
@@ -533,8 +548,10 @@ def _dims(report: RunReport, name: str) -> ModelDims:
 def pairs(c: Check, paths: Sequence[Path]) -> list[Pair]:
     """The what-if between any two started grids of one family: from G's memest-apply report,
     the KV budget at G' against G''s truth (its best-measured starts' worst)."""
+    # G's report and G''s start ran the same stand-ins: the what-if is held to G' as measured
     truths = {
-        name: min(r.truth_kv_bytes for r in _best(rs)) for name, rs in _by_config(c.rows).items()
+        name: min(r.truth_kv_bytes - r.shim_scratch_bytes for r in _best(rs))
+        for name, rs in _by_config(c.rows).items()
     }
     family = {r.config: r.family_tested for r in c.rows}
     model = {name: CONFIGS[name]["model"] for name in truths}
@@ -542,7 +559,7 @@ def pairs(c: Check, paths: Sequence[Path]) -> list[Pair]:
     for name, rep_path in sorted(_reports_by_config(paths).items()):
         if name not in truths:
             continue
-        report = RunReport.model_validate_json(rep_path.read_text())
+        report = with_decode_backend(RunReport.model_validate_json(rep_path.read_text()), name)
         for other in sorted(truths):
             if other == name or model[other] != model[name] or family[other] == "hybrid":
                 continue
@@ -818,7 +835,10 @@ def render(c: Check, command: str) -> str:
             "",
             "From each configuration's memest-apply report (G), `what_if` predicts the KV budget "
             "at every other started grid of the same model (G'); truth = G''s (the smallest of "
-            f"its best-measured starts'). Target: within ±0.1 GiB. Worst: {fmt_gib(worst)} GiB.",
+            "its best-measured starts'), as measured: G's report and G''s start ran the same "
+            "stand-ins, so the carry shim's silu_and_mul temporaries stay in both. An MLA "
+            "report from before the plugin recorded its decode backend takes the one its start "
+            f"ran (CONFIGS). Target: within ±0.1 GiB. Worst: {fmt_gib(worst)} GiB.",
             "",
             *pair_table(c.pairs),
         ]

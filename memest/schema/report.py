@@ -176,6 +176,12 @@ class RunConfig(MemestModel):
     mla_prefill_backend: str | None = Field(
         default=None, description="MLA models: the prefill backend vLLM chose (recorded)"
     )
+    mla_decode_backend: str | None = Field(
+        default=None,
+        description="MLA models: the attention (decode) backend vLLM chose (recorded: "
+        "TRITON_MLA, FLASHMLA, ...); TRITON_MLA reserves its split-KV decode logits in the "
+        "workspace manager, which a what-if moves with max_num_seqs and max_model_len",
+    )
     gdn_prefill_backend: str | None = Field(
         default=None,
         description="Gated-delta-net models: the prefill backend vLLM chose (recorded: "

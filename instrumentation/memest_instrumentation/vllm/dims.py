@@ -134,10 +134,12 @@ def record_gdn_prefill(vllm_config: Any) -> None:
 
 
 def record_mla_prefill(vllm_config: Any) -> None:
-    """The MLA prefill backend vLLM built (its name, whether it pads v), once the model exists.
+    """The MLA prefill backend vLLM built (its name, whether it pads v) and its attention
+    (decode) backend, once the model exists.
 
     memest.estimate.mla_context sizes the reservation of MLA's prefill over cached context by
-    it; any MLA layer of the model's forward context holds the backend.
+    the first, memest.estimate.terms.mla_decode TRITON_MLA's decode logits by the second; any
+    MLA layer of the model's forward context holds both.
     """
     from memest_instrumentation.vllm.state import state
 
@@ -154,7 +156,12 @@ def record_mla_prefill(vllm_config: Any) -> None:
         get_name = getattr(backend, "get_name", None)
         name = str(get_name()) if callable(get_name) else type(backend).__name__
         padded = bool(getattr(backend, "requires_v_padding", False))
+        decode = getattr(getattr(layer, "attn_backend", None), "get_name", None)
         st.config = st.config.model_copy(
-            update={"mla_prefill_backend": name, "mla_prefill_v_padded": padded}
+            update={
+                "mla_prefill_backend": name,
+                "mla_prefill_v_padded": padded,
+                "mla_decode_backend": str(decode()) if callable(decode) else None,
+            }
         )
         return

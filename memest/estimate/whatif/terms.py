@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from memest.analysis.owners import COMPILED_PIECE, CUBLAS_WORKSPACE
+from memest.estimate.model_shape import ModelShape
 from memest.estimate.parallel import parallel_bytes, start_layout
 from memest.estimate.phases import budget_bytes, phase, total_bytes
 from memest.estimate.runner_buffers import (
@@ -24,7 +25,7 @@ from memest.estimate.runner_buffers import (
     group_tables,
     runner_buffer_bytes,
 )
-from memest.estimate.terms import catalog
+from memest.estimate.terms import catalog, mla_decode
 from memest.estimate.terms.shape import parameter_bytes
 from memest.estimate.whatif.grid import Grids
 from memest.estimate.whatif.models import WhatIfCalibration
@@ -77,6 +78,51 @@ def _buffer_deltas(
         moved[term] = moved.get(term, 0) + drafter_moves.get(term, 0)
         laws[term] = "; ".join(x for x in (laws.get(term), law) if x)
     return moved, laws
+
+
+def _move_decode_logits(
+    report: RunReport,
+    configs: tuple[RunConfig, RunConfig],
+    target: ModelShape,
+    dims: ModelDims,
+    moves: tuple[dict[str, int], dict[str, str]],
+    notes: list[str],
+) -> None:
+    """TRITON_MLA's split-KV decode logits at G and G' (memest.estimate.terms.mla_decode), in
+    the workspace manager's one buffer beside the fused-MoE workspace: the residue holds the
+    larger, so it moves by max(G') - max(G) less what the fused-MoE workspace moved already."""
+    backend = report.config.mla_decode_backend
+    if target.family != "mla" or target.sparse:
+        return
+    if backend is None:
+        notes.append(
+            "MLA decode backend not recorded (a report from before the plugin recorded it): "
+            "TRITON_MLA's decode logits, sized by max_num_seqs and max_model_len, are not moved"
+        )
+        return
+    block = report.kv_cache.block_size if report.kv_cache is not None else 16
+    sides = []
+    for config in configs:
+        logits = mla_decode.logits_workspace_bytes(
+            target,
+            backend,
+            max_num_seqs=config.max_num_seqs or 1,
+            max_model_len=config.max_model_len or 1,
+            num_speculative_tokens=config.num_speculative_tokens,
+            sms=dims.num_sms,
+        )
+        grid = RunnerGrid.from_config(config, block_size=block)
+        sides.append((logits, runner_buffer_bytes(dims, grid).get("fused_moe_workspace", 0)))
+    (logits_g, moe_g), (logits_to, moe_to) = sides
+    change = max(logits_to, moe_to) - max(logits_g, moe_g) - (moe_to - moe_g)
+    if change:
+        deltas, laws = moves
+        term = "profiling_residue_bytes"
+        deltas[term] = deltas.get(term, 0) + change
+        laws[term] = "; ".join(
+            x for x in (laws.get(term), f"{backend}'s decode logits (mla_decode)") if x
+        )
+        notes.append(f"{backend}'s split-KV decode logits {logits_g} -> {logits_to} B")
 
 
 def _has_moe_owner(report: RunReport) -> bool:
@@ -298,6 +344,8 @@ def move_terms(
             "the KV budget uses the owner rows"
         )
     deltas, delta_laws = _buffer_deltas(report, pair.configs, dims, notes)
+    if dims is not None and s.target is not None:
+        _move_decode_logits(report, pair.configs, s.target, dims, (deltas, delta_laws), notes)
     tp_moves = _parallel_moves(report, pair.configs, dims, notes)
     if tp_moves:
         delta_laws["outside_torch_bytes"] = (

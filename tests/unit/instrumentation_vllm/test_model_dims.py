@@ -189,9 +189,12 @@ def test_the_mla_prefill_backend_is_recorded(tmp_path: Path) -> None:
     st = state()
     terms = {}
     for backend, name, padded in ((flash, "FLASH_ATTN", True), (cpu, "CPU_SDPA_MLA", False)):
+        decode = types.SimpleNamespace(get_name=lambda: "TRITON_MLA")
         layers = {
             "model.layers.0.mlp": types.SimpleNamespace(),
-            "model.layers.0.self_attn.mla_attn": types.SimpleNamespace(prefill_backend=backend),
+            "model.layers.0.self_attn.mla_attn": types.SimpleNamespace(
+                prefill_backend=backend, attn_backend=decode
+            ),
         }
         vc = types.SimpleNamespace(
             compilation_config=types.SimpleNamespace(static_forward_context=layers)
@@ -200,6 +203,7 @@ def test_the_mla_prefill_backend_is_recorded(tmp_path: Path) -> None:
         dims.record_mla_prefill(vc)
         assert st.config.mla_prefill_backend == name
         assert st.config.mla_prefill_v_padded is padded
+        assert st.config.mla_decode_backend == "TRITON_MLA"
         terms[padded] = run_mla_context_bytes(st.config, 16)
     assert terms[True] > terms[False] > 0
 
