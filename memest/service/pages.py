@@ -126,7 +126,7 @@ def _no_endpoint(*_: object) -> None:  # never called: the worker's routes only 
 def _router(table: RouteTable) -> Router:
     return Router(
         [
-            Mount(path, app=_no_endpoint, name=name)
+            Mount(path, routes=[], name=name)
             if mount
             else Route(path, endpoint=_no_endpoint, name=name)
             for name, path, mount in table
