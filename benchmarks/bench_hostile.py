@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import multiprocessing
 import os
@@ -42,6 +43,8 @@ from urllib.parse import quote, urlencode
 import httpx
 
 TOKEN = "bench-hostile-write-token"
+#: Runs stored for the uncached compare pages: PAIR_RUNS * (PAIR_RUNS - 1) ordered pairs.
+PAIR_RUNS = 8
 READ_TOKEN = "bench-hostile-read-token"
 
 
@@ -312,6 +315,16 @@ def _run_all(url: str, port: int, cap_s: float, only: list[str]) -> list[dict[st
             assert answer.status_code == 201, answer.text
             stored[stages] = data["run_id"]
             model = data["model"]
+        # Runs of another model (the history scenario's stays at two) whose ordered pairs make
+        # 45 compare pages none of which is cached.
+        others = []
+        for i in range(PAIR_RUNS):
+            data = _report(1000 if i % 2 else 2000)
+            data["model"] += "-pairs"
+            answer = http.post("/api/v1/reports", json=data, headers=auth)
+            assert answer.status_code == 201, answer.text
+            others.append(data["run_id"])
+    pairs = itertools.cycle([(a, b) for a in others for b in others if a != b])
     w30k = _report(30_000, triggers=False)
     w_limit = _report(limits.MAX_STAGES)
     dump = lambda d: json.dumps(d).encode()  # noqa: E731
@@ -415,6 +428,15 @@ def _run_all(url: str, port: int, cap_s: float, only: list[str]) -> list[dict[st
         scenario(
             "45 compare pages, 1k x 1k vs 2k x 2k",
             _get(f"/compare?a={stored[1000]}&b={stored[2000]}"),
+            45,
+            45,
+            cap_s,
+        ),
+        scenario(
+            "45 compare pages of 45 pairs of 1k-2k runs (uncached)",
+            lambda h: (
+                h.get("/compare", params=dict(zip("ab", next(pairs), strict=True))).status_code
+            ),
             45,
             45,
             cap_s,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
-import os
 import threading
 import time
 import traceback
@@ -31,6 +30,7 @@ import anyio
 import anyio.to_thread
 
 from memest.service.errors import BadRequest, DeadlineExceeded, Unavailable, as_service_error
+from memest.service.niceness import WORKER_NICENESS, lower_priority, serve_niced
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +41,14 @@ T = TypeVar("T")
 QUEUE_SHARE = 0.5
 #: Seconds a killed worker gets to exit before it is left to the OS.
 _JOIN_S = 2.0
-#: The niceness a worker process adds to its own: a computation yields a contended core to the
-#: server's event loop (and /healthz) at once, instead of sharing it for a scheduler slice.
-WORKER_NICENESS = 10
+
+# The workers' priority (memest.service.niceness, which they run first), named here too.
+__all__ = ["WORKER_NICENESS", "ComputePool", "Slot", "lower_priority", "serve"]
 
 
-def lower_priority() -> None:
-    """Lower this process's CPU priority by WORKER_NICENESS (calculator and ingest workers)."""
-    try:
-        os.nice(WORKER_NICENESS)
-    except OSError:  # not permitted here: the worker runs at the server's priority
-        pass
-
-
-def _serve(conn: Connection) -> None:
-    """A worker's loop: (function, args) in, ("ok", bytes) / ("refused", ServiceError) /
-    ("failed", traceback text) out."""
-    lower_priority()
+def serve(conn: Connection) -> None:
+    """A worker's loop (after memest.service.niceness.serve_niced): (function, args) in,
+    ("ok", bytes) / ("refused", ServiceError) / ("failed", traceback text) out."""
     while True:
         try:
             fn, args = conn.recv()
@@ -80,7 +71,7 @@ class _Worker:
     def __init__(self) -> None:
         ctx = multiprocessing.get_context("spawn")  # never fork the threaded server
         self.conn, child = ctx.Pipe()
-        self.process: BaseProcess = ctx.Process(target=_serve, args=(child,), daemon=True)
+        self.process: BaseProcess = ctx.Process(target=serve_niced, args=(child,), daemon=True)
         self.process.start()
         child.close()
 
