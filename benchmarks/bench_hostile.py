@@ -3,8 +3,9 @@ each is answered, and /healthz's latency while it runs.
 
   python benchmarks/bench_hostile.py                                   # SQLite in a temp folder
   python benchmarks/bench_hostile.py --database-url postgresql+psycopg://postgres@127.0.0.1/test
-  python benchmarks/bench_hostile.py --only pages      # the page floods only (--only: a part of
-                                                       # the scenario's name; repeatable)
+  python benchmarks/bench_hostile.py --only pages --only control
+                     # the page floods and their control only (--only: part of a scenario's
+                     # name; repeatable)
 
 Run it from outside the repository with PYTHONPATH naming the tree to measure (`python -m memest`
 would import the current directory's memest first). Loopback only; every scenario is bounded
@@ -416,6 +417,13 @@ def _run_all(url: str, port: int, cap_s: float, only: list[str]) -> list[dict[st
             ),
             16,
             16,
+            cap_s,
+        ),
+        scenario(
+            "45 static files at once (control: the floods' own load, no computation)",
+            _get("/static/memest.css"),
+            45,
+            45,
             cap_s,
         ),
         scenario(
