@@ -34,15 +34,13 @@ router = APIRouter(tags=["dashboard"], dependencies=[ReadAuth])
 
 #: Models listed per home page (by name; ?offset= pages on).
 INDEX_MODELS = 100
-#: Models listed per home page (by name; ?offset= pages on).
-INDEX_MODELS = 100
 
 
 class PageJob(NamedTuple):
     """A page to build in a page worker (memest.service.pages): the function and its arguments,
-    and the key its body is kept under in the response cache (None: not kept)."""
+    and the key its body is kept under in the response cache."""
 
-    key: tuple[Any, ...] | None
+    key: tuple[Any, ...]
     build: Callable[..., bytes]
     args: tuple[Any, ...]
 
@@ -59,9 +57,8 @@ async def _page_build(
         if isinstance(job, bytes):
             return HTMLResponse(job)
         body = await slot.run(job.build, *job.args)
-    if job.key is not None:
-        responses: store.ResponseCache = request.app.state.response_cache
-        responses.put(job.key, body)
+    responses: store.ResponseCache = request.app.state.response_cache
+    responses.put(job.key, body)
     return HTMLResponse(body)
 
 
