@@ -13,7 +13,6 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from memest.builds.history import History, HistoryEntry
 from memest.builds.runs import run_facts
 from memest.service import pages, store
 from memest.service.compute import ComputePool
@@ -278,10 +277,15 @@ async def history_page(
         if isinstance(job, bytes):
             return HTMLResponse(job)
         built = await slot.run(
-            pages.history_page_html, view, model, page, job.history, job.known, job.missing
+            pages.history_page_html,
+            *(view, model, page, job.history_key, job.history, job.known, job.missing),
         )
-    # Whatever the worker parsed is kept, also for a page past the last one.
-    await anyio.to_thread.run_sync(_keep_history, request, job, built)
+    # Whatever the worker built is kept, also for a page past the last one.
+    entries = _entry_cache(request)
+    for report_id, entry in built.entries.items():
+        entries.put(job.leads[report_id], entry)
+    if built.history is not None:
+        entries.put(job.history_key, built.history)
     if built.html is None:
         raise NotFound(f"history of {model!r} has {built.pages} page(s), not {page}", field="page")
     responses.put(job.key, built.html)
@@ -289,14 +293,14 @@ async def history_page(
 
 
 class HistoryJob(NamedTuple):
-    """A history page to build: its response cache key, the model's history when the entry
-    cache has it (else the entries it has and the lead reports it lacks, each with the key its
-    entry is kept under)."""
+    """A history page to build: its response cache key, the key of the model's history and
+    that history (JSON) when the entry cache has it, else the entries it has (JSON) and the
+    lead reports it lacks, with the key each one's entry is kept under."""
 
     key: tuple[Any, ...]
     history_key: tuple[Any, ...]
-    history: History | None
-    known: list[HistoryEntry]
+    history: bytes | None
+    known: list[bytes]
     missing: list[StoredReport]
     leads: dict[str, tuple[str, str]]
 
@@ -326,22 +330,13 @@ def _history_page_read(
         entries = _entry_cache(request)
         history_key = ("history", model, stored)
         hist = entries.get(history_key)
-        if isinstance(hist, History):
+        if hist is not None:
             return HistoryJob(key, history_key, hist, [], [], {})
         runs = store.model_runs(session, model)
         leads = store.lead_keys(session, [r.run_id for r in runs])
         known, missing = _history_entries(request, session, leads)
     by_report = {lead[0]: lead for lead in leads.values()}
     return HistoryJob(key, history_key, None, known, missing, by_report)
-
-
-def _keep_history(request: Request, job: HistoryJob, built: pages.HistoryBuild) -> None:
-    """The entries and the history a history page's worker built, into the app's entry cache."""
-    entries = _entry_cache(request)
-    for report_id, entry in built.entries.items():
-        entries.put(job.leads[report_id], entry)
-    if built.history is not None:
-        entries.put(job.history_key, built.history)
 
 
 def _model_state(session: Session, model: str) -> tuple[int, str, int, int]:
@@ -366,15 +361,15 @@ def _history_entries(
     request: Request,
     session: Session,
     leads: dict[str, tuple[str, str]],
-) -> tuple[list[HistoryEntry], list[StoredReport]]:
-    """The runs' history entries in the app's entry cache, and the lead reports of the others
-    (read in bulk; a worker parses them). Entries are kept per lead report (its id and its run's
-    ingest time, which name one content): far smaller than a parsed report, so thousands of runs
-    stay cached and only the reports not seen yet are read."""
+) -> tuple[list[bytes], list[StoredReport]]:
+    """The runs' history entries in the app's entry cache (JSON), and the lead reports of the
+    others (read in bulk; a worker parses them). Entries are kept per lead report (its id and
+    its run's ingest time, which name one content): far smaller than a parsed report, so
+    thousands of runs stay cached and only the reports not seen yet are read."""
     entries = _entry_cache(request)
     found = {lead: entries.get(lead) for lead in leads.values()}
-    known = [hit for hit in found.values() if isinstance(hit, HistoryEntry)]
-    missing_ids = [lead[0] for lead, hit in found.items() if not isinstance(hit, HistoryEntry)]
+    known = [hit for hit in found.values() if hit is not None]
+    missing_ids = [lead[0] for lead, hit in found.items() if hit is None]
     missing: list[StoredReport] = []
     for chunk in (missing_ids[i : i + 500] for i in range(0, len(missing_ids), 500)):
         for row in session.scalars(select(Report).where(Report.report_id.in_(chunk))):
@@ -384,15 +379,16 @@ def _history_entries(
     return known, missing
 
 
-#: History entries kept per app (each a few hundred bytes).
+#: History entries kept per app (each a few kB of JSON), and the models' whole histories.
 HISTORY_ENTRIES = 50_000
 
 
-def _entry_cache(request: Request) -> EntryCache[HistoryEntry | History]:
+def _entry_cache(request: Request) -> EntryCache[bytes]:
+    """The app's history entries and histories as JSON (memest.service.pages.HistoryBuild)."""
     state = request.app.state
     if not hasattr(state, "history_entries"):
-        state.history_entries = EntryCache[HistoryEntry | History](HISTORY_ENTRIES)
-    entries: EntryCache[HistoryEntry | History] = state.history_entries
+        state.history_entries = EntryCache[bytes](HISTORY_ENTRIES)
+    entries: EntryCache[bytes] = state.history_entries
     return entries
 
 
