@@ -3,6 +3,9 @@ each is answered, and /healthz's latency while it runs.
 
   python benchmarks/bench_hostile.py                                   # SQLite in a temp folder
   python benchmarks/bench_hostile.py --database-url postgresql+psycopg://postgres@127.0.0.1/test
+  python benchmarks/bench_hostile.py --only pages --only control
+                     # the page floods and their control only (--only: part of a scenario's
+                     # name; repeatable)
 
 Run it from outside the repository with PYTHONPATH naming the tree to measure (`python -m memest`
 would import the current directory's memest first). Loopback only; every scenario is bounded
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import multiprocessing
 import os
@@ -40,6 +44,8 @@ from urllib.parse import quote, urlencode
 import httpx
 
 TOKEN = "bench-hostile-write-token"
+#: Runs stored for the uncached compare pages: PAIR_RUNS * (PAIR_RUNS - 1) ordered pairs.
+PAIR_RUNS = 8
 READ_TOKEN = "bench-hostile-read-token"
 
 
@@ -271,6 +277,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--database-url", default=None, help="default: SQLite in a temp folder")
     p.add_argument("--scenario-s", type=float, default=60.0, help="cap per scenario, seconds")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="run only the scenarios whose name contains TEXT (repeatable; 'idle' always runs)",
+    )
     args = p.parse_args()
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -282,7 +295,7 @@ def main() -> int:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_up(url, 60)
-            for result in _run_all(url, port, args.scenario_s):
+            for result in _run_all(url, port, args.scenario_s, args.only):
                 print(json.dumps(result), flush=True)
         finally:
             proc.terminate()
@@ -291,7 +304,7 @@ def main() -> int:
     return 0
 
 
-def _run_all(url: str, port: int, cap_s: float) -> list[dict[str, Any]]:
+def _run_all(url: str, port: int, cap_s: float, only: list[str]) -> list[dict[str, Any]]:
     from memest.service import limits
 
     auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -303,59 +316,68 @@ def _run_all(url: str, port: int, cap_s: float) -> list[dict[str, Any]]:
             assert answer.status_code == 201, answer.text
             stored[stages] = data["run_id"]
             model = data["model"]
+        # Runs of another model (the history scenario's stays at two) whose ordered pairs make
+        # 45 compare pages none of which is cached.
+        others = []
+        for i in range(PAIR_RUNS):
+            data = _report(1000 if i % 2 else 2000)
+            data["model"] += "-pairs"
+            answer = http.post("/api/v1/reports", json=data, headers=auth)
+            assert answer.status_code == 201, answer.text
+            others.append(data["run_id"])
+    pairs = itertools.cycle([(a, b) for a in others for b in others if a != b])
     w30k = _report(30_000, triggers=False)
     w_limit = _report(limits.MAX_STAGES)
     dump = lambda d: json.dumps(d).encode()  # noqa: E731
+
+    def chosen(name: str) -> bool:
+        return name == "idle" or not only or any(part in name for part in only)
+
+    def scenario(name: str, *rest: Any) -> dict[str, Any] | None:
+        return _scenario(url, port, name, *rest) if chosen(name) else None
+
+    def trickled(clients: int, cap: float) -> dict[str, Any] | None:
+        name = f"{clients} trickled login bodies"
+        return _trickled_logins(url, port, clients, cap) if chosen(name) else None
+
     results = [
-        _scenario(url, port, "idle", lambda h: h.get("/healthz").status_code, 1, 1, cap_s),
-        _scenario(
-            url,
-            port,
+        scenario("idle", lambda h: h.get("/healthz").status_code, 1, 1, cap_s),
+        scenario(
             "preflight 3,000 layers",
             _post("/api/v1/preflight", dump(_preflight(3000))),
             1,
             1,
             cap_s,
         ),
-        _scenario(
-            url,
-            port,
+        scenario(
             "preflight 10^5 layers",
             _post("/api/v1/preflight", dump(_preflight(10**5))),
             1,
             1,
             cap_s,
         ),
-        _scenario(
-            url,
-            port,
+        scenario(
             "preflight 10^7 layers",
             _post("/api/v1/preflight", dump(_preflight(10**7))),
             1,
             1,
             cap_s,
         ),
-        _scenario(
-            url,
-            port,
+        scenario(
             f"preflight {limits.MAX_LAYERS} layers (the limit) x 16",
             _post("/api/v1/preflight", dump(_preflight(limits.MAX_LAYERS))),
             16,
             16,
             cap_s,
         ),
-        _scenario(
-            url,
-            port,
+        scenario(
             "what-if 30k stages",
             _post("/api/v1/what-if", dump({"report": w30k, "plan": w30k["capture_plans"][0]})),
             1,
             1,
             cap_s,
         ),
-        _scenario(
-            url,
-            port,
+        scenario(
             f"what-if {limits.MAX_STAGES} stages (the limit) x 8",
             _post(
                 "/api/v1/what-if", dump({"report": w_limit, "plan": w_limit["capture_plans"][0]})
@@ -364,40 +386,30 @@ def _run_all(url: str, port: int, cap_s: float) -> list[dict[str, Any]]:
             8,
             cap_s,
         ),
-        _scenario(
-            url,
-            port,
+        scenario(
             "45 estimates of a stored 2k x 2k run",
             _post(f"/api/v1/runs/{stored[2000]}/estimate", b"{}"),
             45,
             45,
             cap_s,
         ),
-        _scenario(
-            url,
-            port,
+        scenario(
             "45 estimates of a stored 1k x 1k run",
             _post(f"/api/v1/runs/{stored[1000]}/estimate", b"{}"),
             45,
             45,
             cap_s,
         ),
-        _scenario(
-            url,
-            port,
+        scenario(
             "2,000 bearer-token guesses",
             _post("/api/v1/reports", b"{}", {"Authorization": "Bearer guess-0000000000000"}),
             2000,
             16,
             cap_s,
         ),
-        _scenario(
-            url, port, "100 login guesses, rotated X-Forwarded-For", _login_guess, 100, 4, cap_s
-        ),
-        _trickled_logins(url, port, 1000, min(cap_s, 15.0)),
-        _scenario(
-            url,
-            port,
+        scenario("100 login guesses, rotated X-Forwarded-For", _login_guess, 100, 4, cap_s),
+        trickled(1000, min(cap_s, 15.0)),
+        scenario(
             "16 plans of max_cudagraph_capture_size 2^20",
             _get(
                 "/api/v1/plan?"
@@ -407,29 +419,39 @@ def _run_all(url: str, port: int, cap_s: float) -> list[dict[str, Any]]:
             16,
             cap_s,
         ),
-        _scenario(
-            url,
-            port,
+        scenario(
+            "45 static files at once (control: the floods' own load, no computation)",
+            _get("/static/memest.css"),
+            45,
+            45,
+            cap_s,
+        ),
+        scenario(
             "45 model pages of a 2k x 2k run",
             _get(f"/models/{quote(model, safe='')}?run={stored[2000]}"),
             45,
             45,
             cap_s,
         ),
-        _scenario(
-            url,
-            port,
+        scenario(
             "45 compare pages, 1k x 1k vs 2k x 2k",
             _get(f"/compare?a={stored[1000]}&b={stored[2000]}"),
             45,
             45,
             cap_s,
         ),
-        _scenario(
-            url, port, "45 history pages", _get(f"/history/{quote(model, safe='')}"), 45, 45, cap_s
+        scenario(
+            "45 compare pages of 45 pairs of 1k-2k runs (uncached)",
+            lambda h: (
+                h.get("/compare", params=dict(zip("ab", next(pairs), strict=True))).status_code
+            ),
+            45,
+            45,
+            cap_s,
         ),
+        scenario("45 history pages", _get(f"/history/{quote(model, safe='')}"), 45, 45, cap_s),
     ]
-    return results
+    return [r for r in results if r is not None]
 
 
 def _login_guess(http: httpx.Client) -> int:

@@ -53,7 +53,8 @@ histories, the capture-plan and estimate calculators, and Prometheus metrics.
 Pushing a report needs `Authorization: Bearer $MEMEST_PUSH_TOKEN` (push-only, for vLLM pods) or the
 admin `$MEMEST_WRITE_TOKEN`, which alone may delete; reads are open unless `MEMEST_READ_TOKEN` is set
 (then the read or admin token as a bearer token, or the cookie of a `/login` session, which
-`/logout` ends). The calculators run in worker processes with a deadline (503/504 past it).
+`/logout` ends). The calculators, and the model, compare and history pages, run in worker
+processes with a deadline (503/504 past it).
 Bytes are integers everywhere.
 """
 
@@ -110,6 +111,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         app.state.ingest_pool.shutdown()
         app.state.compute_pool.shutdown()
+        app.state.page_pool.shutdown()
         app.state.metrics_cache.stop()
         app.state.engine.dispose()
 
@@ -135,6 +137,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.response_cache = store.ResponseCache(settings.report_cache_size)
 
     app.state.compute_pool = ComputePool(settings.compute_workers, settings.compute_deadline_s)
+    # The model, compare and history pages' parse and render (memest.service.pages).
+    app.state.page_pool = ComputePool(
+        settings.page_workers,
+        settings.compute_deadline_s,
+        kind="page",
+        workers_setting="MEMEST_PAGE_WORKERS",
+    )
     app.state.failure_limiter = FailureLimiter()
     app.state.login_sessions = SessionStore(app.state.sessionmaker)
     app.state.metrics = ServiceMetrics()

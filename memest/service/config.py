@@ -65,8 +65,17 @@ class Settings(BaseSettings):
         gt=0,
         le=600,
         allow_inf_nan=False,
-        description="Seconds a calculator request may wait for a worker and run; past it the "
-        "worker is stopped and the answer is a 504 (ran too long) or 503 (no worker was free)",
+        description="Seconds a calculator request or a page build may wait for a worker and run; "
+        "past it the worker is stopped and the answer is a 504 (ran too long) or 503 (no worker "
+        "was free)",
+    )
+    page_workers: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Worker processes (spawned on first use) that parse stored reports and render "
+        "the model, compare and history pages, so that a page build never holds the server's "
+        "GIL; more concurrent builds wait for a free worker",
     )
     max_report_bytes: int = Field(
         default=4 * MiB, ge=1024, description="Largest accepted report body, in bytes"

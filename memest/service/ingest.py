@@ -13,11 +13,11 @@ from datetime import UTC
 from memest.identity import stored_form
 from memest.schema import RunReport
 from memest.service.body import parse_body
-from memest.service.compute import lower_priority
 from memest.service.errors import (
     BadRequest,
 )
 from memest.service.metrics_cache import metric_rows_json
+from memest.service.niceness import lower_priority
 from memest.service.store import MAX_FINGERPRINT_CHARS, Prepared, prepare, to_utc
 
 _ID_RE = re.compile(r"^[A-Za-z0-9._:@+-]{1,200}$")
