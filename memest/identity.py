@@ -19,7 +19,7 @@ FINGERPRINT_HEX_CHARS = 16
 _DERIVED_FIELDS = {"model_dims", "drafter_dims"}
 #: RunConfig fields added after reports were first fingerprinted: left out while a report does not
 #: record them (None), so a report written before them keeps the fingerprint it had.
-_LATER_FIELDS = ("kv_cache_dtype", "quantization")
+_LATER_FIELDS = ("kv_cache_dtype", "quantization", "mla_decode_backend", "gdn_prefill_backend")
 
 
 def config_fingerprint(config: RunConfig) -> str:

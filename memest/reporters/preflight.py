@@ -58,12 +58,20 @@ def term_lines(r: PreflightResult) -> list[TermLine]:
 def heading_lines(r: PreflightResult) -> list[str]:
     """What was predicted: the model, GPU and calibration, then the grid."""
     spec = f" + {r.speculative_method} K={r.num_speculative_tokens}" if r.speculative_method else ""
+    blocks = f"{r.block_size}-token KV blocks ({r.attention_backend})"
+    groups = r.kv_cache.groups
+    if groups and groups[0].block_size != r.block_size:
+        # a hybrid's groups share one page size: vLLM scales the attention block up to it
+        blocks = (
+            f"{groups[0].block_size}-token KV blocks (one page for every group; "
+            f"{r.attention_backend}'s kernel block {r.block_size})"
+        )
     return [
         f"{r.model} ({r.family}){spec} on {r.gpu}, TP {r.tensor_parallel_size}, per rank; "
         f"calibration {r.calibration}",
         f"grid: {r.max_num_seqs} seqs, {r.max_num_batched_tokens} batched tokens, "
         f"max_model_len {r.max_model_len}, utilization {r.gpu_memory_utilization}, "
-        f"{r.total_graphs} CUDA graphs, {r.block_size}-token KV blocks ({r.attention_backend})",
+        f"{r.total_graphs} CUDA graphs, {blocks}",
     ]
 
 

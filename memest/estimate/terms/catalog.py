@@ -229,6 +229,7 @@ def _law_activation(s: Setup, c: Coefficients) -> Law:
     reserve = sampler_reserve(t, seqs, s.mbt)
     law = f"{c.activation_factor:.3f} x max_num_batched_tokens x layer token bytes"
     law += f" + the sampler's {seqs}-row reserve over the forward's freed segments" * bool(reserve)
+    law += " (with a gated-delta-net layer's prefill of every row)" * (t.gdn is not None)
     law += " + the profile run's MLA context stand-in" * standin
     return total, law + (dsa.ACTIVATION_LAW if t.sparse else "")
 
