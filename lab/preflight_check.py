@@ -50,7 +50,7 @@ from memest.estimate.allocsim import round_size, segment_size  # noqa: E402
 from memest.estimate.linear_prefill import prefill_backend  # noqa: E402
 from memest.estimate.model_shape import model_shape  # noqa: E402
 from memest.estimate.runner_buffers import ModelDims  # noqa: E402
-from memest.estimate.sampler import serving_step_reserve_bytes  # noqa: E402
+from memest.estimate.sampler import prompt_logprobs_rows, serving_step_reserve_bytes  # noqa: E402
 from memest.files import load_json_file, parse_json, read_regular_file  # noqa: E402
 from memest.preflight import preflight, request_from  # noqa: E402
 from memest.preflight.calibration import Calibration, load_calibration  # noqa: E402
@@ -246,9 +246,10 @@ def _row(
         over, source = max(step, context), "serving peak"
         if context >= step:
             scratch = context_step_scratch(path, rec["config"])
-    if step is not None and batch is None:
-        # the full-batch step the record lacks: its first full-size step and what it adds
-        batch = step + batch_step_unread(rec["config"])
+    if step is not None and (batch is None or _narrow_batch(rec, cfg["mbt"])):
+        # the full-batch step the record lacks, or one that scored fewer prompt rows than a
+        # whole chunk: its first full-size step and what serving's widest step adds
+        batch = max(batch or step, step + batch_step_unread(rec["config"]))
     if step is not None and batch is not None and batch - scratch > over - scratch:
         over, scratch = batch, 0
     if rec["config"] in NARROWER_CONTEXT_STEP:
@@ -302,6 +303,15 @@ def shim_silu_scratch(config: str, tokens: int) -> int:
         return 0
     temporary = round_size(tokens * shape.topk * shape.moe_intermediate * shape.dtype_bytes)
     return 2 * segment_size(temporary)
+
+
+def _narrow_batch(rec: Mapping[str, Any], mbt: int) -> bool:
+    """Whether the record's full-batch step scored fewer prompt rows than serving's widest
+    prompt-logprobs chunk: calls 44-47 sent 7-token prompts (7 x max_num_seqs rows; on
+    Llama-8B at 128 seqs, 896 rows of logits fit a freed forward block where 1,024 do not)."""
+    seqs = rec.get("batch_step_seqs") or 0
+    prompt = rec.get("batch_step_prompt_tokens") or 7
+    return seqs * prompt < prompt_logprobs_rows(mbt)
 
 
 def batch_step_unread(config: str) -> int:

@@ -232,3 +232,20 @@ def test_the_shims_silu_temporaries_are_the_ones_the_step_history_holds() -> Non
     assert set(shim) == {2047 * 2 * 14336 * 2}
     assert pc.shim_silu_scratch("X_mixtral4l_s64_t2048", 2047) == 2 * (112 << 20)
     assert pc.shim_silu_scratch("A_llama8b_s128_t4096", 4095) == 0  # no routed experts
+
+
+def test_a_batch_step_narrower_than_a_chunk_takes_the_derived_one() -> None:
+    """Call 45's Llama-8B start at vLLM's default utilization: its full-batch step sent 7-token
+    prompts, 896 rows of logits that fit the freed gate_up block (the step grew nothing), where
+    serving's widest chunk of 1,024 rows reserves 252 MiB more than the first step."""
+    path = RAW / "results.call45.jsonl"
+    c = pc.check([path])
+    rows = [r for r in c.rows if r.config == "A_llama8b_s128_t4096_udef"]
+    assert rows
+    for row in rows:
+        rec = _records(path)[row.line - 1]
+        assert rec.get("batch_step_prompt_tokens") is None and rec["batch_step_seqs"] == 128
+        assert rec["batch_step_usage_minus_budget_bytes"] == rec["step_usage_minus_budget_bytes"]
+        assert row.truth_kv_bytes == rec["kv_bytes"] - rec["step_usage_minus_budget_bytes"] - (
+            252 << 20
+        )
