@@ -227,3 +227,12 @@ def test_grid_sized_buffers_leave_small_residuals_held_out() -> None:
         for r in rows:
             for term in ("weights_bytes", "runner_buffer_bytes", "baseline_torch_bytes"):
                 assert abs(r.term_residuals[term]) < 32 << 20, (group, term)
+
+
+def test_without_a_drafter_start_the_drafter_takes_the_targets_factor() -> None:
+    """A fit with no start of a drafter cannot measure the drafter's share: its layers take the
+    target's factor (the safe side), never 0, which would leave its forward out."""
+    plain = [st for st in _synthetic_starts(TRUTH) if st.request.speculative_config is None]
+    got = fit_coefficients(plain)
+    assert got.activation_drafter_factor == got.activation_factor
+    assert got.activation_factor == pytest.approx(TRUTH.activation_factor, rel=1e-6)
