@@ -176,15 +176,16 @@ def serving_step_reserve_bytes(
 
 
 def run_serving_step_bytes(config: RunConfig, shape: ModelShape | None = None) -> int:
-    """``serving_step_reserve_bytes`` for one start, on the activation law's shape: from its
-    recorded dimensions, else from ``shape`` (a what-if's config.json), else 0; its recorded GDN
-    prefill backend, else vLLM's SM90 default."""
+    """``serving_step_reserve_bytes`` for one start, on the activation law's shape: from
+    ``shape`` (a what-if's model, the one its movers read: config.json where given, which may
+    hold fields a report recorded before it knew them), else from the recorded dimensions, else
+    0; its recorded GDN prefill backend, else vLLM's SM90 default."""
     from memest.estimate.activation import activation_shape
 
     if not config.max_num_batched_tokens:
         return 0
     dims = config.model_dims
-    if dims is not None:
+    if shape is None and dims is not None:
         try:
             shape = model_shape(
                 dims.model_dump(exclude_none=True) | {"torch_dtype": dims.dtype},

@@ -125,3 +125,27 @@ def test_the_layer_token_bytes_take_the_wider_gdn_projections() -> None:
     assert shape.qkv + shape.kv < layer.token_width
     extra = layer_token_bytes(shape) - layer_token_bytes(without)
     assert extra == 2 * (layer.token_width - (shape.qkv + shape.kv))
+
+
+def test_a_whatifs_model_gives_the_prefill_a_report_recorded_no_fields_for() -> None:
+    """A report recorded before the plugin knew the linear-attention fields: the what-if's
+    config.json (its movers' shape) gives the term, as the movers read it."""
+    from memest.estimate.sampler import run_serving_step_bytes
+    from memest.schema import ModelShape as RecordedDims
+    from memest.schema import RunConfig
+
+    recorded = RecordedDims.model_validate(
+        {k: v for k, v in QWEN3_NEXT.items() if k in RecordedDims.model_fields}
+        | {"linear_num_value_heads": None, "layer_types": None}
+    )
+    config = RunConfig(
+        model="qwen3next",
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+        model_dims=recorded,
+        gdn_prefill_backend="triton",
+    )
+    shape = model_shape(QWEN3_NEXT)
+    with_prefill = serving_step_reserve_bytes(activation_shape(shape), 64, 2048, "triton")
+    assert run_serving_step_bytes(config, shape) == with_prefill
+    assert run_serving_step_bytes(config) < with_prefill  # the recorded dims alone lack it
