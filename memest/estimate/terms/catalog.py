@@ -331,6 +331,11 @@ def _move_activation(m: Move) -> Moved:
     if m.target is not None:
         reserve = sampler_reserve(m.target, p.max_num_seqs, mbt, c.gdn_prefill_backend)
         reserve2 = sampler_reserve(m.target, p2.max_num_seqs, mbt2, c2.gdn_prefill_backend)
+    if act < reserve:
+        m.notes.append(
+            f"activation headroom {act} B reads less than the full-batch step's derived reserve "
+            f"{reserve} B: the forward is taken as 0 (the reading and the model disagree)"
+        )
     forward = out = max(act - reserve, 0)
     if mbt != mbt2:
         out = round(forward * mbt2 / mbt)
