@@ -496,10 +496,13 @@ def test_a_path_with_a_control_character_is_a_clean_404(client: TestClient, path
         assert client.get(path).json()["field"] == "path"
 
 
-def test_a_model_name_with_a_newline_is_not_stored(client: TestClient) -> None:
-    answer = client.post("/api/v1/reports", json=_report(model="a\nb"), headers=AUTH)
+@pytest.mark.parametrize("name", ["a\nb", "a\rb", "a\x85b", "a\x9b31mb", "a\u2028b", "a\u2029b"])
+def test_a_model_name_with_a_newline_is_not_stored(client: TestClient, name: str) -> None:
+    """ASCII newlines and controls, NEL and the other C1 controls, the Unicode line and paragraph
+    separators."""
+    answer = client.post("/api/v1/reports", json=_report(model=name), headers=AUTH)
     assert answer.status_code == 422
-    assert answer.json()["field"] == "model"
+    assert answer.json() == {"detail": "model contains a control character", "field": "model"}
 
 
 # --- PostgreSQL (and SQLite) delete races ---------------------------------------------------
