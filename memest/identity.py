@@ -62,7 +62,8 @@ def public_model_name(served_name: object, model: object) -> str:
     cached = _HF_CACHE_DIR.search(name)
     if cached:
         return f"{cached.group(1)}/{cached.group(2)}"
-    return _SEPARATORS.split(name.rstrip("/\\"))[-1] or "unknown"
+    parts = [p for p in _SEPARATORS.split(name) if p not in ("", ".")]
+    return parts[-1] if parts else "unknown"
 
 
 def model_display_name(model: str) -> str:
