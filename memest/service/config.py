@@ -138,17 +138,16 @@ class Settings(BaseSettings):
     def _long_enough(cls, token: SecretStr | None) -> SecretStr | None:
         """A token as a client can send it: surrounding whitespace (a Secret file's newline)
         dropped, as the token file and the plugin's MEMEST_TOKEN are read; at least
-        MIN_TOKEN_CHARS characters, all visible ASCII (an Authorization header cannot carry
-        a space inside a token, a control character or, portably, anything else)."""
+        MIN_TOKEN_CHARS characters, all printable ASCII (an Authorization header cannot carry
+        a control character or, portably, anything past ASCII)."""
         if token is None:
             return None
         text = token.get_secret_value().strip()
         if len(text) < MIN_TOKEN_CHARS:
             raise ValueError(f"a token must be at least {MIN_TOKEN_CHARS} characters")
-        if not all("!" <= c <= "~" for c in text):
+        if not all(" " <= c <= "~" for c in text):
             raise ValueError(
-                "a token must be visible ASCII characters without spaces (it is sent in an "
-                "Authorization header)"
+                "a token must be printable ASCII characters (it is sent in an Authorization header)"
             )
         return SecretStr(text)
 
