@@ -9,11 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from pathlib import PurePosixPath
 
 from memest.schema import BuildInfo, RunConfig, RunReport
 
-_HF_CACHE_DIR = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)(?:/|$)")
+#: A Hugging Face cache folder, with POSIX or Windows separators.
+_HF_CACHE_DIR = re.compile(r"(?:^|[/\\])models--([^/\\]+?)--([^/\\]+)(?:[/\\]|$)")
+_SEPARATORS = re.compile(r"[/\\]+")
+#: A Windows drive (``C:/models/x``); a Hugging Face id holds no colon.
+_DRIVE = re.compile(r"[A-Za-z]:[/\\]")
 FINGERPRINT_HEX_CHARS = 16
 #: RunConfig fields the fingerprint leaves out (they follow from the model).
 _DERIVED_FIELDS = {"model_dims", "drafter_dims"}
@@ -42,7 +45,8 @@ def public_model_name(served_name: object, model: object) -> str:
 
     vLLM's ``served_model_name`` defaults to ``model``, which may be a folder: a Hugging Face
     cache folder (``.../models--org--name/snapshots/<hash>``) gives ``org/name``; another folder
-    gives its own name, so no home directory or mount point leaks into a report.
+    gives its own name (a Windows path's too), so no home directory or mount point leaks into a
+    report.
     """
     if isinstance(served_name, list | tuple):
         served_name = served_name[0] if served_name else None
@@ -58,7 +62,8 @@ def public_model_name(served_name: object, model: object) -> str:
     cached = _HF_CACHE_DIR.search(name)
     if cached:
         return f"{cached.group(1)}/{cached.group(2)}"
-    return PurePosixPath(name.rstrip("/")).name or "unknown"
+    parts = [p for p in _SEPARATORS.split(name) if p not in ("", ".")]
+    return parts[-1] if parts else "unknown"
 
 
 def model_display_name(model: str) -> str:
@@ -70,7 +75,12 @@ def model_display_name(model: str) -> str:
 
 def _looks_like_path(name: str) -> bool:
     """A Hugging Face id is ``org/name`` or ``name``; anything else is a filesystem path."""
-    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or "\\" in name
+    return (
+        name.startswith(("/", "./", "../", "~"))
+        or name.count("/") > 1
+        or "\\" in name
+        or _DRIVE.match(name) is not None
+    )
 
 
 def build_label(vllm_version: str | None, memest_version: str | None) -> str:

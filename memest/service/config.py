@@ -136,9 +136,20 @@ class Settings(BaseSettings):
     @field_validator("write_token", "push_token", "read_token")
     @classmethod
     def _long_enough(cls, token: SecretStr | None) -> SecretStr | None:
-        if token is not None and len(token.get_secret_value()) < MIN_TOKEN_CHARS:
+        """A token as a client can send it: surrounding whitespace (a Secret file's newline)
+        dropped, as the token file and the plugin's MEMEST_TOKEN are read; at least
+        MIN_TOKEN_CHARS characters, all printable ASCII (an Authorization header cannot carry
+        a control character or, portably, anything past ASCII)."""
+        if token is None:
+            return None
+        text = token.get_secret_value().strip()
+        if len(text) < MIN_TOKEN_CHARS:
             raise ValueError(f"a token must be at least {MIN_TOKEN_CHARS} characters")
-        return token
+        if not all(" " <= c <= "~" for c in text):
+            raise ValueError(
+                "a token must be printable ASCII characters (it is sent in an Authorization header)"
+            )
+        return SecretStr(text)
 
     def trusted_proxies(self) -> list[str]:
         """MEMEST_FORWARDED_ALLOW_IPS as a list (empty: no proxy is trusted)."""

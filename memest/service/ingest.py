@@ -23,6 +23,10 @@ from memest.service.store import MAX_FINGERPRINT_CHARS, Prepared, prepare, to_ut
 _ID_RE = re.compile(r"^[A-Za-z0-9._:@+-]{1,200}$")
 _MAX_WORLD = 1 << 16
 #: Longest stored value per indexed column (the table's String lengths).
+#: Characters past ASCII that break a line or drive a terminal, refused in a stored name as
+#: the ASCII controls are: the C1 controls (NEL U+0085, CSI U+009B, ...) and the Unicode line and
+#: paragraph separators (a name is one line in a page, a log and a /metrics label).
+_LINE_BREAKS = frozenset(map(chr, range(0x80, 0xA0))) | {"\u2028", "\u2029"}
 _LENGTHS = {
     "model": 300,
     "build.label": 200,
@@ -78,7 +82,7 @@ def check_storable(report: RunReport) -> None:
             raise BadRequest(f"{field} is longer than {_LENGTHS[field]} characters", field=field)
         if "\x00" in value:
             raise BadRequest(f"{field} contains a NUL character", field=field)
-        if any(ord(c) < 0x20 or c == "\x7f" for c in value):
+        if any(ord(c) < 0x20 or c == "\x7f" or c in _LINE_BREAKS for c in value):
             raise BadRequest(f"{field} contains a control character", field=field)
     if not report.model.strip():
         raise BadRequest("model must not be empty", field="model")

@@ -64,6 +64,14 @@ def test_fingerprint_groups_launches_of_the_same_setup() -> None:
         ("/root/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/0a1b", "Qwen/Qwen3-8B"),
         ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"),
         ("my-llama", "my-llama"),
+        # Windows paths: no user folder or drive in a page title either.
+        ("C:\\Users\\bob\\models\\phi-3", "phi-3"),
+        ("D:\\weights\\Qwen3-8B\\", "Qwen3-8B"),
+        ("C:/phi-3", "phi-3"),
+        (
+            "C:\\Users\\bob\\.cache\\huggingface\\hub\\models--microsoft--phi-3\\snapshots\\ab",
+            "microsoft/phi-3",
+        ),
     ],
 )
 def test_model_display_name_keeps_ids_and_names_folders(model: str, shown: str) -> None:

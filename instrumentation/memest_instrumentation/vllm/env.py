@@ -214,7 +214,10 @@ class Settings:
                     raise ValueError
                 return value
             except ValueError:
-                problems.append(f"{name}={text!r}: expected an integer >= {minimum}")
+                problems.append(
+                    f"{name}={text!r}: expected an integer >= {minimum}; "
+                    f"the default {_default(name)} is used"
+                )
                 return int(_default(name))
 
         def number(name: str, maximum: float = math.inf) -> float:
@@ -226,7 +229,10 @@ class Settings:
                 return value
             except ValueError:
                 most = f" at most {maximum:g}" if math.isfinite(maximum) else ""
-                problems.append(f"{name}={text!r}: expected a finite positive number{most}")
+                problems.append(
+                    f"{name}={text!r}: expected a finite positive number{most}; "
+                    f"the default {_default(name)} is used"
+                )
                 return float(_default(name))
 
         mode_text = raw("MEMEST_ESTIMATE").lower()

@@ -215,7 +215,11 @@ def state() -> RunState:
         _STATE = RunState(settings=Settings.from_env())
         if _STATE.settings.enabled:
             _STATE.run_id = derive_run_id()
+        # Each problem is one warning naming its variable (fail() would log only the first),
+        # and recorded in the report's hook errors.
+        _STATE.warned.add("settings")
         for problem in _STATE.settings.problems:
+            logger.warning("memest setting ignored: %s", problem)
             _STATE.fail("settings", ValueError(problem))
     return _STATE
 

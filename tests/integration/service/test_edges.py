@@ -67,6 +67,24 @@ def test_a_short_token_is_refused_at_startup(field: str) -> None:
     assert Settings(**{field: "x" * MIN_TOKEN_CHARS}) is not None  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "token",
+    [" " * 24, "\t" * 20, "a-token-\x07-with-a-bell", "a-token-\twith-a-tab", "é" * 20],
+)
+def test_a_token_no_header_can_carry_is_refused_at_startup(token: str) -> None:
+    """Spaces only, or a control or non-ASCII character inside: no Authorization header would
+    match it, so the server would refuse every client without saying why."""
+    with pytest.raises(ValueError, match="write_token"):
+        Settings(write_token=token)  # type: ignore[arg-type]
+
+
+def test_a_tokens_surrounding_whitespace_is_dropped(make_client: MakeClient) -> None:
+    """A Secret made from a file holds its trailing newline; the header's token has none."""
+    client = make_client(write_token=f"  {TOKEN}\n")
+    answer = client.post("/api/v1/reports", json=_report(), headers=AUTH)
+    assert answer.status_code == 201, answer.text
+
+
 def test_memest_serve_names_the_short_token(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -478,10 +496,13 @@ def test_a_path_with_a_control_character_is_a_clean_404(client: TestClient, path
         assert client.get(path).json()["field"] == "path"
 
 
-def test_a_model_name_with_a_newline_is_not_stored(client: TestClient) -> None:
-    answer = client.post("/api/v1/reports", json=_report(model="a\nb"), headers=AUTH)
+@pytest.mark.parametrize("name", ["a\nb", "a\rb", "a\x85b", "a\x9b31mb", "a\u2028b", "a\u2029b"])
+def test_a_model_name_with_a_newline_is_not_stored(client: TestClient, name: str) -> None:
+    """ASCII newlines and controls, NEL and the other C1 controls, the Unicode line and paragraph
+    separators."""
+    answer = client.post("/api/v1/reports", json=_report(model=name), headers=AUTH)
     assert answer.status_code == 422
-    assert answer.json()["field"] == "model"
+    assert answer.json() == {"detail": "model contains a control character", "field": "model"}
 
 
 # --- PostgreSQL (and SQLite) delete races ---------------------------------------------------

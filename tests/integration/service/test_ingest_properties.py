@@ -18,9 +18,10 @@ from tests.integration.service.conftest import AUTH, MakeClient
 _BASE = json.loads(demo_report("minimax-m3-eagle3-k3", "PR").model_dump_json())
 _ids = st.from_regex(r"[A-Za-z0-9._:@+-]{1,40}", fullmatch=True)
 _text = st.text(min_size=0, max_size=60)
-#: A stored name (model, build label) holds no control character: ingest refuses those by name
-#: (tested in test_edges.py), so valid reports draw their names without them.
-_name_chars = st.characters(blacklist_categories=("Cc", "Cs"))
+#: A stored name (model, build label) holds no control character or line separator: ingest
+#: refuses those by name (tested in test_edges.py), so valid reports draw their names without
+#: them.
+_name_chars = st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp"))
 _bytes = st.integers(min_value=0, max_value=2**62)
 
 

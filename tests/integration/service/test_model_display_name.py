@@ -69,3 +69,19 @@ def test_a_hugging_face_id_or_served_name_is_stored_as_sent(make_client: MakeCli
         data.update(report_id=f"named-{i}-r0", run_id=f"named-{i}", model=name)
         _post(client, data)
         assert client.get(f"/api/v1/reports/named-{i}-r0").json()["model"] == name
+
+
+def test_no_page_title_shows_a_windows_path(make_client: MakeClient) -> None:
+    windows = "C:\\Users\\bob\\models\\phi-3"
+    client = make_client()
+    for i in range(2):
+        data = json.loads(REPORT.read_text())
+        data.update(report_id=f"win-{i}-r0", run_id=f"win-{i}", model=windows)
+        data["config"]["model"] = windows
+        _post(client, data)
+    assert [m["model"] for m in client.get("/api/v1/models").json()["data"]] == ["phi-3"]
+    for path in ("/", "/models/phi-3", "/history/phi-3", "/compare?a=win-0&b=win-1"):
+        page = client.get(path)
+        title = page.text.split("<title>", 1)[1].split("</title>", 1)[0]
+        assert page.status_code == 200 and "Users" not in title, (path, title)
+        assert "bob" not in page.text, path

@@ -158,3 +158,25 @@ def test_the_plugins_push_is_acknowledged_by_the_real_service(
     ok, problems = sink.push(wrong, report)
     assert not ok and problems[0].startswith("attempt 1: HTTP 401")
     assert (tmp_path / "spool").is_dir() and not (tmp_path / "rejected").exists()
+
+
+def test_a_push_timeout_past_the_bound_keeps_the_default_and_still_pushes(
+    tmp_path: Path, live_server: str
+) -> None:
+    """MEMEST_PUSH_TIMEOUT_S=9.3e9 (a deadline no clock reaches): refused by name, and the push
+    runs under the default 10 s instead of being dropped."""
+    from memest_instrumentation.vllm import sink
+    from memest_instrumentation.vllm.env import Settings
+
+    settings = Settings.from_env(
+        {
+            "MEMEST_SERVICE_URL": live_server,
+            "MEMEST_TOKEN": TOKEN,
+            "MEMEST_PUSH_TIMEOUT_S": "9.3e9",
+            "MEMEST_OUTPUT_DIR": str(tmp_path),
+        }
+    )
+    (problem,) = settings.problems
+    assert problem.startswith("MEMEST_PUSH_TIMEOUT_S='9.3e9': expected a finite positive")
+    assert settings.push_timeout_s == 10.0
+    assert sink.push(settings, demo_report("minimax-m3-eagle3-k3", "main")) == (True, [])

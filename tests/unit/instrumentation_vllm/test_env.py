@@ -147,3 +147,35 @@ def test_a_bad_run_id_is_warned_about_and_replaced_inside_vllm(
     assert any("MEMEST_RUN_ID='../../x'" in e for e in st.hook_errors)
     assert "MEMEST_RUN_ID='../../x'" in caplog.text
     monkeypatch.setattr(state_module, "_STATE", None)
+
+
+def test_each_bad_setting_is_one_warning_naming_it_and_the_push_keeps_its_default(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A junk service URL and an out-of-range push timeout: one warning line each (not only the
+    first), vLLM's start goes on, and the push keeps its 10 s timeout rather than being dropped."""
+    from memest_instrumentation.vllm import state as state_module
+
+    monkeypatch.setenv("MEMEST_ENABLE", "1")
+    monkeypatch.setenv("MEMEST_SERVICE_URL", "not a url")
+    monkeypatch.setenv("MEMEST_PUSH_TIMEOUT_S", "9.3e9")
+    monkeypatch.setattr(state_module, "_STATE", None)
+    with caplog.at_level("WARNING"):
+        st = state_module.state()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2, warnings
+    url, timeout = sorted(warnings, key=lambda w: "MEMEST_PUSH_TIMEOUT_S" in w)
+    assert "MEMEST_SERVICE_URL='not a url'" in url and "not pushed" in url
+    assert "MEMEST_PUSH_TIMEOUT_S='9.3e9'" in timeout and "at most 600" in timeout
+    assert timeout.endswith("the default 10 is used")
+    assert st.settings.push_timeout_s == 10.0 and st.settings.service_url == ""
+    assert len(st.hook_errors) == 2
+    monkeypatch.setattr(state_module, "_STATE", None)
+
+
+@pytest.mark.parametrize("url", ["ftp://x", "http://", "not a url", "http://h:99999", "http://h?x"])
+def test_a_junk_service_url_is_named_and_never_raises(url: str) -> None:
+    s = Settings.from_env({"MEMEST_SERVICE_URL": url})
+    assert s.service_url == ""
+    (problem,) = s.problems
+    assert problem.startswith(f"MEMEST_SERVICE_URL={url!r}: ")
