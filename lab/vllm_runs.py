@@ -502,6 +502,14 @@ GROUPS: dict[str, list[tuple[str, str]]] = {
         ("N_qwen3next4l_s64_t2048", "apply"),
         ("N_qwen3next4l_s64_t2048", "plan"),
     ],
+    # vLLM 0.33.0: the Qwen3-Next class with the GDN prefill term and the in-place
+    # silu_and_mul, apply then the plan it writes; EAGLE3 at serving's full-batch step
+    "gdn_eagle3": [
+        ("N_qwen3next4l_s64_t2048", "apply"),
+        ("N_qwen3next4l_s64_t2048", "plan"),
+        ("C_llama8b_eagle3k3_s64_t4096", "apply"),
+        ("W3_llama8b_eagle3k3_s128_t4096", "apply"),
+    ],
     # with MEMEST_LAB_CARRY=.vllm_h200_034: vLLM 0.34.0 alone and memest apply, dense
     "v034_dense": [
         ("A_llama8b_s128_t4096_udef", "alone"),
